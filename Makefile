@@ -1,0 +1,43 @@
+# Every target does its own set-up on a fresh machine: a venv in .venv, CPU torch 2.13.0 first (a plain
+# torch requirement would pull a multi-GB CUDA build), then the package with its extras.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+TOOLS := .tools/bin
+SHARED ?= ../shared
+
+.PHONY: demo test test-fast lint tools image clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev,box2d,mujoco]"
+	touch $(STAMP)
+
+# helm + kubectl (from ../shared/tools/get-helm) and Debian's prometheus, for the chart and metrics tests.
+tools:
+	@if [ -x $(SHARED)/tools/get-helm ] && [ ! -x $(TOOLS)/helm ]; then $(SHARED)/tools/get-helm $(TOOLS) >/dev/null; fi
+	@if ! command -v prometheus >/dev/null && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus) >/dev/null; fi
+
+demo: $(STAMP)
+	$(BIN)/dppo train --run-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
+
+test: $(STAMP) tools
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/ruff check .
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/pytest -q -ra
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/hadolint Dockerfile
+
+image:
+	docker build -t dppo:latest .
+
+clean:
+	rm -rf $(VENV) .tools runs

@@ -1,0 +1,5 @@
+"""``python -m dppo`` is the same as the ``dppo`` command."""
+
+from dppo.cli import main
+
+raise SystemExit(main())

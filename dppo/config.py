@@ -1,0 +1,302 @@
+"""The one typed source of truth for a training run.
+
+YAML goes in, CLI flags and ``--set a.b=c`` overrides go on top, and pydantic validates the result.
+Every field carries a docstring; ``dppo train --help`` and the README reference are built from them.
+Errors are turned into one line that names the field and the fix (:class:`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from dppo.errors import UsageError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+DEFAULT_ENV_ID = "CartPole-v1"
+
+
+class ConfigError(UsageError):
+    """Bad configuration: the message is one line that names the field and how to fix it."""
+
+
+class _Section(BaseModel):
+    """Strict base: unknown keys are errors (a typo must not silently fall back to a default)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+class EnvConfig(_Section):
+    id: str = DEFAULT_ENV_ID
+    """Gymnasium environment id, e.g. CartPole-v1, LunarLander-v3, Pendulum-v1, HalfCheetah-v5."""
+    num_envs: int = Field(8, ge=1, le=4096)
+    """E: environments stepped in one gymnasium vector env inside each actor."""
+    vectorization: Literal["sync", "async"] = "sync"
+    """sync: the E envs are stepped one after another in the actor's process; async: each env in its
+    own subprocess (helps when env steps wait on I/O or are expensive)."""
+    normalize_obs: bool = False
+    """Running mean/std observation normalization (clip to +-obs_clip). Use for continuous control."""
+    normalize_reward: bool = False
+    """Scale rewards by the running std of the discounted return. Use for continuous control."""
+    obs_clip: float = Field(10.0, gt=0)
+    """Normalized observations are clipped to [-obs_clip, obs_clip]."""
+    reward_clip: float = Field(10.0, gt=0)
+    """Scaled rewards are clipped to [-reward_clip, reward_clip]."""
+    latency_ms: float = Field(0.0, ge=0)
+    """Artificial per-step latency that releases the CPU (a stand-in for a remote simulator). Benchmarks."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments passed to gymnasium.make."""
+
+    @field_validator("id")
+    @classmethod
+    def _known_env(cls, env_id: str) -> str:
+        import gymnasium
+
+        try:
+            gymnasium.spec(env_id)
+        except gymnasium.error.Error as err:
+            raise ValueError(
+                f"unknown gymnasium environment {env_id!r} ({err}); use a registered id such as CartPole-v1"
+            ) from None
+        return env_id
+
+
+class ModelConfig(_Section):
+    hidden_sizes: list[int] = Field(default_factory=lambda: [64, 64])
+    """Widths of the hidden layers of the policy and value MLPs (separate networks)."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Hidden-layer activation."""
+    init_log_std: float = 0.0
+    """Initial log standard deviation of the Gaussian policy (continuous actions only)."""
+
+    @field_validator("hidden_sizes")
+    @classmethod
+    def _positive_widths(cls, sizes: list[int]) -> list[int]:
+        if not sizes or any(s < 1 for s in sizes):
+            raise ValueError("needs at least one layer and every width >= 1, e.g. [64, 64]")
+        return sizes
+
+
+class PPOConfig(_Section):
+    segment_length: int = Field(128, ge=1)
+    """T: steps each actor collects per env per iteration."""
+    epochs: int = Field(4, ge=1)
+    """K: passes over the batch per iteration."""
+    minibatch_size: int = Field(256, ge=1)
+    """Samples per SGD step; must not exceed the batch (actors x num_envs x segment_length)."""
+    learning_rate: float = Field(2.5e-4, gt=0)
+    """Adam step size (eps is fixed at 1e-5, as in the reference implementation)."""
+    anneal_lr: bool = True
+    """Linearly anneal the learning rate to 0 over total_steps."""
+    gamma: float = Field(0.99, ge=0, le=1)
+    """Discount factor."""
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    """GAE lambda."""
+    clip_coef: float = Field(0.2, gt=0)
+    """Clipping range of the probability ratio."""
+    clip_value_loss: bool = True
+    """Clip the value update to clip_coef around the old value (as in the PPO reference code)."""
+    value_coef: float = Field(0.5, ge=0)
+    """Weight of the value loss."""
+    entropy_coef: float = Field(0.01, ge=0)
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = Field(0.5, gt=0)
+    """Global gradient-norm clip."""
+    target_kl: float | None = Field(None, gt=0)
+    """Stop the epochs of an iteration early when approx-KL exceeds this (off when null)."""
+    normalize_advantages: bool = True
+    """Normalize advantages per minibatch."""
+
+
+class RunConfig(_Section):
+    actors: int = Field(2, ge=1, le=1024)
+    """N: Ray actors collecting segments in parallel."""
+    total_steps: int = Field(200_000, ge=1)
+    """Stop after this many env steps (all actors together)."""
+    target_return: float | None = None
+    """Stop when the mean return of the last 100 finished episodes reaches this (off when null)."""
+    seed: int = Field(1, ge=0)
+    """Seed for torch, numpy and every env; a seeded run is reproducible on the same machine."""
+    run_dir: str | None = None
+    """Where progress, summary and checkpoints go (default runs/<env>-<timestamp>)."""
+    checkpoint_every: int = Field(10, ge=1)
+    """Write a checkpoint every this many iterations (and always at the end)."""
+    keep_checkpoints: int = Field(3, ge=1)
+    """How many of the newest checkpoints to keep."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the learner trains: auto picks cuda when available."""
+    actor_num_cpus: float = Field(1.0, gt=0)
+    """Ray CPUs reserved per actor."""
+    torch_threads: int = Field(1, ge=1)
+    """torch threads in each actor (one is fastest for small batched MLPs)."""
+    address: str | None = None
+    """Ray cluster to join; null starts a local Ray in-process (RAY_ADDRESS is honoured too)."""
+    log_format: Literal["text", "json"] = "text"
+    """Per-iteration log lines on stdout: human-readable text or one JSON object per line."""
+
+
+class MetricsConfig(_Section):
+    port: int = Field(0, ge=0, le=65535)
+    """Prometheus metrics port of the learner (0: off)."""
+    host: str = "0.0.0.0"
+    """Address the metrics server binds to."""
+    linger_s: float = Field(0.0, ge=0)
+    """Keep serving metrics this long after training ends so the final values get scraped."""
+
+
+class FaultConfig(_Section):
+    max_actor_restarts: int = Field(10, ge=0)
+    """Actor restarts allowed within restart_window_s before the run stops (crash-loop guard)."""
+    restart_window_s: float = Field(600.0, gt=0)
+    """Sliding window for max_actor_restarts."""
+    env_retries: int = Field(3, ge=0)
+    """An env that raises is recreated and the segment resampled up to this many times in a row."""
+    sample_timeout_s: float | None = Field(None, gt=0)
+    """Per-iteration deadline for segments; late ones are dropped and counted (off when null)."""
+    min_actors_fraction: float = Field(1.0, gt=0, le=1)
+    """With sample_timeout_s, train on what arrived if at least this fraction of actors delivered."""
+    nonfinite_data: Literal["error", "drop"] = "error"
+    """NaN/Inf in observations or rewards: stop the run with an error, or drop the segment and count it."""
+    max_nonfinite_updates: int = Field(3, ge=1)
+    """Consecutive updates with a NaN/Inf loss or gradient (each skipped) before the run stops."""
+
+
+class Config(_Section):
+    """A whole run: env, model, PPO hyperparameters, run control, metrics and fault handling."""
+
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    faults: FaultConfig = Field(default_factory=FaultConfig)
+
+    @model_validator(mode="after")
+    def _minibatch_fits(self) -> Config:
+        if self.ppo.minibatch_size > self.batch_size:
+            raise ValueError(
+                f"ppo.minibatch_size {self.ppo.minibatch_size} exceeds the batch of {self.batch_size} samples "
+                f"(run.actors {self.run.actors} x env.num_envs {self.env.num_envs} x ppo.segment_length "
+                f"{self.ppo.segment_length}); lower ppo.minibatch_size or raise one of those"
+            )
+        return self
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Env steps gathered per iteration: N x E x T."""
+        return self.run.actors * self.env.num_envs * self.ppo.segment_length
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per update (same as steps per iteration)."""
+        return self.steps_per_iteration
+
+    @property
+    def num_iterations(self) -> int:
+        """Iterations that total_steps allows (the learning-rate schedule spans these)."""
+        return max(1, math.ceil(self.run.total_steps / self.steps_per_iteration))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def preset_path(env_id: str) -> Path | None:
+    """The bundled preset whose ``env.id`` is ``env_id``, if there is one."""
+    for path in sorted(PRESETS_DIR.glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        if data.get("env", {}).get("id") == env_id:
+            return path
+    return None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a config file into a dict, with one-line errors for the ways a file can be wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} not found; pass an existing YAML file to --config")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}; fix the syntax") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections (env:, ppo:, run:, ...)")
+    return data
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value parsed as YAML so numbers, booleans and lists work)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r} is not key=value; write e.g. --set ppo.learning_rate=3e-4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def merge(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    """Set ``data[k1][k2]... = value``, creating sections on the way."""
+    node = data
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(keys)}: {key!r} is a value, not a section; check the key")
+        node = child
+    node[keys[-1]] = value
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(part) for part in first["loc"]) or "config"
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        return f"unknown key {loc!r}; check the spelling (dppo train --help lists the keys)"
+    if first["type"] in {"int_parsing", "float_parsing", "bool_parsing", "int_type", "float_type", "bool_type",
+                         "string_type", "list_type", "dict_type", "literal_error", "int_from_float"}:
+        return f"{loc}: {msg} (got {first.get('input')!r})"
+    if loc == "config":
+        return msg
+    return f"{loc}: {msg} (got {first.get('input')!r})" if "input" in first and not isinstance(
+        first["input"], dict) else f"{loc}: {msg}"
+
+
+def validate(data: dict[str, Any]) -> Config:
+    """Validate a nested dict into a Config, or raise ConfigError with one line."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err)) from None
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    sets: list[str] | None = None,
+) -> Config:
+    """Build the resolved config: preset or file, then flag overrides (dotted keys), then ``--set`` items.
+
+    Without ``path`` the preset for the requested env id is used (CartPole-v1 when none is given), so
+    ``dppo train --env Pendulum-v1`` gets tuned hyperparameters.
+    """
+    overrides = overrides or {}
+    pairs = [(key.split("."), value) for key, value in overrides.items() if value is not None]
+    pairs += [parse_override(item) for item in sets or []]
+    if path is not None:
+        data = read_yaml(path)
+    else:
+        env_id = next((v for k, v in pairs if k == ["env", "id"]), DEFAULT_ENV_ID)
+        preset = preset_path(env_id)
+        data = read_yaml(preset) if preset else {}
+    for keys, value in pairs:
+        merge(data, keys, value)
+    return validate(data)

@@ -1,0 +1,124 @@
+"""Every Prometheus metric of dppo, defined once.
+
+The learner owns one :class:`Metrics` (its own registry, so tests can make several) and calls
+:meth:`Metrics.record_iteration` with the same record it writes to ``progress.jsonl``, so the two
+always agree. Names follow Prometheus conventions: ``dppo_`` prefix, base units, ``_total`` on
+counters, ``_seconds`` on durations; labels are low-cardinality (``phase``, ``actor``, ``reason``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+PHASES = ("sample", "wait", "update", "sync", "checkpoint")
+RETURN_BUCKETS = (-1000, -500, -250, -100, -50, 0, 50, 100, 200, 300, 400, 475, 500, 1000, 2000, 5000)
+PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+# Diagnostics copied straight from the progress record into gauges: record key -> (name, help).
+DIAGNOSTIC_GAUGES: dict[str, tuple[str, str]] = {
+    "policy_loss": ("dppo_policy_loss", "Clipped-surrogate policy loss of the last update (mean over minibatches)."),
+    "value_loss": ("dppo_value_loss", "Value-function loss of the last update (mean over minibatches)."),
+    "entropy": ("dppo_entropy", "Mean policy entropy in nats over the last update's minibatches."),
+    "approx_kl": ("dppo_approx_kl", "Approximate KL divergence old->new policy of the last update."),
+    "clip_fraction": ("dppo_clip_fraction", "Fraction of samples whose probability ratio was clipped."),
+    "explained_variance": ("dppo_explained_variance", "Explained variance of the value predictions."),
+    "learning_rate": ("dppo_learning_rate", "Adam learning rate used by the last update."),
+    "grad_norm": ("dppo_grad_norm", "Global gradient norm before clipping (mean over minibatches)."),
+    "policy_version": ("dppo_policy_version", "Version of the weights broadcast to the actors."),
+    "episode_return_mean": ("dppo_episode_return_mean", "Mean return of the last 100 finished episodes."),
+    "episode_length_mean": ("dppo_episode_length_steps", "Mean length in steps of the last 100 finished episodes."),
+    "steps_per_s": ("dppo_env_steps_per_second", "Env steps per second over the last iteration."),
+    "iteration": ("dppo_iteration", "Iterations completed."),
+}
+
+
+class Metrics:
+    """The learner's metrics and (optionally) the HTTP server that exposes them."""
+
+    def __init__(self, env_id: str, run_name: str) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.env_steps = Counter("dppo_env_steps", "Env steps collected by all actors.", registry=r)
+        self.episodes = Counter("dppo_episodes", "Episodes finished in all actors.", registry=r)
+        self.episode_return = Histogram(
+            "dppo_episode_return", "Returns of finished training episodes.", buckets=RETURN_BUCKETS, registry=r
+        )
+        self.phase_seconds = Histogram(
+            "dppo_iteration_phase_seconds", "Seconds each phase of an iteration took.", ["phase"],
+            buckets=PHASE_BUCKETS, registry=r,
+        )
+        self.iteration_seconds = Histogram(
+            "dppo_iteration_seconds", "Wall seconds per iteration.", buckets=PHASE_BUCKETS, registry=r
+        )
+        self.diagnostics = {
+            key: Gauge(name, help_text, registry=r) for key, (name, help_text) in DIAGNOSTIC_GAUGES.items()
+        }
+        self.actors_alive = Gauge("dppo_actors_alive", "Actors currently alive.", registry=r)
+        self.actors_desired = Gauge("dppo_actors_desired", "Actors the run asks for.", registry=r)
+        self.actor_restarts = Counter(
+            "dppo_actor_restarts", "Actors replaced after a failure.", ["actor"], registry=r
+        )
+        self.actor_segments = Counter(
+            "dppo_actor_segments", "Segments received from each actor.", ["actor"], registry=r
+        )
+        self.actor_sample_seconds = Counter(
+            "dppo_actor_sample_seconds", "Seconds each actor spent sampling.", ["actor"], registry=r
+        )
+        self.segments_dropped = Counter(
+            "dppo_segments_dropped", "Segments not trained on, by reason.", ["reason"], registry=r
+        )
+        self.updates_skipped = Counter(
+            "dppo_updates_skipped", "Updates skipped because the loss or a gradient was NaN/Inf.", registry=r
+        )
+        self.checkpoints = Counter("dppo_checkpoints_written", "Checkpoints written.", registry=r)
+        self.checkpoint_bytes = Gauge("dppo_checkpoint_size_bytes", "Size of the last checkpoint.", registry=r)
+        self.policy_lag = Gauge(
+            "dppo_policy_lag", "Policy versions between the sampled weights and the trained ones.", registry=r
+        )
+        self.run_info = Gauge("dppo_run_info", "Constant 1, labelled with the run's env id and name.",
+                              ["env", "run"], registry=r)
+        self.run_info.labels(env=env_id, run=run_name).set(1)
+        self.start_time = Gauge("dppo_start_time_seconds", "Unix time the run started.", registry=r)
+        self.start_time.set(time.time())
+        self._server: Any = None
+        self._lock = threading.Lock()
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> int:
+        """Start the HTTP exporter in a daemon thread; returns the bound port (useful with port 0 in tests)."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        return int(server.server_port)
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def record_iteration(
+        self, record: dict[str, Any], new_episode_returns: Iterable[float], phases: dict[str, float]
+    ) -> None:
+        """Update every iteration metric from the progress record that goes to progress.jsonl."""
+        with self._lock:
+            returns = list(new_episode_returns)
+            self.env_steps.inc(record["env_steps_delta"])
+            self.episodes.inc(len(returns))
+            for value in returns:
+                self.episode_return.observe(value)
+            for phase, seconds in phases.items():
+                self.phase_seconds.labels(phase=phase).observe(seconds)
+            self.iteration_seconds.observe(record["iteration_s"])
+            for key, gauge in self.diagnostics.items():
+                value = record.get(key)
+                if value is not None:
+                    gauge.set(value)
+
+    def record_actor(self, actor: int, sample_seconds: float) -> None:
+        label = str(actor)
+        self.actor_segments.labels(actor=label).inc()
+        self.actor_sample_seconds.labels(actor=label).inc(sample_seconds)
