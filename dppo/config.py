@@ -122,6 +122,8 @@ class RunConfig(_Section):
     """Seed for torch, numpy and every env; a seeded run is reproducible on the same machine."""
     run_dir: str | None = None
     """Where progress, summary and checkpoints go (default runs/<env>-<timestamp>)."""
+    name: str | None = None
+    """Run name shown in logs and in the dppo_run_info metric's run label (default: the run dir's name)."""
     checkpoint_every: int = Field(10, ge=1)
     """Write a checkpoint every this many iterations (and always at the end)."""
     keep_checkpoints: int = Field(3, ge=1)
