@@ -1,0 +1,317 @@
+"""The Grafana dashboard for dppo's Prometheus metrics, generated as code.
+
+The JSON that ships is the committed file ``helm/dppo/dashboards/dppo.json`` (the chart reads it with
+``.Files.Get``); this module is how it is made, and a test checks the two agree. Regenerate after a
+change with ``python -m dppo.dashboard`` (``--check`` only compares).
+
+Plain dicts rather than grafanalib: grafanalib 0.7.1 (its latest release) writes schemaVersion 12 and
+the legacy heatmap, which current Grafana has to migrate on load; a dict is the schema Grafana reads.
+
+Every query selects one run through the ``run`` variable by joining on ``dppo_run_info``, whose
+``run`` label carries the run's name; ``job`` and ``instance`` come from the scrape, so the join works
+with any scrape config (static target, PodMonitor, ServiceMonitor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+UID = "dppo-training"
+TITLE = "dppo: distributed PPO training"
+DASHBOARD_PATH = Path(__file__).resolve().parents[1] / "helm" / "dppo" / "dashboards" / "dppo.json"
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+RUN_SELECTOR = 'dppo_run_info{run=~"$run"}'
+RATE = "$__rate_interval"
+GRID_WIDTH = 24
+
+Panel = dict[str, Any]
+
+
+def by_run(expr: str) -> str:
+    """Keep only the series of the selected runs and give them the ``run`` label."""
+    return f"({expr}) * on(job, instance) group_left(run) {RUN_SELECTOR}"
+
+
+def zero_per_run() -> str:
+    """A 0 per selected run: the fallback for labelled counters that have no child yet."""
+    return f"sum by (run) (0 * {RUN_SELECTOR})"
+
+
+def target(expr: str, legend: str, ref: str = "A", fmt: str = "time_series") -> dict[str, Any]:
+    return {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "refId": ref, "format": fmt,
+            "range": True}
+
+
+def targets(*pairs: tuple[str, str]) -> list[dict[str, Any]]:
+    """One target per (expr, legend), refIds A, B, ..."""
+    return [target(expr, legend, ref=chr(ord("A") + i)) for i, (expr, legend) in enumerate(pairs)]
+
+
+def timeseries(title: str, description: str, queries: list[dict[str, Any]], unit: str = "short",
+               axis_label: str = "", minimum: float | None = None, decimals: int | None = None) -> Panel:
+    defaults: dict[str, Any] = {"unit": unit, "custom": {"axisLabel": axis_label, "lineWidth": 2,
+                                                         "fillOpacity": 10, "showPoints": "never",
+                                                         "spanNulls": True}}
+    if minimum is not None:
+        defaults["min"] = minimum
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    return {"type": "timeseries", "title": title, "description": description, "datasource": DATASOURCE,
+            "targets": queries, "fieldConfig": {"defaults": defaults, "overrides": []},
+            "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                        "tooltip": {"mode": "multi", "sort": "desc"}}}
+
+
+def stat(title: str, description: str, expr: str, unit: str = "short", decimals: int | None = None) -> Panel:
+    defaults: dict[str, Any] = {"unit": unit, "color": {"mode": "thresholds"},
+                                "thresholds": {"mode": "absolute", "steps": [{"color": "blue", "value": None}]}}
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    return {"type": "stat", "title": title, "description": description, "datasource": DATASOURCE,
+            "targets": [target(expr, "{{run}}")], "fieldConfig": {"defaults": defaults, "overrides": []},
+            "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "colorMode": "value", "graphMode": "area", "textMode": "auto", "justifyMode": "auto",
+                        "orientation": "auto"}}
+
+
+def heatmap(title: str, description: str, expr: str, unit: str = "short") -> Panel:
+    return {"type": "heatmap", "title": title, "description": description, "datasource": DATASOURCE,
+            "targets": [target(expr, "{{le}}", fmt="heatmap")], "maxDataPoints": 100,
+            "fieldConfig": {"defaults": {"custom": {"hideFrom": {"legend": False, "tooltip": False,
+                                                                 "viz": False}}},
+                            "overrides": []},
+            "options": {"calculate": False, "cellGap": 1, "color": {"mode": "scheme", "scheme": "Oranges",
+                                                                     "exponent": 0.5, "steps": 64},
+                        "yAxis": {"axisPlacement": "left", "unit": unit}, "rowsFrame": {"layout": "auto"},
+                        "tooltip": {"show": True, "yHistogram": False}, "legend": {"show": True},
+                        "cellValues": {"unit": "short"}, "filterValues": {"le": 1e-9}}}
+
+
+def row(title: str) -> Panel:
+    return {"type": "row", "title": title, "collapsed": False, "panels": []}
+
+
+def mean_of(histogram: str) -> str:
+    """Mean observation of a histogram over the rate window: rate(sum) / rate(count)."""
+    return f"rate({histogram}_sum[{RATE}]) / rate({histogram}_count[{RATE}])"
+
+
+def quantile(q: float, histogram: str, by: str) -> str:
+    joined = by_run(f"rate({histogram}_bucket[{RATE}])")
+    return f"histogram_quantile({q}, sum by ({by}, le) ({joined}))"
+
+
+def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
+    """Rows of (width, height, panel); the layout is computed from the widths."""
+    overview = [
+        (4, 4, stat("Env steps", "Env steps collected by all actors (dppo_env_steps_total).",
+                    by_run("dppo_env_steps_total"), decimals=0)),
+        (4, 4, stat("Iteration", "Iterations completed (dppo_iteration).", by_run("dppo_iteration"), decimals=0)),
+        (4, 4, stat("Episode return", "Mean return of the last 100 finished episodes.",
+                    by_run("dppo_episode_return_mean"), decimals=1)),
+        (4, 4, stat("Env steps / s", "Env steps per second over the last iteration.",
+                    by_run("dppo_env_steps_per_second"), unit="suffix:steps/s", decimals=0)),
+        (4, 4, stat("Actors alive", "Actors currently alive.", by_run("dppo_actors_alive"), decimals=0)),
+        (4, 4, stat("Run time", "Seconds since the run started.", by_run("time() - dppo_start_time_seconds"),
+                    unit="s")),
+    ]
+    learning = [
+        (12, 8, timeseries(
+            "Episode return (100-episode mean)", "dppo_episode_return_mean: what the target_return stop uses.",
+            [target(by_run("dppo_episode_return_mean"), "{{run}}")], axis_label="return")),
+        (12, 8, timeseries(
+            "Episode return quantiles", "p10 / p50 / p90 of the returns of episodes finished in the window, "
+            "interpolated from the dppo_episode_return histogram's buckets.",
+            targets(*[(quantile(q, "dppo_episode_return", "run"), f"{{{{run}}}} p{round(q * 100)}")
+                      for q in (0.1, 0.5, 0.9)]), axis_label="return")),
+        (12, 8, heatmap(
+            "Episode return distribution", "Episodes finished per return bucket (dppo_episode_return histogram), "
+            "all selected runs together.",
+            f"sum by (le) ({by_run(f'increase(dppo_episode_return_bucket[{RATE}])')})")),
+        (12, 8, timeseries(
+            "Episode length (100-episode mean)", "dppo_episode_length_steps.",
+            [target(by_run("dppo_episode_length_steps"), "{{run}}")], axis_label="steps", minimum=0)),
+    ]
+    throughput = [
+        (8, 8, timeseries(
+            "Env steps per second", "Rate of dppo_env_steps_total over the window, and the learner's own "
+            "figure for the last iteration (dppo_env_steps_per_second).",
+            targets((by_run(f"rate(dppo_env_steps_total[{RATE}])"), "{{run}} (rate)"),
+                    (by_run("dppo_env_steps_per_second"), "{{run}} (last iteration)")),
+            unit="suffix:steps/s", minimum=0)),
+        (8, 8, timeseries(
+            "Episodes per second", "Rate of dppo_episodes_total: episodes finished in all actors.",
+            [target(by_run(f"rate(dppo_episodes_total[{RATE}])"), "{{run}}")],
+            unit="suffix:episodes/s", minimum=0)),
+        (8, 8, timeseries(
+            "Segments per second by actor", "Rate of dppo_actor_segments_total: a slow or stuck actor "
+            "stands out here.",
+            [target(by_run(f"rate(dppo_actor_segments_total[{RATE}])"), "{{run}} actor {{actor}}")],
+            unit="suffix:segments/s", minimum=0)),
+    ]
+    phases = [
+        (12, 8, timeseries(
+            "Iteration phase duration (mean)", "Mean seconds per iteration spent in each phase: sample "
+            "(dispatch to actors), wait (gather segments), update (SGD), sync (weights out), checkpoint.",
+            [target(by_run(mean_of("dppo_iteration_phase_seconds")), "{{run}} {{phase}}")], unit="s", minimum=0)),
+        (12, 8, timeseries(
+            "Iteration duration", "Mean and p90 wall seconds per iteration (dppo_iteration_seconds).",
+            targets((by_run(mean_of("dppo_iteration_seconds")), "{{run}} mean"),
+                    (quantile(0.9, "dppo_iteration_seconds", "run"), "{{run}} p90")),
+            unit="s", minimum=0)),
+        (12, 8, timeseries(
+            "Actor sampling time share", "Fraction of wall time each actor spends sampling "
+            "(rate of dppo_actor_sample_seconds_total); near 1 means the actors are the bottleneck.",
+            [target(by_run(f"rate(dppo_actor_sample_seconds_total[{RATE}])"), "{{run}} actor {{actor}}")],
+            unit="percentunit", minimum=0)),
+        (12, 8, timeseries(
+            "Policy version and lag", "dppo_policy_version (weights broadcast) and dppo_policy_lag (versions "
+            "between the weights a segment was sampled with and the ones trained).",
+            targets((by_run("dppo_policy_version"), "{{run}} version"),
+                    (by_run("dppo_policy_lag"), "{{run}} lag")), decimals=0, minimum=0)),
+    ]
+    ppo = [
+        (8, 8, timeseries("Policy loss", "Clipped-surrogate policy loss (dppo_policy_loss).",
+                          [target(by_run("dppo_policy_loss"), "{{run}}")])),
+        (8, 8, timeseries("Value loss", "Value-function loss (dppo_value_loss).",
+                          [target(by_run("dppo_value_loss"), "{{run}}")], minimum=0)),
+        (8, 8, timeseries("Entropy", "Mean policy entropy in nats (dppo_entropy); falls as the policy "
+                          "becomes deterministic.",
+                          [target(by_run("dppo_entropy"), "{{run}}")], axis_label="nats")),
+        (8, 8, timeseries("Approx KL", "Approximate KL old -> new policy per update (dppo_approx_kl); "
+                          "spikes mean too large steps.",
+                          [target(by_run("dppo_approx_kl"), "{{run}}")], minimum=0)),
+        (8, 8, timeseries("Clip fraction", "Fraction of samples whose ratio was clipped (dppo_clip_fraction).",
+                          [target(by_run("dppo_clip_fraction"), "{{run}}")], unit="percentunit", minimum=0)),
+        (8, 8, timeseries("Explained variance", "1 - Var(returns - values) / Var(returns) "
+                          "(dppo_explained_variance); near 1 is a good critic.",
+                          [target(by_run("dppo_explained_variance"), "{{run}}")])),
+        (12, 8, timeseries("Learning rate", "Adam learning rate of the last update (dppo_learning_rate).",
+                           [target(by_run("dppo_learning_rate"), "{{run}}")], unit="sci", minimum=0)),
+        (12, 8, timeseries("Gradient norm", "Global gradient norm before clipping (dppo_grad_norm).",
+                           [target(by_run("dppo_grad_norm"), "{{run}}")], minimum=0)),
+    ]
+    restarts = by_run("dppo_actor_restarts_total")
+    dropped = by_run("dppo_segments_dropped_total")
+    health = [
+        (6, 8, timeseries(
+            "Actors alive", "dppo_actors_alive against dppo_actors_desired.",
+            targets((by_run("dppo_actors_alive"), "{{run}} alive"),
+                    (by_run("dppo_actors_desired"), "{{run}} desired")), decimals=0, minimum=0)),
+        (6, 8, timeseries(
+            "Actor restarts", "Actors replaced after a failure, total per run (dppo_actor_restarts_total; "
+            "0 until the first restart).",
+            [target(f"sum by (run) ({restarts}) or on(run) {zero_per_run()}", "{{run}}")], decimals=0, minimum=0)),
+        (4, 8, timeseries(
+            "Checkpoints written", "Checkpoints written (dppo_checkpoints_written_total).",
+            [target(by_run("dppo_checkpoints_written_total"), "{{run}}")], decimals=0, minimum=0)),
+        (4, 8, timeseries(
+            "Checkpoint size", "Size of the last checkpoint (dppo_checkpoint_size_bytes).",
+            [target(by_run("dppo_checkpoint_size_bytes"), "{{run}}")], unit="bytes", minimum=0)),
+        (4, 8, timeseries(
+            "Dropped segments and skipped updates", "Segments not trained on (dppo_segments_dropped_total, "
+            "by reason) and updates skipped for NaN/Inf (dppo_updates_skipped_total).",
+            targets((f"sum by (run, reason) ({dropped}) or on(run) {zero_per_run()}", "{{run}} dropped {{reason}}"),
+                    (by_run("dppo_updates_skipped_total"), "{{run}} updates skipped")),
+            decimals=0, minimum=0)),
+    ]
+    return [("Overview", overview), ("Learning", learning), ("Throughput", throughput),
+            ("Iteration phases", phases), ("PPO diagnostics", ppo), ("Actors and checkpoints", health)]
+
+
+def layout(rows: list[tuple[str, list[tuple[int, int, Panel]]]]) -> list[Panel]:
+    """Flatten the rows into Grafana panels with ids and grid positions, left to right, top to bottom."""
+    panels: list[Panel] = []
+    y = 0
+    for title, cells in rows:
+        panels.append({**row(title), "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y}})
+        y += 1
+        x, row_height = 0, 0
+        for width, height, panel in cells:
+            if x + width > GRID_WIDTH:
+                x, y, row_height = 0, y + row_height, 0
+            panels.append({**panel, "gridPos": {"h": height, "w": width, "x": x, "y": y}})
+            x += width
+            row_height = max(row_height, height)
+        y += row_height
+    for panel_id, panel in enumerate(panels, start=1):
+        panel["id"] = panel_id
+    return panels
+
+
+def variables() -> list[dict[str, Any]]:
+    datasource = {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+                  "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []}
+    run = {"name": "run", "label": "Run", "type": "query", "datasource": DATASOURCE,
+           "definition": "label_values(dppo_run_info, run)",
+           "query": {"qryType": 1, "query": "label_values(dppo_run_info, run)",
+                     "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+           "current": {}, "hide": 0, "refresh": 2, "regex": "", "sort": 1, "multi": True, "includeAll": True,
+           "allValue": ".*", "options": []}
+    return [datasource, run]
+
+
+def build() -> dict[str, Any]:
+    """The dashboard as Grafana's JSON model."""
+    return {
+        "uid": UID,
+        "title": TITLE,
+        "description": "Training health of dppo runs: return, throughput, iteration phases, PPO diagnostics, "
+                       "actors and checkpoints. Pick runs with the Run variable (from dppo_run_info).",
+        "tags": ["dppo", "ppo", "ray", "reinforcement-learning"],
+        "editable": True,
+        "graphTooltip": 1,
+        "id": None,
+        "version": 1,
+        "schemaVersion": 39,
+        "refresh": "10s",
+        "time": {"from": "now-1h", "to": "now"},
+        "timepicker": {},
+        "timezone": "",
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "links": [],
+        "annotations": {"list": [{
+            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
+            "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
+        }]},
+        "templating": {"list": variables()},
+        "panels": layout(sections()),
+    }
+
+
+def render() -> str:
+    """The committed file's exact text."""
+    return json.dumps(build(), indent=2) + "\n"
+
+
+def queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every target of every panel, in layout order."""
+    return [(panel["title"], t["expr"]) for panel in dashboard["panels"] for t in panel.get("targets", [])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dppo.dashboard", description=__doc__.splitlines()[0])
+    parser.add_argument("-o", "--output", type=Path, default=DASHBOARD_PATH, help="where to write the JSON")
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 when the file differs")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        current = args.output.read_text() if args.output.exists() else ""
+        if current != text:
+            print(f"{args.output} is out of date; run: python -m dppo.dashboard", file=sys.stderr)
+            return 1
+        return 0
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+    print(args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
