@@ -1,0 +1,120 @@
+{{/*
+Every object name and label is built here.
+*/}}
+
+{{/* Chart name, overridable. */}}
+{{- define "dppo.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name prefix. KubeRay appends "-xxxxx" for the cluster, "-head-xxxxx"/"-workers-worker-xxxxx" for pods and
+"-head-svc" for the service, and cuts names at 63 characters, so this stays at 40.
+*/}}
+{{- define "dppo.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "dppo.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels that select the run's pods (KubeRay keeps pod-template labels it does not own itself). */}}
+{{- define "dppo.selectorLabels" -}}
+app.kubernetes.io/part-of: dppo
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of every object. `dppo status` finds RayJobs by app.kubernetes.io/name=dppo. */}}
+{{- define "dppo.labels" -}}
+helm.sh/chart: {{ include "dppo.chart" . }}
+app.kubernetes.io/name: {{ include "dppo.name" . }}
+{{ include "dppo.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Pod labels: the selector labels, the component, and the user's extra labels. */}}
+{{- define "dppo.podLabels" -}}
+{{ include "dppo.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- with .root.Values.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "dppo.image" -}}
+{{- $tag := .Values.image.tag | default (ternary (printf "%s-gpu" .Chart.AppVersion) .Chart.AppVersion (gt (int .Values.head.gpus) 0)) }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+
+{{- define "dppo.workerReplicas" -}}
+{{- div (add (int .Values.actors) (sub (int .Values.actorsPerPod) 1)) (int .Values.actorsPerPod) }}
+{{- end }}
+
+{{- define "dppo.configPath" -}}/etc/dppo/config.yaml{{- end }}
+
+{{- define "dppo.metricsService" -}}{{ include "dppo.fullname" . }}-metrics{{- end }}
+
+{{- define "dppo.claimName" -}}
+{{- .Values.persistence.existingClaim | default (printf "%s-checkpoints" (include "dppo.fullname" .)) }}
+{{- end }}
+
+{{- define "dppo.runDir" -}}
+{{- if .Values.persistence.enabled }}
+{{- printf "%s/%s" (trimSuffix "/" .Values.persistence.mountPath) (include "dppo.fullname" .) }}
+{{- else }}
+{{- printf "/tmp/dppo/%s" (include "dppo.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* The learner's command line: the Ray job entrypoint. */}}
+{{- define "dppo.entrypoint" -}}
+dppo train --config {{ include "dppo.configPath" . }}{{ if .Values.persistence.enabled }} --auto-resume{{ end }}
+{{- end }}
+
+{{/*
+The full training config: the preset for .Values.env (as `dppo train --env` picks it), the free-form
+.Values.config deep-merged over it, then the keys the chart manages.
+*/}}
+{{- define "dppo.config" -}}
+{{- $preset := dict }}
+{{- range $path, $_ := .Files.Glob "presets/*.yaml" }}
+{{- $data := $.Files.Get $path | fromYaml }}
+{{- if eq ((($data.env | default dict)).id | default "") $.Values.env }}
+{{- $preset = $data }}
+{{- end }}
+{{- end }}
+{{- $managed := dict
+  "env" (dict "id" .Values.env)
+  "run" (dict "actors" (int .Values.actors) "actor_num_cpus" 1 "run_dir" (include "dppo.runDir" .) "name" (include "dppo.fullname" .))
+  "metrics" (dict "port" (int .Values.metrics.port) "host" "0.0.0.0" "linger_s" .Values.metrics.lingerSeconds) }}
+{{- if not (kindIs "invalid" .Values.envsPerActor) }}{{ $_ := set $managed.env "num_envs" (int .Values.envsPerActor) }}{{ end }}
+{{- if not (kindIs "invalid" .Values.segmentLength) }}{{ $_ := set $managed "ppo" (dict "segment_length" (int .Values.segmentLength)) }}{{ end }}
+{{- if not (kindIs "invalid" .Values.totalSteps) }}{{ $_ := set $managed.run "total_steps" (int64 .Values.totalSteps) }}{{ end }}
+{{- if not (kindIs "invalid" .Values.targetReturn) }}{{ $_ := set $managed.run "target_return" .Values.targetReturn }}{{ end }}
+{{- if not (kindIs "invalid" .Values.seed) }}{{ $_ := set $managed.run "seed" (int .Values.seed) }}{{ end }}
+{{- $config := mustMergeOverwrite (deepCopy $preset) (deepCopy .Values.config) $managed }}
+{{- toYaml $config }}
+{{- end }}
+
+{{/* Environment shared by the head and worker containers. */}}
+{{- define "dppo.env" -}}
+- name: PYTHONUNBUFFERED
+  value: "1"
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
