@@ -156,8 +156,9 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
     ]
     phases = [
         (12, 8, timeseries(
-            "Iteration phase duration (mean)", "Mean seconds per iteration spent in each phase: sample "
-            "(dispatch to actors), wait (gather segments), update (SGD), sync (weights out), checkpoint.",
+            "Iteration phase duration (mean)", "Mean seconds per iteration spent in each phase: sync (weights "
+            "into the object store), sample (slowest actor's sampling), wait (rest of the gather), update (GAE "
+            "and SGD), checkpoint (only when one is written).",
             [target(by_run(mean_of("dppo_iteration_phase_seconds")), "{{run}} {{phase}}")], unit="s", minimum=0)),
         (12, 8, timeseries(
             "Iteration duration", "Mean and p90 wall seconds per iteration (dppo_iteration_seconds).",
