@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from dppo.errors import UsageError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dppo.errors import UsageError
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 DEFAULT_ENV_ID = "CartPole-v1"

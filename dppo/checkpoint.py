@@ -1,0 +1,119 @@
+"""Atomic checkpoints with a content hash: save, verify, keep the newest K, resume from the newest intact one.
+
+File layout: ``MAGIC``, the SHA-256 of the payload in hex, a newline, then the ``torch.save`` payload.
+A write goes to a temp file in the same directory, is fsynced and renamed into place, then the
+``latest`` pointer is replaced the same way, so a crash at any moment leaves every named checkpoint
+whole. Loading uses ``torch.load(weights_only=True)``: a checkpoint cannot run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dppo.errors import UsageError
+
+MAGIC = b"DPPO-CKPT-1\n"
+NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(UsageError):
+    """A checkpoint that is missing, truncated, corrupt or not a dppo checkpoint."""
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write bytes so that ``path`` is either the old content or the new, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def encode(state: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+    return MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+
+
+def decode(data: bytes, source: str) -> dict[str, Any]:
+    """Verify the header and hash, then load with weights_only=True."""
+    if not data.startswith(MAGIC):
+        raise CheckpointError(f"{source} is not a dppo checkpoint; pass a ckpt-*.pt file from a run's checkpoints/")
+    header_end = len(MAGIC) + 65
+    digest, payload = data[len(MAGIC):header_end - 1].decode("ascii", "replace"), data[header_end:]
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise CheckpointError(f"{source} is truncated or corrupt (content hash mismatch); use an older checkpoint")
+    try:
+        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(f"{source} cannot be loaded ({type(err).__name__}); use another checkpoint") from None
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if path.is_dir():
+        found = newest_intact(path / "checkpoints" if (path / "checkpoints").is_dir() else path)
+        if found is None:
+            raise CheckpointError(f"no intact checkpoint in {str(path)!r}; pass a run dir or a ckpt-*.pt file")
+        return found[1]
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} not found; pass an existing ckpt-*.pt file or run dir")
+    return decode(path.read_bytes(), repr(str(path)))
+
+
+class CheckpointStore:
+    """The ``checkpoints/`` directory of a run."""
+
+    def __init__(self, directory: Path, keep: int) -> None:
+        self.directory = directory
+        self.keep = keep
+
+    def save(self, state: dict[str, Any], iteration: int) -> Path:
+        """Write ``ckpt-<iteration>.pt`` atomically, point ``latest`` at it, prune old ones."""
+        path = self.directory / f"ckpt-{iteration:08d}.pt"
+        atomic_write(path, encode(state))
+        atomic_write(self.directory / "latest", path.name.encode() + b"\n")
+        for old in self.list()[: -self.keep]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def list(self) -> list[Path]:
+        """Checkpoint files, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(p for p in self.directory.iterdir() if NAME.match(p.name))
+
+    def newest_intact(self) -> tuple[Path, dict[str, Any]] | None:
+        return newest_intact(self.directory)
+
+
+def newest_intact(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that verifies; corrupt or truncated ones are skipped with a warning."""
+    for path in reversed(CheckpointStore(directory, 1).list()):
+        try:
+            return path, decode(path.read_bytes(), repr(str(path)))
+        except (CheckpointError, OSError) as err:
+            log.warning("skipping checkpoint: %s", err)
+    return None

@@ -1,0 +1,220 @@
+"""The ``dppo`` command: train, eval, plot, bench, status.
+
+Exit codes: 0 success; 2 bad input (one line on stderr, no traceback, nothing written); 1 failure.
+Heavy imports (torch, ray) happen inside the commands so ``dppo --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NoReturn
+
+from dppo.errors import UsageError
+
+# Subcommands that live in their own modules; each exposes register(subparsers).
+COMMAND_MODULES: tuple[str, ...] = ()
+
+# Flags of `dppo train` that set a config key (dest -> dotted key).
+TRAIN_FLAGS = {
+    "env": "env.id", "actors": "run.actors", "envs_per_actor": "env.num_envs",
+    "segment_length": "ppo.segment_length", "total_steps": "run.total_steps", "target_return": "run.target_return",
+    "seed": "run.seed", "run_dir": "run.run_dir", "metrics_port": "metrics.port", "address": "run.address",
+    "log_format": "run.log_format",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit 2) instead of usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    print(f"dppo: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def config_reference() -> str:
+    """Every config key with its default and docstring, for ``dppo train --help``."""
+    from dppo.config import Config
+
+    lines = ["config keys (YAML sections, or --set section.key=value):"]
+    for section, field in Config.model_fields.items():
+        for key, sub in field.annotation.model_fields.items():  # type: ignore[union-attr]
+            default = sub.default if sub.default_factory is None else sub.default_factory()
+            doc = " ".join((sub.description or "").split())
+            lines.append(f"  {section}.{key} = {default!r}\n      {doc}")
+    return "\n".join(lines)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="dppo", description="Distributed PPO on Ray: a laptop or a KubeRay cluster, one command.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    train = sub.add_parser("train", help="train a policy", epilog=config_reference(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description="Train with PPO. No arguments: CartPole-v1 preset, 2 actors, local Ray.")
+    train.add_argument("--config", help="YAML config (default: the bundled preset for --env)")
+    train.add_argument("--env", help="gymnasium env id (picks its preset when --config is not given)")
+    train.add_argument("--actors", type=int, help="N: Ray actors collecting in parallel")
+    train.add_argument("--envs-per-actor", type=int, help="E: envs in each actor's vector env")
+    train.add_argument("--segment-length", type=int, help="T: steps per env per iteration")
+    train.add_argument("--total-steps", type=int, help="stop after this many env steps")
+    train.add_argument("--target-return", type=float, help="stop when the 100-episode mean return reaches this")
+    train.add_argument("--seed", type=int, help="seed for everything")
+    train.add_argument("--run-dir", help="output directory (default runs/<env>-<timestamp>)")
+    resume = train.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true",
+                        help="continue the run in --run-dir from its newest checkpoint")
+    resume.add_argument("--auto-resume", action="store_true",
+                        help="resume when --run-dir holds a checkpoint, else start fresh (for retried jobs)")
+    train.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0: off)")
+    train.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
+    train.add_argument("--log-format", choices=["text", "json"], help="per-iteration stdout lines")
+    train.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                       help="override any config key, e.g. --set ppo.learning_rate=3e-4 (repeatable)")
+    train.set_defaults(func=cmd_train)
+
+    ev = sub.add_parser("eval", help="run greedy episodes from a checkpoint and print the mean return")
+    ev.add_argument("--checkpoint", required=True, help="a ckpt-*.pt file or a run directory")
+    ev.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the first episode")
+    ev.add_argument("--video", help="record videos of the episodes into this directory (needs moviepy)")
+    ev.set_defaults(func=cmd_eval)
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+# ---- train ---------------------------------------------------------------------------------------
+def resolve_run_dir(config_dir: str | None, env_id: str) -> Path:
+    if config_dir:
+        return Path(config_dir)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{env_id}-{stamp}"
+
+
+def prepare_train(args: argparse.Namespace) -> tuple[Any, Path, dict[str, Any] | None]:
+    """Validate everything (config, run dir, checkpoint) before anything is written."""
+    from dppo.checkpoint import newest_intact
+    from dppo.config import load_config
+
+    overrides = {key: getattr(args, dest) for dest, key in TRAIN_FLAGS.items()}
+    config_path = args.config
+    run_dir_arg = args.run_dir
+    resume_state = None
+    if (args.resume or args.auto_resume) and not run_dir_arg:
+        probe = load_config(config_path, overrides, args.sets) if config_path else None
+        run_dir_arg = probe.run.run_dir if probe else None
+        if not run_dir_arg:
+            fail("--resume needs the run to continue: pass --run-dir DIR")
+    if run_dir_arg:
+        path = Path(run_dir_arg)
+        if path.exists() and not path.is_dir():
+            fail(f"run dir {str(path)!r} is a file; pass a directory to --run-dir")
+        found = newest_intact(path / "checkpoints") if (args.resume or args.auto_resume) and path.is_dir() else None
+        if args.resume and found is None:
+            fail(f"--resume: no intact checkpoint in {str(path / 'checkpoints')!r}; "
+                 "start a new run without --resume or pass the right --run-dir")
+        if found is not None:
+            resume_state = found[1]
+            if config_path is None and (path / "config.yaml").is_file():
+                config_path = str(path / "config.yaml")
+    config = load_config(config_path, overrides, args.sets)
+    run_dir = resolve_run_dir(run_dir_arg or config.run.run_dir, config.env.id)
+    if resume_state is None and (run_dir / "progress.jsonl").exists():
+        fail(f"run dir {str(run_dir)!r} already holds a run; pass --resume to continue it or another --run-dir")
+    config.run.run_dir = str(run_dir)
+    return config, run_dir, resume_state
+
+
+def connect_ray(config: Any) -> None:
+    """Join --address / RAY_ADDRESS, or start a quiet local Ray sized to fit every actor."""
+    import logging
+
+    import ray
+
+    address = config.run.address or os.environ.get("RAY_ADDRESS")
+    quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
+    try:
+        if address:
+            ray.init(address=address, **quiet)
+        else:
+            cpus = max(os.cpu_count() or 1, int(-(-config.run.actors * config.run.actor_num_cpus // 1)))
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, **quiet)
+    except (ConnectionError, ValueError, RuntimeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        fail(f"cannot connect to Ray at {address!r}: {first}; check --address / RAY_ADDRESS")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    config, run_dir, resume_state = prepare_train(args)
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    from dppo.learner import Learner, RunFailure
+
+    connect_ray(config)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    from dppo.checkpoint import atomic_write
+
+    atomic_write(run_dir / "config.yaml", config.to_yaml().encode())
+    learner = Learner(config, run_dir, resume_state)
+    if resume_state is not None:
+        learner.output.message(f"resuming {run_dir} at iteration {learner.counters.iteration}, "
+                               f"{learner.counters.env_steps:,} env steps")
+    try:
+        summary = learner.run()
+    except RunFailure as err:
+        print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
+        learner.shutdown()
+        return 1
+    learner.shutdown()
+    verdict = "solved" if summary["solved"] else "stopped"
+    mean = summary["episode_return_mean"]
+    print(f"{verdict} ({summary['reason']}): return {mean if mean is None else round(mean, 1)} after "
+          f"{summary['env_steps']:,} env steps, {summary['iterations']} iterations, {summary['wall_s']:.1f} s "
+          f"-> {run_dir / 'summary.json'}", flush=True)
+    if config.metrics.port and config.metrics.linger_s > 0 and summary["reason"] != "signal":
+        time.sleep(config.metrics.linger_s)  # let Prometheus scrape the final values
+    learner.metrics.shutdown()
+    return 143 if summary["reason"] == "signal" else 0
+
+
+# ---- eval ----------------------------------------------------------------------------------------
+def cmd_eval(args: argparse.Namespace) -> int:
+    if args.episodes < 1:
+        fail("--episodes must be >= 1")
+    from dppo.checkpoint import load
+    from dppo.config import validate
+
+    state = load(args.checkpoint)
+    config = validate(state["config"])
+    from dppo.evaluate import evaluate
+
+    returns = evaluate(config, state, args.episodes, args.seed, args.video)
+    mean = sum(returns) / len(returns)
+    print(f"mean return {mean:.2f} over {len(returns)} episodes (min {min(returns):.2f}, max {max(returns):.2f})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as err:
+        fail(str(err).splitlines()[0])
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

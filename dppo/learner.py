@@ -1,0 +1,368 @@
+"""Learner: starts the actors, broadcasts weights, gathers segments, trains, checkpoints and reports.
+
+``Learner.run`` is the whole PPO iteration on one page; the helpers below it each do one thing
+(gather with failure handling, bookkeeping, checkpoint state).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import ray
+import torch
+
+from dppo.actor import Broadcast, start_actor
+from dppo.agent import export_weights
+from dppo.checkpoint import CheckpointError, CheckpointStore, atomic_write
+from dppo.config import Config
+from dppo.logs import IterationLog
+from dppo.metrics import Metrics
+from dppo.model import ActorCritic
+from dppo.normalizer import RunningStats
+from dppo.sampler import EnvFailure
+from dppo.segment import Segment
+from dppo.trainer import Trainer, build_batch
+
+log = logging.getLogger(__name__)
+RETURN_WINDOW = 100
+
+
+class RunFailure(RuntimeError):
+    """The run cannot go on (crash-looping actors, a persistently failing env, NaN data or updates)."""
+
+
+class Stop(Exception):
+    """SIGTERM/SIGINT arrived: finish with a checkpoint."""
+
+
+@dataclass
+class Counters:
+    """Everything that must continue unchanged after a resume."""
+
+    iteration: int = 0
+    env_steps: int = 0
+    episodes: int = 0
+    wall_s: float = 0.0
+    policy_version: int = 0
+    bad_updates_in_row: int = 0
+
+
+def env_spaces(config: Config) -> tuple[gym.Space, gym.Space]:
+    """Observation and action space of one env (the learner builds its model from these)."""
+    env = gym.make(config.env.id, **config.env.kwargs)
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def sanitize(record: dict[str, Any]) -> dict[str, Any]:
+    """NaN/Inf become null so every line is strict JSON."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+
+
+class Learner:
+    """The master of a run: owns the model, the Trainer, the actors, the run directory and the metrics."""
+
+    def __init__(self, config: Config, run_dir: Path, resume_state: dict[str, Any] | None = None) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.name = config.run.name or run_dir.name
+        torch.manual_seed(config.run.seed)
+        np.random.seed(config.run.seed)
+        device = config.run.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.obs_space, self.action_space = env_spaces(config)
+        self.model = ActorCritic(self.obs_space, self.action_space, config.model)
+        self.trainer = Trainer(self.model, config.ppo, config.num_iterations, config.run.seed, self.device)
+        self.obs_stats = RunningStats.empty(self.obs_space.shape) if config.env.normalize_obs else None
+        self.return_stats = RunningStats.empty() if config.env.normalize_reward else None
+        self.counters = Counters()
+        self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
+        self.recent_lengths: deque[int] = deque(maxlen=RETURN_WINDOW)
+        self.store = CheckpointStore(run_dir / "checkpoints", config.run.keep_checkpoints)
+        self.metrics = Metrics(config.env.id, self.name)
+        self.restart_times: deque[float] = deque()
+        self.actor_spawns = 0
+        self.stop_signal: int | None = None
+        if resume_state is not None:
+            self.restore(resume_state)
+        self.output = IterationLog(config.run.log_format, config.run.total_steps)
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Train until total_steps or target_return; returns the summary written to summary.json."""
+        cfg = self.config
+        self._install_signal_handlers()
+        if cfg.metrics.port:
+            port = self.metrics.serve(cfg.metrics.port, cfg.metrics.host)
+            self.output.message(f"metrics on http://{cfg.metrics.host}:{port}/metrics")
+        self.actors = [self._spawn(i) for i in range(cfg.run.actors)]
+        self.metrics.actors_desired.set(cfg.run.actors)
+        self.metrics.actors_alive.set(len(self.actors))
+        reason, started = None, time.perf_counter() - self.counters.wall_s
+        try:
+            while (reason := self._finished()) is None:
+                t0 = time.perf_counter()
+                ref = ray.put(self._broadcast())  # weights + normalizer stats, once per iteration
+                t1 = time.perf_counter()
+                segments = self._gather(ref)  # ray.wait as they arrive; failed actors replaced
+                t2 = time.perf_counter()
+                batch = build_batch(segments, cfg.ppo.gamma, cfg.ppo.gae_lambda, self.device)
+                stats = self.trainer.update(batch, self.counters.iteration)
+                self._check_update(stats.skipped_minibatches)
+                t3 = time.perf_counter()
+                sample_s = max(s.sample_seconds for s in segments)
+                phases = {"sync": t1 - t0, "sample": sample_s, "wait": max(0.0, t2 - t1 - sample_s),
+                          "update": t3 - t2}
+                record = self._account(segments, stats.as_dict(), phases, t0, started)
+                if self.counters.iteration % cfg.run.checkpoint_every == 0:
+                    record["checkpoint_s"] = phases["checkpoint"] = self._checkpoint()
+                self._report(record, segments, phases)
+        except Stop:
+            reason = "signal"
+        except (RunFailure, EnvFailure) as err:
+            self._checkpoint()
+            self._write_summary("error", started)
+            raise RunFailure(str(err)) from err
+        self._checkpoint()
+        summary = self._write_summary(reason, started)
+        self.output.close()
+        return summary
+
+    # ---- phases --------------------------------------------------------------------------------
+    def _broadcast(self) -> Broadcast:
+        return Broadcast(export_weights(self.model), self.counters.policy_version, self.obs_stats, self.return_stats)
+
+    def _gather(self, ref: ray.ObjectRef) -> list[Segment]:
+        """Collect one segment per actor; replace dead actors and resample; drop stragglers past the deadline."""
+        cfg = self.config
+        pending = {self.actors[i].sample.remote(ref): i for i in range(len(self.actors))}
+        segments: dict[int, Segment] = {}
+        timeout = cfg.faults.sample_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        needed = max(1, math.ceil(cfg.faults.min_actors_fraction * len(self.actors)))
+        while pending:
+            if self.stop_signal is not None:
+                raise Stop
+            wait_s = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+            if not ready:
+                if deadline is not None and time.monotonic() >= deadline and len(segments) >= needed:
+                    for late in pending.values():
+                        self.metrics.segments_dropped.labels(reason="late").inc()
+                        self.output.message(f"actor {late}: segment missed the {timeout:g}s deadline; dropped")
+                    break
+                continue
+            for done_ref in ready:
+                index = pending.pop(done_ref)
+                try:
+                    segment = ray.get(done_ref)
+                except ray.exceptions.RayTaskError as err:
+                    cause = err.cause if isinstance(err.cause, EnvFailure) else err
+                    raise RunFailure(f"actor {index}: {cause}") from err
+                except ray.exceptions.RayActorError as err:
+                    self._replace(index, err)
+                    pending[self.actors[index].sample.remote(ref)] = index
+                    continue
+                if segment.nonfinite:
+                    if cfg.faults.nonfinite_data == "error":
+                        raise RunFailure(f"env {cfg.env.id} (actor {index}) returned NaN/Inf observations or "
+                                         "rewards; fix the env or set faults.nonfinite_data=drop")
+                    self.metrics.segments_dropped.labels(reason="nonfinite").inc()
+                    self.output.message(f"actor {index}: NaN/Inf in env {cfg.env.id} data; segment dropped")
+                    continue
+                segments[index] = segment
+        if not segments:
+            raise RunFailure("no usable segment arrived this iteration; see the messages above")
+        return [segments[i] for i in sorted(segments)]  # fixed order: seeded runs are reproducible
+
+    def _spawn(self, index: int) -> ray.actor.ActorHandle:
+        seed = self.config.run.seed + 10_000 * index + 7_919 * self.actor_spawns
+        self.actor_spawns += 1
+        return start_actor(self.config, index, seed)
+
+    def _replace(self, index: int, err: Exception) -> None:
+        """A dead actor (killed, OOM, node lost): start a fresh one in its slot, within the restart budget."""
+        now = time.monotonic()
+        window = self.config.faults.restart_window_s
+        self.restart_times.append(now)
+        while self.restart_times and now - self.restart_times[0] > window:
+            self.restart_times.popleft()
+        if len(self.restart_times) > self.config.faults.max_actor_restarts:
+            raise RunFailure(f"{len(self.restart_times)} actor restarts within {window:g}s exceeds "
+                             f"faults.max_actor_restarts={self.config.faults.max_actor_restarts}; last: {err}")
+        reason = type(err).__name__
+        self.output.message(f"actor {index} died ({reason}); starting a replacement")
+        self.metrics.actor_restarts.labels(actor=str(index)).inc()
+        ray.kill(self.actors[index], no_restart=True)
+        self.actors[index] = self._spawn(index)
+
+    def _check_update(self, skipped_minibatches: int) -> None:
+        if skipped_minibatches == 0:
+            self.counters.bad_updates_in_row = 0
+            return
+        self.metrics.updates_skipped.inc()
+        self.counters.bad_updates_in_row += 1
+        limit = self.config.faults.max_nonfinite_updates
+        self.output.message(f"update had {skipped_minibatches} NaN/Inf minibatches (skipped); "
+                            f"{self.counters.bad_updates_in_row} in a row")
+        if self.counters.bad_updates_in_row >= limit:
+            raise RunFailure(f"{limit} updates in a row had NaN/Inf losses or gradients; lower "
+                             "ppo.learning_rate or check the env's rewards")
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+    def _account(self, segments: list[Segment], stats: dict[str, float], phases: dict[str, float],
+                 iteration_start: float, started: float) -> dict[str, Any]:
+        """Advance counters, merge normalizer statistics, build the progress record."""
+        c = self.counters
+        steps = sum(s.num_steps for s in segments)
+        returns = np.concatenate([s.episode_returns for s in segments])
+        lengths = np.concatenate([s.episode_lengths for s in segments])
+        self._merge_stats(segments)
+        self.recent_returns.extend(returns.tolist())
+        self.recent_lengths.extend(lengths.tolist())
+        c.iteration += 1
+        c.env_steps += steps
+        c.episodes += len(returns)
+        c.policy_version += 1
+        now = time.perf_counter()
+        c.wall_s = now - started
+        iteration_s = now - iteration_start
+        self._new_returns = returns.tolist()
+        record: dict[str, Any] = {
+            "iteration": c.iteration, "env_steps": c.env_steps, "wall_s": round(c.wall_s, 3),
+            "episodes": c.episodes, "episode_return_mean": self.return_mean(),
+            "episode_length_mean": float(np.mean(self.recent_lengths)) if self.recent_lengths else None,
+            "steps_per_s": steps / iteration_s, "env_steps_delta": steps, "iteration_s": iteration_s,
+            "policy_version": c.policy_version, "segments": len(segments),
+            **{k: v for k, v in stats.items() if k not in {"epochs_run", "skipped_minibatches"}},
+            **{f"{k}_s": v for k, v in phases.items()},
+        }
+        for seg in segments:
+            self.metrics.record_actor(seg.actor_id, seg.sample_seconds)
+        return record
+
+    def _merge_stats(self, segments: list[Segment]) -> None:
+        for seg in segments:
+            if self.obs_stats is not None and seg.obs_stats is not None:
+                self.obs_stats = self.obs_stats.merge(seg.obs_stats)
+            if self.return_stats is not None and seg.return_stats is not None:
+                self.return_stats = self.return_stats.merge(seg.return_stats)
+
+    def _report(self, record: dict[str, Any], segments: list[Segment], phases: dict[str, float]) -> None:
+        record = sanitize(record)
+        with open(self.run_dir / "progress.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        self.metrics.record_iteration(record, self._new_returns, phases)
+        self.output.iteration(record)
+
+    def return_mean(self) -> float | None:
+        return float(np.mean(self.recent_returns)) if self.recent_returns else None
+
+    def _finished(self) -> str | None:
+        target = self.config.run.target_return
+        mean = self.return_mean()
+        if target is not None and mean is not None and len(self.recent_returns) >= RETURN_WINDOW and mean >= target:
+            return "target_return"
+        if self.counters.env_steps >= self.config.run.total_steps:
+            return "total_steps"
+        if self.stop_signal is not None:
+            return "signal"
+        return None
+
+    def _write_summary(self, reason: str, started: float) -> dict[str, Any]:
+        c = self.counters
+        summary = sanitize({
+            "solved": reason == "target_return", "reason": reason, "wall_s": round(time.perf_counter() - started, 3),
+            "env_steps": c.env_steps, "iterations": c.iteration, "episodes": c.episodes,
+            "episode_return_mean": self.return_mean(), "target_return": self.config.run.target_return,
+            "run": self.name, "env": self.config.env.id,
+        })
+        atomic_write(self.run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+        return summary
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def _checkpoint(self) -> float:
+        start = time.perf_counter()
+        if self.store.list() and self.store.list()[-1].name == f"ckpt-{self.counters.iteration:08d}.pt":
+            return 0.0  # this iteration is already on disk
+        path = self.store.save(self.state(), self.counters.iteration)
+        self.metrics.checkpoints.inc()
+        self.metrics.checkpoint_bytes.set(path.stat().st_size)
+        return time.perf_counter() - start
+
+    def state(self) -> dict[str, Any]:
+        """Everything a resume needs, in types that ``torch.load(weights_only=True)`` accepts."""
+        return {
+            "format": 1, "env_id": self.config.env.id, "config": self.config.model_dump(mode="json"),
+            "model": self.model.state_dict(), "trainer": self.trainer.state_dict(),
+            "obs_stats": self.obs_stats.to_state() if self.obs_stats else None,
+            "return_stats": self.return_stats.to_state() if self.return_stats else None,
+            "counters": vars(self.counters).copy(),
+            "recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if state.get("env_id") != self.config.env.id:
+            raise CheckpointError(f"checkpoint is for env {state.get('env_id')!r}, the config says "
+                                  f"{self.config.env.id!r}; resume with the run's own config")
+        try:
+            self.model.load_state_dict(state["model"])
+            self.trainer.load_state_dict(state["trainer"])
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise CheckpointError(f"checkpoint does not fit this model ({str(err).splitlines()[0]}); "
+                                  "resume with the run's own config") from None
+        if state["obs_stats"] is not None:
+            self.obs_stats = RunningStats.from_state(state["obs_stats"])
+        if state["return_stats"] is not None:
+            self.return_stats = RunningStats.from_state(state["return_stats"])
+        self.counters = Counters(**state["counters"])
+        self.recent_returns.extend(state["recent_returns"])
+        self.recent_lengths.extend(state["recent_lengths"])
+        self.metrics.env_steps.inc(self.counters.env_steps)
+        self.metrics.episodes.inc(self.counters.episodes)
+        self._truncate_progress()
+
+    def _truncate_progress(self) -> None:
+        """Drop progress lines written after the checkpoint we resume from, so iterations stay monotonic."""
+        path = self.run_dir / "progress.jsonl"
+        if not path.exists():
+            return
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line)["iteration"] <= self.counters.iteration:
+                    kept.append(line + "\n")
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a line cut short by a kill
+        atomic_write(path, "".join(kept).encode())
+
+    # ---- signals -------------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM (what Kubernetes sends) and SIGINT end the run with a final checkpoint."""
+        def handler(signum: int, _frame: object) -> None:
+            self.stop_signal = signum
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                signal.signal(sig, handler)
+            except ValueError:  # not the main thread (e.g. embedded); the caller handles signals
+                pass
+
+    def shutdown(self) -> None:
+        for actor in getattr(self, "actors", []):
+            ray.kill(actor, no_restart=True)
+        self.output.close()

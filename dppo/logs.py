@@ -1,0 +1,65 @@
+"""Per-iteration output: one flushed line on stdout (text or JSON), a live bar only on a terminal."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any, TextIO
+
+TEXT_FIELDS = (
+    ("iter", "iteration", "{:d}"), ("steps", "env_steps", "{:,d}"), ("steps/s", "steps_per_s", "{:,.0f}"),
+    ("return", "episode_return_mean", "{:.1f}"), ("episodes", "episodes", "{:d}"),
+    ("pi_loss", "policy_loss", "{:.4f}"), ("v_loss", "value_loss", "{:.4f}"), ("entropy", "entropy", "{:.3f}"),
+    ("kl", "approx_kl", "{:.4f}"), ("clip", "clip_fraction", "{:.3f}"), ("ev", "explained_variance", "{:.2f}"),
+)
+
+
+def _fmt(fmt: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return fmt.format(value)
+
+
+def text_line(record: dict[str, Any]) -> str:
+    return " ".join(f"{label}={_fmt(fmt, record.get(key))}" for label, key, fmt in TEXT_FIELDS)
+
+
+class IterationLog:
+    """Writes each iteration record to stdout; a rich progress bar when stdout is a TTY and format is text."""
+
+    def __init__(self, log_format: str, total_steps: int, stream: TextIO | None = None) -> None:
+        self.format = log_format
+        self.stream = stream or sys.stdout
+        self.progress: Any = None
+        if log_format == "text" and self.stream.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("[bold]training"), BarColumn(), TextColumn("{task.description}"),
+                                     TimeElapsedColumn(), transient=True)
+            self.task = self.progress.add_task("", total=total_steps)
+            self.progress.start()
+
+    def iteration(self, record: dict[str, Any]) -> None:
+        if self.format == "json":
+            line = json.dumps(record, allow_nan=False, default=str)
+        else:
+            line = text_line(record)
+        if self.progress is not None:
+            self.progress.console.print(line, highlight=False)
+            self.progress.update(self.task, completed=record["env_steps"],
+                                 description=f"return {_fmt('{:.1f}', record.get('episode_return_mean'))}")
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def message(self, text: str) -> None:
+        """A non-iteration line (start, resume, actor restart, summary): stderr keeps stdout parseable."""
+        if self.progress is not None:
+            self.progress.console.print(text, highlight=False)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

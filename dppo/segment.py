@@ -1,0 +1,41 @@
+"""Segment: what one actor sends the learner per iteration, T steps of E envs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dppo.normalizer import RunningStats
+
+
+@dataclass
+class Segment:
+    """T x E transitions sampled with one policy version, plus the episodes that finished in them.
+
+    Observations are stored as the policy saw them (normalized when obs normalization is on), rewards
+    as the trainer should use them (scaled when reward scaling is on); episode returns are raw.
+    """
+
+    obs: np.ndarray  # (T, E, *obs_shape) float32
+    actions: np.ndarray  # (T, E, *action_shape): int64 for Discrete, float32 unclipped for Box
+    log_probs: np.ndarray  # (T, E) float32, log-prob of the (unclipped) action
+    values: np.ndarray  # (T, E) float32, V(obs_t)
+    rewards: np.ndarray  # (T, E) float32
+    terminated: np.ndarray  # (T, E) bool: true end of the MDP, no bootstrap
+    truncated: np.ndarray  # (T, E) bool: time limit, bootstrap from final_values
+    final_values: np.ndarray  # (T, E) float32: V(final obs) where truncated, else 0
+    last_values: np.ndarray  # (E,) float32: V(s_T), the bootstrap at the segment cut
+    episode_returns: np.ndarray  # (n_episodes,) float64, raw (unscaled) returns of finished episodes
+    episode_lengths: np.ndarray  # (n_episodes,) int64
+    policy_version: int
+    actor_id: int
+    sample_seconds: float
+    obs_stats: RunningStats | None = None  # what this segment's observations add to the global stats
+    return_stats: RunningStats | None = None  # same for the discounted return (reward scaling)
+    nonfinite: bool = False  # NaN/Inf seen in raw observations or rewards
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.rewards.size)

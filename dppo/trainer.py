@@ -1,0 +1,178 @@
+"""Trainer: PPO math only. Owns the optimizer; K epochs x minibatches of clipped-objective SGD.
+
+Schulman et al. 2017 (arXiv:1707.06347), with the implementation details of Huang et al. 2022:
+per-minibatch advantage normalization, clipped value loss, entropy bonus, global grad-norm clip,
+Adam eps 1e-5, linear learning-rate annealing, optional target-KL early stop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from dppo.advantages import gae
+from dppo.config import PPOConfig
+from dppo.model import ActorCritic
+from dppo.segment import Segment
+
+
+class Batch(NamedTuple):
+    """Flattened samples of one iteration: N x T x E rows."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    log_probs: torch.Tensor
+    values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+
+class LossTerms(NamedTuple):
+    """The loss pieces (with gradients) and detached diagnostics of one minibatch."""
+
+    policy_loss: torch.Tensor
+    value_loss: torch.Tensor
+    entropy: torch.Tensor
+    approx_kl: float
+    clip_fraction: float
+
+
+@dataclass
+class TrainStats:
+    """Diagnostics of one update, averaged over the minibatches that ran."""
+
+    policy_loss: float
+    value_loss: float
+    entropy: float
+    approx_kl: float
+    clip_fraction: float
+    explained_variance: float
+    learning_rate: float
+    grad_norm: float
+    epochs_run: int
+    skipped_minibatches: int
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def build_batch(segments: list[Segment], gamma: float, lam: float, device: torch.device) -> Batch:
+    """GAE per segment (each has its own time axis), then flatten and concatenate."""
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in Batch._fields}
+    for seg in segments:
+        advantages, returns = gae(seg.rewards, seg.values, seg.terminated, seg.truncated,
+                                  seg.final_values, seg.last_values, gamma, lam)
+        rows = seg.rewards.size
+        parts["obs"].append(seg.obs.reshape(rows, *seg.obs.shape[2:]))
+        parts["actions"].append(seg.actions.reshape(rows, *seg.actions.shape[2:]))
+        parts["log_probs"].append(seg.log_probs.reshape(rows))
+        parts["values"].append(seg.values.reshape(rows))
+        parts["advantages"].append(advantages.reshape(rows))
+        parts["returns"].append(returns.reshape(rows))
+    return Batch(*(torch.as_tensor(np.concatenate(parts[k]), device=device) for k in Batch._fields))
+
+
+def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
+    """1 - Var[target - predicted] / Var[target]; NaN when the target is constant."""
+    var = float(np.var(target))
+    return float("nan") if var == 0 else 1.0 - float(np.var(target - predicted)) / var
+
+
+def ppo_loss(
+    new_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    new_values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    entropy: torch.Tensor,
+    config: PPOConfig,
+) -> LossTerms:
+    """Clipped surrogate, (clipped) value loss and entropy of one minibatch; pure, no side effects."""
+    if config.normalize_advantages and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    log_ratio = new_log_probs - old_log_probs
+    ratio = log_ratio.exp()
+    clip = config.clip_coef
+    policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip)).mean()
+    if config.clip_value_loss:
+        clipped = old_values + (new_values - old_values).clamp(-clip, clip)
+        value_loss = 0.5 * torch.max((new_values - returns) ** 2, (clipped - returns) ** 2).mean()
+    else:
+        value_loss = 0.5 * ((new_values - returns) ** 2).mean()
+    with torch.no_grad():
+        approx_kl = float(((ratio - 1) - log_ratio).mean())  # the low-variance k3 estimator (Schulman 2020)
+        clip_fraction = float(((ratio - 1).abs() > clip).float().mean())
+    return LossTerms(policy_loss, value_loss, entropy.mean(), approx_kl, clip_fraction)
+
+
+class Trainer:
+    """Runs the PPO update on the learner; the only place gradients and optimizer state exist."""
+
+    def __init__(self, model: ActorCritic, config: PPOConfig, num_iterations: int, seed: int,
+                 device: torch.device) -> None:
+        self.model = model.to(device)
+        self.config = config
+        self.num_iterations = num_iterations
+        self.device = device
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=1e-5)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def learning_rate(self, iteration: int) -> float:
+        """Linear annealing to 0 over the run (iteration counts from 0)."""
+        if not self.config.anneal_lr:
+            return self.config.learning_rate
+        frac = 1.0 - min(iteration, self.num_iterations - 1) / self.num_iterations
+        return frac * self.config.learning_rate
+
+    def update(self, batch: Batch, iteration: int) -> TrainStats:
+        cfg = self.config
+        lr = self.learning_rate(iteration)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        size = batch.obs.shape[0]
+        mb_size = min(cfg.minibatch_size, size)
+        sums = dict.fromkeys(("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"), 0.0)
+        steps = skipped = epochs_run = 0
+        self.model.train()
+        for _epoch in range(cfg.epochs):
+            epochs_run += 1
+            order = torch.randperm(size, generator=self.generator).to(self.device)
+            epoch_kl = []
+            for start in range(0, size - mb_size + 1, mb_size):
+                idx = order[start:start + mb_size]
+                new_logp, entropy, new_values = self.model.evaluate(batch.obs[idx], batch.actions[idx])
+                terms = ppo_loss(new_logp, batch.log_probs[idx], batch.advantages[idx], new_values,
+                                 batch.values[idx], batch.returns[idx], entropy, cfg)
+                loss = terms.policy_loss - cfg.entropy_coef * terms.entropy + cfg.value_coef * terms.value_loss
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
+                if not (math.isfinite(float(loss.detach())) and math.isfinite(grad_norm)):
+                    skipped += 1  # a NaN/Inf step would poison the weights: skip it, the learner counts it
+                    continue
+                self.optimizer.step()
+                steps += 1
+                epoch_kl.append(terms.approx_kl)
+                for key, value in (("policy_loss", float(terms.policy_loss)), ("value_loss", float(terms.value_loss)),
+                                   ("entropy", float(terms.entropy)), ("approx_kl", terms.approx_kl),
+                                   ("clip_fraction", terms.clip_fraction), ("grad_norm", grad_norm)):
+                    sums[key] += value
+            if cfg.target_kl is not None and epoch_kl and float(np.mean(epoch_kl)) > cfg.target_kl:
+                break
+        self.model.eval()
+        means = {k: (v / steps if steps else float("nan")) for k, v in sums.items()}
+        ev = explained_variance(batch.values.cpu().numpy(), batch.returns.cpu().numpy())
+        return TrainStats(**means, explained_variance=ev, learning_rate=lr, epochs_run=epochs_run,
+                          skipped_minibatches=skipped)
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
