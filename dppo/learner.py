@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -357,10 +358,8 @@ class Learner:
             self.stop_signal = signum
 
         for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: the embedding program handles signals
                 signal.signal(sig, handler)
-            except ValueError:  # not the main thread (e.g. embedded); the caller handles signals
-                pass
 
     def shutdown(self) -> None:
         for actor in getattr(self, "actors", []):
