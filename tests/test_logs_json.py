@@ -1,0 +1,51 @@
+"""`dppo train --log-format json`: stdout is one JSON object per iteration, equal to progress.jsonl's record."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+# The progress-record contract (docs/metrics.md, "Logs"); checkpoint_s is checked separately.
+RECORD_KEYS = {
+    "iteration", "env_steps", "wall_s", "episodes", "episode_return_mean", "episode_length_mean", "steps_per_s",
+    "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "explained_variance", "learning_rate",
+    "grad_norm", "policy_version", "sample_s", "wait_s", "update_s", "sync_s", "iteration_s",
+}
+CHECKPOINT_EVERY = 2
+
+
+@pytest.mark.slow
+def test_json_lines_equal_the_progress_records(tmp_path: Path, dppo_cmd: list[str], ray_address: str) -> None:
+    run_dir = tmp_path / "json-run"
+    train = subprocess.run(
+        [*dppo_cmd, "train", "--env", "CartPole-v1", "--actors", "1", "--total-steps", "2048", "--seed", "3",
+         "--run-dir", str(run_dir), "--address", ray_address, "--log-format", "json",
+         "--set", "env.num_envs=4", "--set", "ppo.segment_length=128",
+         "--set", f"run.checkpoint_every={CHECKPOINT_EVERY}"],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert train.returncode == 0, train.stderr[-3000:]
+
+    lines = [line for line in train.stdout.splitlines() if line.strip()]
+    logged = []
+    for line in lines:
+        try:
+            obj = json.loads(line)  # every stdout line is JSON: other messages go to stderr
+        except json.JSONDecodeError:
+            pytest.fail(f"a stdout line is not JSON: {line[:300]!r}")
+        assert isinstance(obj, dict), line
+        logged.append(obj)
+    progress = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+
+    assert len(logged) == len(progress) == summary["iterations"] == 4
+    assert logged == progress
+    for record in logged:
+        assert record.keys() >= RECORD_KEYS, f"missing {sorted(RECORD_KEYS - record.keys())}"
+        if record["iteration"] % CHECKPOINT_EVERY == 0:
+            assert record["checkpoint_s"] >= 0
+    assert [r["iteration"] for r in logged] == [1, 2, 3, 4]
+    assert logged[-1]["env_steps"] == summary["env_steps"] == 2048
