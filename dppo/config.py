@@ -56,6 +56,8 @@ class EnvConfig(_Section):
     def _known_env(cls, env_id: str) -> str:
         import gymnasium
 
+        import dppo.envs  # noqa: F401 - registers the dppo/ test envs
+
         try:
             gymnasium.spec(env_id)
         except gymnasium.error.Error as err:

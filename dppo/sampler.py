@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
+import dppo.envs  # noqa: F401 - registers the dppo/ test envs in every actor process
 from dppo.agent import Agent, Weights
 from dppo.config import Config
 from dppo.normalizer import RunningStats

@@ -1,0 +1,66 @@
+"""Small envs registered under the ``dppo/`` namespace for tests and fault drills.
+
+- ``dppo/Counter-v0``: observation = steps since reset, reward 1; ends by termination at
+  ``terminate_at`` (if set) or by truncation at ``max_episode_steps``. Makes episode boundaries,
+  autoreset and bootstrapping checkable by eye.
+- ``dppo/Faulty-v0``: CartPole-v1 that misbehaves on purpose at a given step count of its process:
+  raises (``fail_at``), returns NaN (``nan_at``), or hangs (``hang_at`` for ``hang_s`` seconds).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+class CounterEnv(gym.Env):
+    def __init__(self, terminate_at: int | None = None) -> None:
+        self.observation_space = gym.spaces.Box(0.0, np.inf, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.terminate_at = terminate_at
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        terminated = self.terminate_at is not None and self.t >= self.terminate_at
+        return np.array([float(self.t)], np.float32), 1.0, terminated, False, {}
+
+
+class FaultyEnv(gym.Wrapper):
+    """CartPole with an injected fault after a number of steps taken in this process."""
+
+    steps_in_process = 0
+
+    def __init__(self, fail_at: int | None = None, nan_at: int | None = None, hang_at: int | None = None,
+                 hang_s: float = 5.0) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.fail_at, self.nan_at, self.hang_at, self.hang_s = fail_at, nan_at, hang_at, hang_s
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict]:
+        FaultyEnv.steps_in_process += 1
+        n = FaultyEnv.steps_in_process
+        if self.fail_at is not None and n >= self.fail_at:
+            raise RuntimeError(f"injected env failure at step {n}")
+        if self.hang_at is not None and n == self.hang_at:
+            time.sleep(self.hang_s)
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.nan_at is not None and n >= self.nan_at:
+            obs = np.full_like(obs, np.nan)
+        return obs, reward, terminated, truncated, info
+
+
+def register() -> None:
+    if "dppo/Counter-v0" not in gym.registry:
+        gym.register("dppo/Counter-v0", entry_point=CounterEnv, max_episode_steps=10)
+        gym.register("dppo/Faulty-v0", entry_point=FaultyEnv, max_episode_steps=500)
+
+
+register()

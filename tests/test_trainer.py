@@ -1,0 +1,98 @@
+"""PPO loss terms on tiny hand-checked batches, and the update's diagnostics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dppo.config import PPOConfig, load_config
+from dppo.learner import env_spaces
+from dppo.model import ActorCritic
+from dppo.trainer import Batch, Trainer, explained_variance, ppo_loss
+
+
+def test_identical_policies_give_ratio_one() -> None:
+    logp = torch.log(torch.tensor([0.2, 0.5, 0.9]))
+    terms = ppo_loss(logp, logp.clone(), torch.tensor([1.0, -2.0, 0.5]), torch.zeros(3), torch.zeros(3),
+                     torch.zeros(3), torch.ones(3), PPOConfig(normalize_advantages=False))
+    assert terms.clip_fraction == 0.0
+    assert terms.approx_kl == pytest.approx(0.0, abs=1e-7)
+    # ratio 1: the surrogate is -mean(advantages)
+    assert float(terms.policy_loss) == pytest.approx(-(1.0 - 2.0 + 0.5) / 3)
+
+
+def test_clipped_surrogate_by_hand() -> None:
+    """Two samples, clip 0.2: ratio 2 with A=+1 is clipped to 1.2; ratio 0.5 with A=-1 is clipped to 0.8."""
+    old = torch.log(torch.tensor([0.25, 0.5]))
+    new = torch.log(torch.tensor([0.5, 0.25]))
+    adv = torch.tensor([1.0, -1.0])
+    cfg = PPOConfig(normalize_advantages=False, clip_coef=0.2, clip_value_loss=False)
+    terms = ppo_loss(new, old, adv, torch.tensor([1.0, 3.0]), torch.zeros(2), torch.tensor([0.0, 1.0]),
+                     torch.tensor([0.3, 0.7]), cfg)
+    # pessimistic bound: max(-A*r, -A*clip(r)) -> sample 0: max(-2, -1.2) = -1.2; sample 1: max(0.5, 0.8) = 0.8
+    assert float(terms.policy_loss) == pytest.approx((-1.2 + 0.8) / 2)
+    assert terms.clip_fraction == 1.0
+    # k3 estimator: mean((r - 1) - log r) over r = 2, 0.5
+    expected_kl = ((2 - 1 - math.log(2)) + (0.5 - 1 - math.log(0.5))) / 2
+    assert terms.approx_kl == pytest.approx(expected_kl, rel=1e-5)
+    assert float(terms.value_loss) == pytest.approx(0.5 * (1.0 + 4.0) / 2)
+    assert float(terms.entropy) == pytest.approx(0.5)
+
+
+def test_value_clipping_takes_the_larger_error() -> None:
+    cfg = PPOConfig(normalize_advantages=False, clip_coef=0.2, clip_value_loss=True)
+    logp = torch.zeros(1)
+    terms = ppo_loss(logp, logp, torch.zeros(1), torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([2.0]),
+                     torch.zeros(1), cfg)
+    # unclipped error 0, clipped prediction 0.2 -> error 1.8^2; the max is taken
+    assert float(terms.value_loss) == pytest.approx(0.5 * 1.8**2)
+
+
+def test_explained_variance() -> None:
+    target = np.array([1.0, 2.0, 3.0, 4.0])
+    assert explained_variance(target, target) == pytest.approx(1.0)
+    assert explained_variance(np.full(4, target.mean()), target) == pytest.approx(0.0)
+    assert math.isnan(explained_variance(target, np.ones(4)))
+
+
+def _trainer(**ppo: object) -> tuple[Trainer, Batch]:
+    cfg = load_config(overrides={"ppo.minibatch_size": 64, **{f"ppo.{k}": v for k, v in ppo.items()}})
+    obs_space, act_space = env_spaces(cfg)
+    torch.manual_seed(0)
+    model = ActorCritic(obs_space, act_space, cfg.model)
+    trainer = Trainer(model, cfg.ppo, num_iterations=10, seed=0, device=torch.device("cpu"))
+    obs = torch.randn(256, 4)
+    with torch.no_grad():
+        dist, values = model(obs)
+        actions = dist.sample()
+        logp = dist.log_prob(actions)
+    batch = Batch(obs, actions, logp, values, torch.randn(256), values + torch.randn(256))
+    return trainer, batch
+
+
+def test_update_reports_every_diagnostic_and_anneals() -> None:
+    trainer, batch = _trainer(epochs=2, learning_rate=1e-3, anneal_lr=True)
+    stats = trainer.update(batch, iteration=5)
+    assert stats.learning_rate == pytest.approx(1e-3 * 0.5)
+    assert stats.epochs_run == 2 and stats.skipped_minibatches == 0
+    for value in (stats.policy_loss, stats.value_loss, stats.entropy, stats.approx_kl, stats.grad_norm):
+        assert math.isfinite(value)
+    assert 0.0 <= stats.clip_fraction <= 1.0
+
+
+def test_target_kl_stops_epochs_early() -> None:
+    trainer, batch = _trainer(epochs=10, learning_rate=0.05, target_kl=1e-6, anneal_lr=False)
+    assert trainer.update(batch, 0).epochs_run == 1
+
+
+def test_nonfinite_loss_skips_the_step() -> None:
+    trainer, batch = _trainer()
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    bad = batch._replace(returns=torch.full_like(batch.returns, float("nan")))
+    stats = trainer.update(bad, 0)
+    assert stats.skipped_minibatches > 0
+    for old, new in zip(before, trainer.model.parameters(), strict=True):
+        assert torch.equal(old, new)
