@@ -38,7 +38,7 @@ def test_two_actors_deltas_merge_to_pooled_observations() -> None:
         seen = []
         step = sampler.envs.step
 
-        def recording_step(action, step=step, seen=seen):  # noqa: ANN001, ANN202
+        def recording_step(action, step=step, seen=seen):
             out = step(action)
             seen.append(out[0].copy())
             return out
@@ -47,7 +47,7 @@ def test_two_actors_deltas_merge_to_pooled_observations() -> None:
         deltas.append(sampler.sample().obs_stats)
         raw_obs.append(np.concatenate(seen))
     merged = RunningStats.empty((3,)).merge(deltas[0]).merge(deltas[1])
-    pooled = np.concatenate(raw_obs)
+    pooled = np.concatenate(raw_obs).astype(np.float64)
     np.testing.assert_allclose(merged.mean, pooled.mean(0), rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(merged.var, pooled.var(0), rtol=1e-6, atol=1e-8)
     assert merged.count == len(pooled) == 200
