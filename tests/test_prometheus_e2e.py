@@ -193,7 +193,7 @@ def test_every_panel_has_data_for_a_real_training_run(prometheus_bin: str, ray_a
     try:
         start = time.time()
         train = subprocess.run(
-            [*dppo_cmd, "train", "--env", "CartPole-v1", "--actors", "2", "--total-steps", "40960",
+            [*dppo_cmd, "train", "--env", "CartPole-v1", "--actors", "2", "--total-steps", "24576",
              "--seed", "1", "--run-dir", str(run_dir), "--metrics-port", str(metrics_port),
              "--address", ray_address, "--set", "metrics.host=127.0.0.1", "--set", "metrics.linger_s=4",
              "--set", "run.checkpoint_every=3", "--set", "env.num_envs=4", "--set", "ppo.segment_length=256"],
