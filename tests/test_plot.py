@@ -113,7 +113,7 @@ def test_cli_plots_two_real_training_runs(tmp_path: Path, dppo_cmd: list[str], r
     for actors in (1, 2):
         run_dir = tmp_path / f"cartpole-{actors}"
         train = subprocess.run(
-            [*dppo_cmd, "train", "--env", "CartPole-v1", "--actors", str(actors), "--total-steps", "6144",
+            [*dppo_cmd, "train", "--env", "CartPole-v1", "--actors", str(actors), "--total-steps", "3072",
              "--seed", "1", "--run-dir", str(run_dir), "--address", ray_address,
              "--set", "env.num_envs=4", "--set", "ppo.segment_length=128"],
             capture_output=True, text=True, timeout=180,
