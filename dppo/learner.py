@@ -96,6 +96,7 @@ class Learner:
         self.store = CheckpointStore(run_dir / "checkpoints", config.run.keep_checkpoints)
         self.metrics = Metrics(config.env.id, self.name)
         self.restart_times: deque[float] = deque()
+        self.faults = {"actor_restarts": 0, "segments_dropped": 0, "updates_skipped": 0}  # this process only
         self.actor_spawns = 0
         self.stop_signal: int | None = None
         if resume_state is not None:
@@ -163,7 +164,7 @@ class Learner:
             if not ready:
                 if deadline is not None and time.monotonic() >= deadline and len(segments) >= needed:
                     for late in pending.values():
-                        self.metrics.segments_dropped.labels(reason="late").inc()
+                        self._drop("late")
                         self.output.message(f"actor {late}: segment missed the {timeout:g}s deadline; dropped")
                     break
                 continue
@@ -182,13 +183,17 @@ class Learner:
                     if cfg.faults.nonfinite_data == "error":
                         raise RunFailure(f"env {cfg.env.id} (actor {index}) returned NaN/Inf observations or "
                                          "rewards; fix the env or set faults.nonfinite_data=drop")
-                    self.metrics.segments_dropped.labels(reason="nonfinite").inc()
+                    self._drop("nonfinite")
                     self.output.message(f"actor {index}: NaN/Inf in env {cfg.env.id} data; segment dropped")
                     continue
                 segments[index] = segment
         if not segments:
             raise RunFailure("no usable segment arrived this iteration; see the messages above")
         return [segments[i] for i in sorted(segments)]  # fixed order: seeded runs are reproducible
+
+    def _drop(self, reason: str) -> None:
+        self.metrics.segments_dropped.labels(reason=reason).inc()
+        self.faults["segments_dropped"] += 1
 
     def _spawn(self, index: int) -> ray.actor.ActorHandle:
         seed = self.config.run.seed + 10_000 * index + 7_919 * self.actor_spawns
@@ -208,6 +213,7 @@ class Learner:
         reason = type(err).__name__
         self.output.message(f"actor {index} died ({reason}); starting a replacement")
         self.metrics.actor_restarts.labels(actor=str(index)).inc()
+        self.faults["actor_restarts"] += 1
         ray.kill(self.actors[index], no_restart=True)
         self.actors[index] = self._spawn(index)
 
@@ -216,6 +222,7 @@ class Learner:
             self.counters.bad_updates_in_row = 0
             return
         self.metrics.updates_skipped.inc()
+        self.faults["updates_skipped"] += 1
         self.counters.bad_updates_in_row += 1
         limit = self.config.faults.max_nonfinite_updates
         self.output.message(f"update had {skipped_minibatches} NaN/Inf minibatches (skipped); "
@@ -291,6 +298,8 @@ class Learner:
             "env_steps": c.env_steps, "iterations": c.iteration, "episodes": c.episodes,
             "episode_return_mean": self.return_mean(), "target_return": self.config.run.target_return,
             "run": self.name, "env": self.config.env.id,
+            "actor_restarts": self.faults["actor_restarts"], "segments_dropped": self.faults["segments_dropped"],
+            "updates_skipped": self.faults["updates_skipped"],
         })
         atomic_write(self.run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
         return summary
