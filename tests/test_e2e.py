@@ -17,7 +17,9 @@ SUMMARY_KEYS = {"solved", "reason", "wall_s", "env_steps", "iterations", "episod
 TIMING_KEYS = {"wall_s", "steps_per_s", "sample_s", "wait_s", "update_s", "sync_s", "checkpoint_s", "iteration_s"}
 
 
-def train(dppo_cmd: list[str], address: str, run_dir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def train(
+    dppo_cmd: list[str], address: str, run_dir: Path, *args: str, timeout: float = 300
+) -> subprocess.CompletedProcess:
     cmd = [*dppo_cmd, "train", "--address", address, "--run-dir", str(run_dir), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
