@@ -1,0 +1,279 @@
+"""Run what the chart's pods would run, as local processes (no cluster here; see DESIGN.md, "How the
+chart is verified here").
+
+The chart is rendered, and from the RayJob we take the head's and the worker group's rayStartParams
+and container env, the worker replica count, the entrypoint and the ConfigMap's training config. Then,
+as KubeRay would: one `ray start --head --block` plus one `ray start --address=<head> --block` per
+worker replica, each rayStartParams key turned into `--key=value`; the token-auth variables KubeRay
+injects (RAY_AUTH_MODE, RAY_AUTH_TOKEN) with a token made here; and the submitter's commands,
+`ray job submit --no-wait ... -- <entrypoint>` followed by `ray job logs --follow`.
+
+Local substitutions, each a stand-in for something the pod has and this machine does not:
+- 127.0.0.1 as every node's IP and instead of 0.0.0.0 for the dashboard and the metrics server (only
+  loopback is touched);
+- free ports for the GCS, dashboard, client server, agents and Ray's metrics (KubeRay's 6379, 8265,
+  10001, 52365, 8080 may be taken by another Ray on this machine); the metrics port is a chart value;
+- a small object store per node (a pod gets 30% of its memory limit; three nodes share this box);
+- the ConfigMap content written to a temp file, and the entrypoint's /etc/dppo path pointed at it.
+Every process started here is in its own process group and is killed by group at the end: no global
+`ray stop`, which would hit other Ray clusters on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "helm" / "dppo"
+BIN = Path(sys.executable).parent
+TOTAL_STEPS = 2048  # two iterations of 2 actors x 8 envs x 64 steps (CartPole preset)
+LINGER_S = 10
+
+pytestmark = pytest.mark.slow
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def flags(params: dict[str, str]) -> list[str]:
+    """KubeRay's translation of rayStartParams: every key becomes --key=value."""
+    return [f"--{key}={value}" for key, value in params.items()]
+
+
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+class LocalCluster:
+    """The head and worker pods as process groups on this machine."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, args: list[str], env: dict[str, str], log_name: str) -> None:
+        log = open(self.root / log_name, "wb")  # noqa: SIM115 (closed with the process group's life)
+        self.procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        # Ray processes that left the groups (workers, agents) still name our temp dir on their command line.
+        marker = str(self.root).encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if marker in (entry / "cmdline").read_bytes():
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
+
+    def wait_for_log(self, name: str, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in (self.root / name).read_text(errors="replace"):
+            assert time.monotonic() < deadline, f"{name}: no {text!r}\n" + self.logs()
+            assert self.procs[-1].poll() is None, f"{name} exited\n" + self.logs()
+            time.sleep(0.5)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted(self.root.glob("*.log")))
+
+
+@pytest.fixture
+def cluster_root() -> Iterator[Path]:
+    # Short path: Ray's Unix sockets live under it (108-byte limit).
+    root = Path(tempfile.mkdtemp(prefix="dppo-emu-", dir="/tmp"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def render(helm_bin: str, release: str, *args: str) -> list[dict[str, Any]]:
+    out = subprocess.run([helm_bin, "template", release, str(CHART), *args],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def scrape(port: int) -> dict[str, float] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def http_status(url: str, headers: dict[str, str] | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return 0  # not listening (yet)
+
+
+@pytest.mark.timeout(300)
+def test_chart_runs_as_rendered(helm_bin: str, cluster_root: Path) -> None:
+    """Chart defaults (token auth on), with only a tiny run and free local ports set through values."""
+    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
+    release = f"emu{secrets.token_hex(3)}"
+    objects = render(helm_bin, release, "--set", f"metrics.port={metrics}",
+                     "--set", f"metrics.lingerSeconds={LINGER_S}", "--set", f"totalSteps={TOTAL_STEPS}",
+                     "--set", "actors=2", "--set", "actorsPerPod=1")
+    rayjob = next(o for o in objects if o["kind"] == "RayJob")
+    config_text = next(o for o in objects if o["kind"] == "ConfigMap")["data"]["config.yaml"]
+    spec = rayjob["spec"]
+    cluster = spec["rayClusterSpec"]
+    head = cluster["headGroupSpec"]
+    (workers,) = cluster["workerGroupSpecs"]
+    head_container = head["template"]["spec"]["containers"][0]
+    config_mount = next(m for m in head_container["volumeMounts"] if m["name"] == "config")["mountPath"]
+    declared_metrics = next(p for p in head_container["ports"] if p["name"] == "dppo-metrics")["containerPort"]
+    assert declared_metrics == metrics
+
+    # The ConfigMap, where the head pod would have it mounted.
+    config = yaml.safe_load(config_text)
+    config["metrics"]["host"] = "127.0.0.1"
+    run_dir = Path(config["run"]["run_dir"])
+    config_file = cluster_root / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    entrypoint = spec["entrypoint"].replace(f"{config_mount}/config.yaml", str(config_file))
+    assert entrypoint != spec["entrypoint"]
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    token = secrets.token_hex(32)
+    # What KubeRay injects into every Ray container and the submitter for authOptions.mode token.
+    assert cluster["authOptions"] == {"mode": "token"}
+    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    ray = str(BIN / "ray")
+    local = LocalCluster(cluster_root)
+    try:
+        head_params = dict(head["rayStartParams"])
+        assert head_params.pop("dashboard-host") == "0.0.0.0"
+        local.start([ray, "start", "--head", "--block", *flags(head_params),
+                     "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--port={gcs}",
+                     f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
+                     f"--metrics-export-port={node_ports[0]}", f"--dashboard-agent-listen-port={node_ports[1]}",
+                     f"--dashboard-agent-grpc-port={node_ports[2]}", f"--runtime-env-agent-port={node_ports[3]}",
+                     "--object-store-memory=100000000", "--node-ip-address=127.0.0.1", f"--temp-dir={cluster_root}",
+                     "--disable-usage-stats"],
+                    env | container_env(head_container), "head.log")
+        address = f"http://127.0.0.1:{dash}"
+        deadline = time.monotonic() + 90
+        while http_status(f"{address}/api/gcs_healthz") != 200:
+            assert time.monotonic() < deadline, "head never became healthy\n" + local.logs()
+            time.sleep(0.5)
+        worker_container = workers["template"]["spec"]["containers"][0]
+        for i in range(workers["replicas"]):
+            p = node_ports[4 + 4 * i: 8 + 4 * i]
+            local.start([ray, "start", f"--address=127.0.0.1:{gcs}", "--block", *flags(workers["rayStartParams"]),
+                         f"--metrics-export-port={p[0]}", f"--dashboard-agent-listen-port={p[1]}",
+                         f"--dashboard-agent-grpc-port={p[2]}", f"--runtime-env-agent-port={p[3]}",
+                         "--object-store-memory=100000000", "--node-ip-address=127.0.0.1",
+                         "--disable-usage-stats"],
+                        env | container_env(worker_container), f"worker-{i}.log")
+            # One at a time, as pods would usually come up: two raylets registering at once from one IP
+            # can time out on this small machine.
+            local.wait_for_log(f"worker-{i}.log", "Ray runtime started", timeout=120)
+
+        # The job API refuses a request without the token (or with a wrong one), and takes the right one.
+        assert http_status(f"{address}/api/jobs/") == 401
+        assert http_status(f"{address}/api/jobs/", {"Authorization": "Bearer wrong"}) == 403
+        assert http_status(f"{address}/api/jobs/", {"Authorization": f"Bearer {token}"}) == 200
+
+        # The submitter pod's commands (KubeRay K8sJobMode): KubeRay joins them with spaces and runs them
+        # with `bash -c`, so the entrypoint is split by the shell.
+        job_id = f"{release}-job"
+        submit = subprocess.run(["bash", "-c", f"{ray} job submit --address {address} --no-wait --submission-id "
+                                 f"{job_id} -- {entrypoint}"],
+                                env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert submit.returncode == 0, submit.stdout + submit.stderr
+        follow = subprocess.Popen([ray, "job", "logs", "--address", address, "--follow", job_id], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        local.procs.append(follow)  # type: ignore[arg-type]
+
+        # The declared metrics port answers on the head, during training and while the learner lingers.
+        final: dict[str, float] | None = None
+        deadline = time.monotonic() + 180
+        while final is None:
+            if follow.poll() is not None:
+                pytest.fail("job ended before its metrics showed the finished run\n"
+                            + follow.communicate()[0] + local.logs())
+            assert time.monotonic() < deadline, "no final metrics\n" + local.logs()
+            sample = scrape(metrics)
+            if sample and sample.get("dppo_env_steps_total", 0) >= TOTAL_STEPS:
+                final = sample
+            time.sleep(0.5)
+        output, _ = follow.communicate(timeout=LINGER_S + 60)
+        request = urllib.request.Request(f"{address}/api/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            job = json.load(resp)
+        assert job["status"] == "SUCCEEDED", output
+        assert "iter=2" in output, output  # the learner's iteration lines reach the submitter's log
+        assert final["dppo_actors_alive"] == 2
+        assert final["dppo_run_info"] == 1
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["env_steps"] >= TOTAL_STEPS
+
+        # Actors on worker nodes only: the head offers no CPUs.
+        def ray_list(what: str) -> list[dict[str, Any]]:
+            out = subprocess.run([ray, "list", what, "--address", address, "--format", "json", "--detail",
+                                  "--limit", "1000"], env=env, capture_output=True, text=True, timeout=60, check=False)
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout)
+
+        nodes = {n["node_id"]: n for n in ray_list("nodes")}
+        assert sum(not n["is_head_node"] for n in nodes.values()) == workers["replicas"]
+        actors = [a for a in ray_list("actors") if a["class_name"] != "JobSupervisor"]
+        assert len(actors) >= 2, actors
+        for actor in actors:
+            assert not nodes[actor["node_id"]]["is_head_node"], f"{actor['class_name']} ran on the head"
+    finally:
+        local.stop()
+        if "run_dir" in locals():
+            shutil.rmtree(run_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                run_dir.parent.rmdir()
