@@ -133,8 +133,23 @@ def prepare_train(args: argparse.Namespace) -> tuple[Any, Path, dict[str, Any] |
     run_dir = resolve_run_dir(run_dir_arg or config.run.run_dir, config.env.id)
     if resume_state is None and (run_dir / "progress.jsonl").exists():
         fail(f"run dir {str(run_dir)!r} already holds a run; pass --resume to continue it or another --run-dir")
+    if resume_state is not None:
+        check_compatible(resume_state, config)
     config.run.run_dir = str(run_dir)
     return config, run_dir, resume_state
+
+
+def check_compatible(state: dict[str, Any], config: Any) -> None:
+    """A checkpoint resumes only into the same env and network shape (checked before anything is written)."""
+    from dppo.checkpoint import CheckpointError
+
+    if state.get("env_id") != config.env.id:
+        raise CheckpointError(f"the checkpoint is for env {state.get('env_id')!r}, not {config.env.id!r}; "
+                              "resume with the run's own config or start a new --run-dir")
+    saved = state.get("config", {}).get("model")
+    if saved != config.model.model_dump(mode="json"):
+        raise CheckpointError(f"the checkpoint's model settings {saved} differ from the config's; "
+                              "resume with the run's own model section")
 
 
 def connect_ray(config: Any) -> None:
