@@ -173,6 +173,7 @@ def test_every_panel_has_data_for_the_metrics_module(prometheus_bin: str, tmp_pa
         prom.wait_for_scrapes("dppo_iteration", 6, timeout_s=15)
         time.sleep(2 * SCRAPE_INTERVAL_S)
         assert_every_panel_has_data(prom, "synthetic-run", start, time.time())
+        assert_every_panel_has_data(prom, ".*", start, time.time())  # the variable's "All"
         assert prom.last("dppo_env_steps_total") == steps
         assert prom.run_variable() == ["synthetic-run"]
         restarts = dict(panel_queries("synthetic-run"))["Actor restarts"]
