@@ -1,7 +1,7 @@
 """`dppo plot`: mean return against wall-clock time and against env steps, one curve per run.
 
 Reads each run directory's ``progress.jsonl`` (and, when present, ``config.yaml`` for the actor count
-and ``summary.json`` for the target return). This is the figure that shows N actors beating 1: the
+and ``summary.json`` for the target return and env id). This is the figure that shows N actors beating 1: the
 same learning curve per env step, reached sooner in wall-clock time.
 """
 
@@ -33,6 +33,7 @@ class Curve:
     env_steps: list[int]
     episode_return_mean: list[float]
     target_return: float | None
+    env_id: str | None
 
 
 def read_progress(path: Path) -> list[dict[str, Any]]:
@@ -65,14 +66,15 @@ def load_curve(run_dir: Path) -> Curve:
     missing = {"wall_s", "env_steps"} - points[0].keys()
     if missing:
         raise UsageError(f"{progress} lacks {', '.join(sorted(missing))}; is this a dppo progress file?")
-    summary = _read_json(run_dir / "summary.json")
-    target = summary.get("target_return") if summary else None
+    summary = _read_json(run_dir / "summary.json") or {}
+    target = summary.get("target_return")
     return Curve(
         label=_label(run_dir),
         wall_s=[float(r["wall_s"]) for r in points],
         env_steps=[int(r["env_steps"]) for r in points],
         episode_return_mean=[float(r["episode_return_mean"]) for r in points],
         target_return=float(target) if isinstance(target, (int, float)) else None,
+        env_id=summary.get("env") if isinstance(summary.get("env"), str) else None,
     )
 
 
@@ -116,6 +118,9 @@ def plot_runs(run_dirs: list[Path], output: Path | None) -> Figure:
     if target is not None:  # a shared target: a dotted line, kept out of the legend
         for ax in (by_time, by_steps):
             ax.axhline(target, color="gray", linestyle=":", linewidth=1, label="_target_return")
+    envs = {c.env_id for c in curves}
+    if len(envs) == 1 and None not in envs:
+        figure.suptitle(envs.pop())
     by_time.set(xlabel="wall-clock time (s)", ylabel="mean return (last 100 episodes)",
                 title="Return against wall-clock time")
     by_steps.set(xlabel="env steps", title="Return against env steps")

@@ -28,7 +28,7 @@ def fake_run(root: Path, name: str, actors: int, iterations: int = 20) -> Path:
         lines.append(json.dumps({"iteration": i, "env_steps": 1024 * actors * i, "wall_s": 1.5 * i,
                                  "episode_return_mean": mean}))
     (run_dir / "progress.jsonl").write_text("\n".join(lines) + "\n")
-    (run_dir / "summary.json").write_text(json.dumps({"solved": True, "target_return": 475.0}))
+    (run_dir / "summary.json").write_text(json.dumps({"solved": True, "target_return": 475.0, "env": "CartPole-v1"}))
     return run_dir
 
 
@@ -51,6 +51,7 @@ def test_two_runs_give_two_labelled_curves_per_axes(tmp_path: Path) -> None:
     assert by_time["one (1 actor)"][:2] == [3.0, 4.5], "the iteration without a return is skipped"
     assert by_steps["two (2 actors)"][-1] == 2 * 1024 * 20
     assert [ax.get_legend() is not None for ax in figure.axes] == [True, True]
+    assert figure.get_suptitle() == "CartPole-v1"
     assert "wall-clock" in figure.axes[0].get_xlabel() and "env steps" in figure.axes[1].get_xlabel()
 
     data = output.read_bytes()
