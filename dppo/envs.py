@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -35,24 +36,45 @@ class CounterEnv(gym.Env):
 
 
 class FaultyEnv(gym.Wrapper):
-    """CartPole with an injected fault after a number of steps taken in this process."""
+    """CartPole with an injected fault once this process has taken a number of steps.
+
+    ``fail_at``: raise at that step; ``persistent``: keep raising from then on (a recreated env too).
+    ``nan_at``: NaN observations from that step on. ``hang_at``: sleep ``hang_s`` at that step.
+    ``token_file``: when set, only the process that first creates this file misbehaves, so one actor
+    of many can be made faulty.
+    """
 
     steps_in_process = 0
+    armed: bool | None = None
 
-    def __init__(self, fail_at: int | None = None, nan_at: int | None = None, hang_at: int | None = None,
-                 hang_s: float = 5.0) -> None:
+    def __init__(self, fail_at: int | None = None, persistent: bool = False, nan_at: int | None = None,
+                 hang_at: int | None = None, hang_s: float = 5.0, token_file: str | None = None) -> None:
         super().__init__(gym.make("CartPole-v1"))
-        self.fail_at, self.nan_at, self.hang_at, self.hang_s = fail_at, nan_at, hang_at, hang_s
+        self.fail_at, self.persistent, self.nan_at = fail_at, persistent, nan_at
+        self.hang_at, self.hang_s, self.token_file = hang_at, hang_s, token_file
+
+    def _armed(self) -> bool:
+        if FaultyEnv.armed is None:
+            if self.token_file is None:
+                FaultyEnv.armed = True
+            else:
+                try:
+                    os.close(os.open(self.token_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                    FaultyEnv.armed = True
+                except FileExistsError:
+                    FaultyEnv.armed = False
+        return FaultyEnv.armed
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict]:
         FaultyEnv.steps_in_process += 1
         n = FaultyEnv.steps_in_process
-        if self.fail_at is not None and n >= self.fail_at:
+        armed = self._armed() if n in {self.fail_at, self.nan_at, self.hang_at} or self.persistent else FaultyEnv.armed
+        if armed and self.fail_at is not None and (n == self.fail_at or (self.persistent and n >= self.fail_at)):
             raise RuntimeError(f"injected env failure at step {n}")
-        if self.hang_at is not None and n == self.hang_at:
+        if armed and self.hang_at is not None and n == self.hang_at:
             time.sleep(self.hang_s)
         obs, reward, terminated, truncated, info = self.env.step(action)
-        if self.nan_at is not None and n >= self.nan_at:
+        if armed and self.nan_at is not None and n >= self.nan_at:
             obs = np.full_like(obs, np.nan)
         return obs, reward, terminated, truncated, info
 
