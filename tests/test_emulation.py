@@ -8,13 +8,18 @@ worker replica, each rayStartParams key turned into `--key=value`; the token-aut
 injects (RAY_AUTH_MODE, RAY_AUTH_TOKEN) with a token made here; and the submitter's commands,
 `ray job submit --no-wait ... -- <entrypoint>` followed by `ray job logs --follow`.
 
+Persistence and one retry are on, as for a long run: the first attempt's learner is killed after its
+first checkpoint (as when the head pod dies) and the entrypoint is submitted again, as KubeRay does on a retry (a
+new cluster, the same PersistentVolumeClaim), so it must resume and finish.
+
 Local substitutions, each a stand-in for something the pod has and this machine does not:
 - 127.0.0.1 as every node's IP and instead of 0.0.0.0 for the dashboard and the metrics server (only
   loopback is touched);
 - free ports for the GCS, dashboard, client server, agents and Ray's metrics (KubeRay's 6379, 8265,
   10001, 52365, 8080 may be taken by another Ray on this machine); the metrics port is a chart value;
 - a small object store per node (a pod gets 30% of its memory limit; three nodes share this box);
-- the ConfigMap content written to a temp file, and the entrypoint's /etc/dppo path pointed at it.
+- the ConfigMap content written to a temp file, and the entrypoint's /etc/dppo path pointed at it;
+- persistence.mountPath set to a temp dir (the PVC); a retry reuses this machine's cluster.
 Every process started here is in its own process group and is killed by group at the end: no global
 `ray stop`, which would hit other Ray clusters on the machine.
 """
@@ -45,7 +50,7 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "dppo"
 BIN = Path(sys.executable).parent
-TOTAL_STEPS = 2048  # two iterations of 2 actors x 8 envs x 64 steps (CartPole preset)
+TOTAL_STEPS = 16384  # 16 iterations of 2 actors x 8 envs x 64 steps (CartPole preset), about 10 s
 LINGER_S = 10
 
 pytestmark = pytest.mark.slow
@@ -144,6 +149,13 @@ def scrape(port: int) -> dict[str, float] | None:
     return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def http_status(url: str, headers: dict[str, str] | None = None) -> int:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5) as resp:
@@ -156,12 +168,16 @@ def http_status(url: str, headers: dict[str, str] | None = None) -> int:
 
 @pytest.mark.timeout(300)
 def test_chart_runs_as_rendered(helm_bin: str, cluster_root: Path) -> None:
-    """Chart defaults (token auth on), with only a tiny run and free local ports set through values."""
+    """Chart defaults (token auth on) plus persistence and a retry; a tiny run and free local ports."""
     gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
     release = f"emu{secrets.token_hex(3)}"
+    pvc = cluster_root / "pvc"
+    pvc.mkdir()
     objects = render(helm_bin, release, "--set", f"metrics.port={metrics}",
                      "--set", f"metrics.lingerSeconds={LINGER_S}", "--set", f"totalSteps={TOTAL_STEPS}",
-                     "--set", "actors=2", "--set", "actorsPerPod=1")
+                     "--set", "actors=2", "--set", "actorsPerPod=1", "--set", "persistence.enabled=true",
+                     "--set", f"persistence.mountPath={pvc}", "--set", "job.backoffLimit=1",
+                     "--set", "config.run.checkpoint_every=1")
     rayjob = next(o for o in objects if o["kind"] == "RayJob")
     config_text = next(o for o in objects if o["kind"] == "ConfigMap")["data"]["config.yaml"]
     spec = rayjob["spec"]
@@ -177,6 +193,9 @@ def test_chart_runs_as_rendered(helm_bin: str, cluster_root: Path) -> None:
     config = yaml.safe_load(config_text)
     config["metrics"]["host"] = "127.0.0.1"
     run_dir = Path(config["run"]["run_dir"])
+    assert run_dir.parent == pvc
+    assert any(m["mountPath"] == str(pvc) for m in head_container["volumeMounts"])
+    assert spec["entrypoint"].endswith(" --auto-resume") and spec["backoffLimit"] == 1
     config_file = cluster_root / "config.yaml"
     config_file.write_text(yaml.safe_dump(config))
     entrypoint = spec["entrypoint"].replace(f"{config_mount}/config.yaml", str(config_file))
@@ -226,33 +245,58 @@ def test_chart_runs_as_rendered(helm_bin: str, cluster_root: Path) -> None:
 
         # The submitter pod's commands (KubeRay K8sJobMode): KubeRay joins them with spaces and runs them
         # with `bash -c`, so the entrypoint is split by the shell.
-        job_id = f"{release}-job"
-        submit = subprocess.run(["bash", "-c", f"{ray} job submit --address {address} --no-wait --submission-id "
-                                 f"{job_id} -- {entrypoint}"],
-                                env=env, capture_output=True, text=True, timeout=120, check=False)
-        assert submit.returncode == 0, submit.stdout + submit.stderr
-        follow = subprocess.Popen([ray, "job", "logs", "--address", address, "--follow", job_id], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        local.procs.append(follow)  # type: ignore[arg-type]
+        def submit(job_id: str) -> subprocess.Popen[str]:
+            out = subprocess.run(["bash", "-c", f"{ray} job submit --address {address} --no-wait --submission-id "
+                                  f"{job_id} -- {entrypoint}"],
+                                 env=env, capture_output=True, text=True, timeout=120, check=False)
+            assert out.returncode == 0, out.stdout + out.stderr
+            follow = subprocess.Popen([ray, "job", "logs", "--address", address, "--follow", job_id], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True)
+            local.procs.append(follow)  # type: ignore[arg-type]
+            return follow
 
-        # The declared metrics port answers on the head, during training and while the learner lingers.
-        final: dict[str, float] | None = None
-        deadline = time.monotonic() + 180
-        while final is None:
-            if follow.poll() is not None:
-                pytest.fail("job ended before its metrics showed the finished run\n"
-                            + follow.communicate()[0] + local.logs())
-            assert time.monotonic() < deadline, "no final metrics\n" + local.logs()
-            sample = scrape(metrics)
-            if sample and sample.get("dppo_env_steps_total", 0) >= TOTAL_STEPS:
-                final = sample
-            time.sleep(0.5)
-        output, _ = follow.communicate(timeout=LINGER_S + 60)
-        request = urllib.request.Request(f"{address}/api/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"})
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            job = json.load(resp)
-        assert job["status"] == "SUCCEEDED", output
-        assert "iter=2" in output, output  # the learner's iteration lines reach the submitter's log
+        def wait_for_metrics(follow: subprocess.Popen[str], name: str, at_least: float) -> dict[str, float]:
+            """Poll the declared metrics port on the head until `name` reaches `at_least`."""
+            deadline = time.monotonic() + 180
+            while True:
+                if follow.poll() is not None:
+                    pytest.fail(f"job ended before {name} reached {at_least}\n" + follow.communicate()[0]
+                                + local.logs())
+                assert time.monotonic() < deadline, f"{name} never reached {at_least}\n" + local.logs()
+                sample = scrape(metrics)
+                if sample and sample.get(name, 0) >= at_least:
+                    return sample
+                time.sleep(0.5)
+
+        def job_status(job_id: str) -> str:
+            request = urllib.request.Request(f"{address}/api/jobs/{job_id}",
+                                             headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                return json.load(resp)["status"]
+
+        # Attempt 1: the learner (the entrypoint's processes, ours alone) is killed after its first checkpoint.
+        first = submit(f"{release}-attempt-1")
+        wait_for_metrics(first, "dppo_checkpoints_written_total", 1)
+        learner = [int(e.name) for e in Path("/proc").iterdir()
+                   if e.name.isdigit() and str(config_file).encode() in _cmdline(e)]
+        assert learner, "learner process not found"
+        for pid in learner:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        first.communicate(timeout=60)
+        assert job_status(f"{release}-attempt-1") == "FAILED"
+        assert not (run_dir / "summary.json").exists()
+
+        # The retry: same entrypoint, same volume. The declared metrics port answers on the head during
+        # training and while the learner lingers.
+        second = submit(f"{release}-attempt-2")
+        final = wait_for_metrics(second, "dppo_env_steps_total", TOTAL_STEPS)
+        output, _ = second.communicate(timeout=LINGER_S + 60)
+        assert job_status(f"{release}-attempt-2") == "SUCCEEDED", output
+        # The learner's iteration lines reach the submitter's log, numbered on from the checkpoint.
+        assert f"iter={TOTAL_STEPS // 1024}" in output, output
+        assert "iter=1 " not in output, f"the retry started over instead of resuming\n{output}"
         assert final["dppo_actors_alive"] == 2
         assert final["dppo_run_info"] == 1
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -273,7 +317,3 @@ def test_chart_runs_as_rendered(helm_bin: str, cluster_root: Path) -> None:
             assert not nodes[actor["node_id"]]["is_head_node"], f"{actor['class_name']} ran on the head"
     finally:
         local.stop()
-        if "run_dir" in locals():
-            shutil.rmtree(run_dir, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                run_dir.parent.rmdir()
