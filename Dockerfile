@@ -1,0 +1,41 @@
+# syntax=docker/dockerfile:1
+# dppo image for KubeRay: Ray's own image at the pinned Ray version (it has ray, bash and wget, which
+# KubeRay's probes and init container need), CPU torch, and dppo with the Box2D and MuJoCo envs.
+#   docker build -t dppo:0.1.0 .                                   (make image)
+#   docker build --build-arg VARIANT=gpu -t dppo:0.1.0-gpu .       (CUDA torch, for head.gpus > 0)
+# tests/test_dockerfile.py runs every RUN step below, in order, against a fresh venv.
+ARG RAY_VERSION=2.60.0
+ARG PYTHON=py311
+ARG VARIANT=cpu
+
+# Build the dppo wheel in a throw-away stage (sources copied to a directory the ray user owns, since
+# setuptools builds in-tree), plus a one-line requirements file that names the wheel.
+FROM rayproject/ray:${RAY_VERSION}-${PYTHON}-${VARIANT} AS wheel
+COPY --chown=1000:100 pyproject.toml README.md /tmp/src/
+COPY --chown=1000:100 dppo /tmp/src/dppo
+RUN cp -r /tmp/src /tmp/build \
+    && pip wheel --no-cache-dir --no-deps --wheel-dir /tmp/wheels /tmp/build \
+    && echo "dppo[box2d,mujoco] @ file://$(echo /tmp/wheels/dppo-*.whl)" > /tmp/wheels/requirements.txt
+
+FROM rayproject/ray:${RAY_VERSION}-${PYTHON}-${VARIANT}
+ARG RAY_VERSION
+ARG VARIANT
+ARG TORCH_VERSION=2.13.0
+# Empty: the CPU wheel index for VARIANT=cpu (a plain torch wheel would pull a multi-GB CUDA build),
+# PyPI's CUDA build for VARIANT=gpu.
+ARG TORCH_INDEX_URL=""
+ENV PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# The wheel is bind-mounted, not copied: no layer of the final image holds it or any build tool.
+RUN --mount=type=bind,from=wheel,source=/tmp/wheels,target=/tmp/wheels \
+    set -eu; \
+    index="${TORCH_INDEX_URL:-}"; \
+    if [ -z "$index" ]; then \
+      if [ "$VARIANT" = cpu ]; then index=https://download.pytorch.org/whl/cpu; else index=https://pypi.org/simple; fi; \
+    fi; \
+    pip install --no-cache-dir --index-url "$index" "torch==${TORCH_VERSION}"; \
+    pip install --no-cache-dir "ray[default]==${RAY_VERSION}" --requirement /tmp/wheels/requirements.txt; \
+    dppo --help >/dev/null
+# The base image's non-root `ray` user, by number so Kubernetes can check runAsNonRoot.
+USER 1000:100
+WORKDIR /home/ray
