@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from dppo.errors import UsageError
 
 # Subcommands that live in their own modules; each exposes register(subparsers).
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES = ("dppo.plot", "dppo.status")
 
 # Flags of `dppo train` that set a config key (dest -> dotted key).
 TRAIN_FLAGS = {
