@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -371,3 +372,73 @@ def test_validation_rejects_unknown_fields(helm_bin: str, cr_schemas: dict) -> N
     head_container(broken)["imagePullPolicy "] = "Always"
     with pytest.raises(jsonschema.ValidationError):
         validate_object(broken, cr_schemas)
+
+
+def kuberay_admission_errors(rayjob: dict[str, Any]) -> list[str]:
+    """The RayJob checks KubeRay's operator applies before it creates anything (a port of the rules in
+    ray-operator/controllers/ray/utils/validation.go that apply to this chart's RayJob): a CRD schema
+    cannot express them, and the operator reports them only as events on the RayJob."""
+    errors = []
+    name, spec = rayjob["metadata"]["name"], rayjob["spec"]
+    cluster = spec["rayClusterSpec"]
+    if len(name) > 47 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+        errors.append("name: at most 47 characters, DNS-1035 label")
+    if not spec.get("shutdownAfterJobFinishes") and spec.get("ttlSecondsAfterFinished", 0) > 0:
+        errors.append("ttlSecondsAfterFinished needs shutdownAfterJobFinishes")
+    if spec.get("ttlSecondsAfterFinished", 0) < 0:
+        errors.append("ttlSecondsAfterFinished < 0")
+    if "activeDeadlineSeconds" in spec and spec["activeDeadlineSeconds"] <= 0:
+        errors.append("activeDeadlineSeconds <= 0")
+    if spec.get("backoffLimit", 0) < 0:
+        errors.append("backoffLimit < 0")
+    if cluster.get("authOptions", {}).get("mode") == "token":
+        version = tuple(int(p) for p in cluster.get("rayVersion", "0.0.0").split("."))
+        if version < (2, 52, 0):
+            errors.append("token auth needs rayVersion >= 2.52.0")
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        params = group.get("rayStartParams", {})
+        if not group["template"]["spec"]["containers"]:
+            errors.append("a group without containers")
+        if any(params.get(k) for k in ("num-cpus", "num-gpus", "memory", "resources")) and group.get("resources"):
+            errors.append("resources in both rayStartParams and resources")
+        if "labels" in params:
+            errors.append("rayStartParams.labels")
+    if spec.get("submitterPodTemplate", {}).get("spec", {}).get("restartPolicy", "Never") != "Never":
+        errors.append("submitter restartPolicy must be Never")
+    return errors
+
+
+@pytest.mark.parametrize("values", MATRIX)
+def test_kuberay_would_accept_the_rayjob(helm_bin: str, values: str) -> None:
+    rayjob = one(render(helm_bin, "-f", str(VALUES_DIR / f"{values}.yaml")), "RayJob")
+    assert kuberay_admission_errors(rayjob) == []
+
+
+def test_kuberay_rules_are_kept_by_the_chart(helm_bin: str) -> None:
+    """Values KubeRay would reject either render a valid RayJob or fail at `helm install` already."""
+    rayjob = one(render(helm_bin, "--set", "job.shutdownAfterJobFinishes=false"), "RayJob")
+    assert "ttlSecondsAfterFinished" not in rayjob["spec"] and kuberay_admission_errors(rayjob) == []
+    out = helm(helm_bin, "template", "1st", str(CHART))
+    assert out.returncode != 0 and "DNS-1035" in out.stderr
+    rayjob = one(render(helm_bin, release="a-release-name-that-is-far-too-long-for-kuberay"), "RayJob")
+    assert len(rayjob["metadata"]["name"]) <= 40 and kuberay_admission_errors(rayjob) == []
+
+
+def notes(helm_bin: str, *args: str) -> str:
+    out = helm(helm_bin, "install", "r", str(CHART), "--dry-run=client", "--namespace", "ml", *args)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes(helm_bin: str) -> None:
+    text = notes(helm_bin)
+    assert "kubectl logs -n ml -f job/r-dppo" in text
+    assert "kubectl port-forward -n ml svc/r-dppo-metrics 8000:8000" in text
+    assert "helm test r -n ml" in text
+    assert "RAY_AUTH_TOKEN" in text and "--set monitoring.dashboard=true" in text
+    uid = json.loads((CHART / "dashboards" / "dppo.json").read_text())["uid"]
+    text = notes(helm_bin, "-f", str(VALUES_DIR / "monitoring.yaml"), "-f", str(VALUES_DIR / "persistence.yaml"),
+                 "-f", str(VALUES_DIR / "auth-off.yaml"))
+    assert f"http://127.0.0.1:3000/d/{uid}" in text and "svc/prom-grafana" in text
+    assert "resumes from the newest one" in text
+    assert "RAY_AUTH_TOKEN" not in text
