@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -174,6 +175,7 @@ def connect_ray(config: Any) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     config, run_dir, resume_state = prepare_train(args)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    warnings.filterwarnings("ignore", module="gymnasium")  # env-checker chatter; errors still surface
     from dppo.learner import Learner, RunFailure
 
     connect_ray(config)

@@ -210,8 +210,8 @@ class Learner:
         if len(self.restart_times) > self.config.faults.max_actor_restarts:
             raise RunFailure(f"{len(self.restart_times)} actor restarts within {window:g}s exceeds "
                              f"faults.max_actor_restarts={self.config.faults.max_actor_restarts}; last: {err}")
-        reason = type(err).__name__
-        self.output.message(f"actor {index} died ({reason}); starting a replacement")
+        why = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        self.output.message(f"actor {index} died ({type(err).__name__}: {why}); starting a replacement")
         self.metrics.actor_restarts.labels(actor=str(index)).inc()
         self.faults["actor_restarts"] += 1
         ray.kill(self.actors[index], no_restart=True)
