@@ -45,4 +45,4 @@ def test_image_observations_use_the_cnn() -> None:
     actions, log_probs, values = agent.act(obs)
     assert actions.shape == (3,) and log_probs.shape == (3,) and values.shape == (3,)
     greedy, _, _ = agent.act(obs, greedy=True)
-    assert ((0 <= greedy) & (greedy < 6)).all()
+    assert ((greedy >= 0) & (greedy < 6)).all()
