@@ -132,7 +132,7 @@ class Learner:
                 record = self._account(segments, stats.as_dict(), phases, t0, started)
                 if self.counters.iteration % cfg.run.checkpoint_every == 0:
                     record["checkpoint_s"] = phases["checkpoint"] = self._checkpoint()
-                self._report(record, segments, phases)
+                self._report(record, [r for s in segments for r in s.episode_returns.tolist()], phases)
         except Stop:
             reason = "signal"
         except (RunFailure, EnvFailure) as err:
@@ -249,7 +249,6 @@ class Learner:
         now = time.perf_counter()
         c.wall_s = now - started
         iteration_s = now - iteration_start
-        self._new_returns = returns.tolist()
         record: dict[str, Any] = {
             "iteration": c.iteration, "env_steps": c.env_steps, "wall_s": round(c.wall_s, 3),
             "episodes": c.episodes, "episode_return_mean": self.return_mean(),
@@ -270,11 +269,12 @@ class Learner:
             if self.return_stats is not None and seg.return_stats is not None:
                 self.return_stats = self.return_stats.merge(seg.return_stats)
 
-    def _report(self, record: dict[str, Any], segments: list[Segment], phases: dict[str, float]) -> None:
+    def _report(self, record: dict[str, Any], new_returns: list[float], phases: dict[str, float]) -> None:
+        """The same record goes to progress.jsonl, the metrics and stdout, so they always agree."""
         record = sanitize(record)
         with open(self.run_dir / "progress.jsonl", "a") as fh:
             fh.write(json.dumps(record) + "\n")
-        self.metrics.record_iteration(record, self._new_returns, phases)
+        self.metrics.record_iteration(record, new_returns, phases)
         self.output.iteration(record)
 
     def return_mean(self) -> float | None:
