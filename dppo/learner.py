@@ -255,6 +255,7 @@ class Learner:
             "episode_length_mean": float(np.mean(self.recent_lengths)) if self.recent_lengths else None,
             "steps_per_s": steps / iteration_s, "env_steps_delta": steps, "iteration_s": iteration_s,
             "policy_version": c.policy_version, "segments": len(segments),
+            "policy_lag": max(c.policy_version - 1 - s.policy_version for s in segments),
             **{k: v for k, v in stats.items() if k not in {"epochs_run", "skipped_minibatches"}},
             **{f"{k}_s": v for k, v in phases.items()},
         }

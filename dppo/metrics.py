@@ -34,6 +34,7 @@ DIAGNOSTIC_GAUGES: dict[str, tuple[str, str]] = {
     "episode_length_mean": ("dppo_episode_length_steps", "Mean length in steps of the last 100 finished episodes."),
     "steps_per_s": ("dppo_env_steps_per_second", "Env steps per second over the last iteration."),
     "iteration": ("dppo_iteration", "Iterations completed."),
+    "policy_lag": ("dppo_policy_lag", "Versions between the weights a segment was sampled with and the trained ones."),
 }
 
 
@@ -58,6 +59,7 @@ class Metrics:
         self.diagnostics = {
             key: Gauge(name, help_text, registry=r) for key, (name, help_text) in DIAGNOSTIC_GAUGES.items()
         }
+        self.policy_lag = self.diagnostics["policy_lag"]
         self.actors_alive = Gauge("dppo_actors_alive", "Actors currently alive.", registry=r)
         self.actors_desired = Gauge("dppo_actors_desired", "Actors the run asks for.", registry=r)
         self.actor_restarts = Counter(
@@ -77,9 +79,6 @@ class Metrics:
         )
         self.checkpoints = Counter("dppo_checkpoints_written", "Checkpoints written.", registry=r)
         self.checkpoint_bytes = Gauge("dppo_checkpoint_size_bytes", "Size of the last checkpoint.", registry=r)
-        self.policy_lag = Gauge(
-            "dppo_policy_lag", "Policy versions between the sampled weights and the trained ones.", registry=r
-        )
         self.run_info = Gauge("dppo_run_info", "Constant 1, labelled with the run's env id and name.",
                               ["env", "run"], registry=r)
         self.run_info.labels(env=env_id, run=run_name).set(1)
