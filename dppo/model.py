@@ -91,9 +91,9 @@ class ActorCritic(nn.Module):
 
     def distribution(self, features: torch.Tensor) -> Distribution:
         out = self.policy_head(features)
-        if self.discrete:
-            return Categorical(logits=out)
-        return Normal(out, self.log_std.exp().expand_as(out))
+        if self.discrete:  # argument validation costs more than the math at these sizes
+            return Categorical(logits=out, validate_args=False)
+        return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
 
     def log_prob(self, dist: Distribution, actions: torch.Tensor) -> torch.Tensor:
         lp = dist.log_prob(actions)
