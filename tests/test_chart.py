@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "dppo"
 VALUES_DIR = Path(__file__).parent / "values"
 MATRIX = sorted(p.stem for p in VALUES_DIR.glob("*.yaml"))
-K8S_VERSION = "1.30.0"
+K8S_VERSIONS = ("1.27.0", "1.37.0")  # the chart's kubeVersion floor and the newest schemas
 CR_GROUPS = {"ray.io", "monitoring.coreos.com"}
 
 
@@ -77,7 +77,8 @@ def validate_object(obj: dict[str, Any], cr_schemas: dict[tuple[str, str, str], 
         schema = cr_schemas[(group, obj["kind"].lower(), version)]
         jsonschema.validate(obj, schema, cls=jsonschema.Draft7Validator)
     else:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
 
 
 def containers(objects: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -442,3 +443,15 @@ def test_notes(helm_bin: str) -> None:
     assert f"http://127.0.0.1:3000/d/{uid}" in text and "svc/prom-grafana" in text
     assert "resumes from the newest one" in text
     assert "RAY_AUTH_TOKEN" not in text
+
+
+def test_packaged_chart_carries_presets_and_dashboard(helm_bin: str, tmp_path: Path) -> None:
+    """presets/ is a link to dppo/presets; `helm package` must copy the files in."""
+    out = helm(helm_bin, "package", str(CHART), "--destination", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    (package,) = tmp_path.glob("dppo-*.tgz")
+    objects = render(helm_bin, "--set", "env=LunarLander-v3", "--set", "monitoring.dashboard=true")
+    packaged = subprocess.run([helm_bin, "template", "r", str(package), "--namespace", "ml", "--set",
+                               "env=LunarLander-v3", "--set", "monitoring.dashboard=true"],
+                              capture_output=True, text=True, timeout=120, check=True)
+    assert [d for d in yaml.safe_load_all(packaged.stdout) if d] == objects

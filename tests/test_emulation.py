@@ -175,7 +175,9 @@ def test_chart_runs_as_rendered(helm_bin: str, cluster_root: Path) -> None:
     pvc.mkdir()
     objects = render(helm_bin, release, "--set", f"metrics.port={metrics}",
                      "--set", f"metrics.lingerSeconds={LINGER_S}", "--set", f"totalSteps={TOTAL_STEPS}",
-                     "--set", "actors=2", "--set", "actorsPerPod=1", "--set", "persistence.enabled=true",
+                     "--set", "actors=2", "--set", "actorsPerPod=1", "--set", "envsPerActor=8",
+                     "--set", "segmentLength=64", "--set", "config.ppo.minibatch_size=256",
+                     "--set", "persistence.enabled=true",
                      "--set", f"persistence.mountPath={pvc}", "--set", "job.backoffLimit=1",
                      "--set", "config.run.checkpoint_every=1")
     rayjob = next(o for o in objects if o["kind"] == "RayJob")
