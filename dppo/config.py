@@ -100,8 +100,9 @@ class PPOConfig(_Section):
     """GAE lambda."""
     clip_coef: float = Field(0.2, gt=0)
     """Clipping range of the probability ratio."""
-    clip_value_loss: bool = True
-    """Clip the value update to clip_coef around the old value (as in the PPO reference code)."""
+    clip_value_loss: bool = False
+    """Clip the value update to clip_coef around the old value (the PPO reference code does; off by default
+    because with unnormalized returns in the hundreds a 0.2 clip stalls the critic)."""
     value_coef: float = Field(0.5, ge=0)
     """Weight of the value loss."""
     entropy_coef: float = Field(0.01, ge=0)
