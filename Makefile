@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 TOOLS := .tools/bin
 SHARED ?= ../shared
 
-.PHONY: demo test test-fast lint tools image clean
+.PHONY: demo test test-fast lint tools image image-gpu manifests clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,16 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/hadolint Dockerfile
 
+# The image tags the chart expects by default (appVersion; -gpu when head.gpus > 0).
 image:
-	docker build -t dppo:latest .
+	docker build -t dppo:0.1.0 .
+
+image-gpu:
+	docker build --build-arg VARIANT=gpu -t dppo:0.1.0-gpu .
+
+# k8s/ is `helm template` output of the chart defaults; regenerate after changing a preset or the chart.
+manifests: tools
+	HELM=$(CURDIR)/$(TOOLS)/helm k8s/render.sh
 
 clean:
 	rm -rf $(VENV) .tools runs

@@ -132,11 +132,14 @@ def prepare_train(args: argparse.Namespace) -> tuple[Any, Path, dict[str, Any] |
                 config_path = str(path / "config.yaml")
     config = load_config(config_path, overrides, args.sets)
     run_dir = resolve_run_dir(run_dir_arg or config.run.run_dir, config.env.id)
-    if resume_state is None and (run_dir / "progress.jsonl").exists():
+    fresh_retry = args.auto_resume and resume_state is None
+    if resume_state is None and not fresh_retry and (run_dir / "progress.jsonl").exists():
         fail(f"run dir {str(run_dir)!r} already holds a run; pass --resume to continue it or another --run-dir")
     if resume_state is not None:
         check_compatible(resume_state, config)
     config.run.run_dir = str(run_dir)
+    if fresh_retry:  # a retried job that died before its first checkpoint: its progress lines describe lost work
+        (run_dir / "progress.jsonl").unlink(missing_ok=True)
     return config, run_dir, resume_state
 
 

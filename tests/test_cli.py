@@ -103,3 +103,16 @@ def test_help_lists_every_config_key(dppo_cmd: list[str]) -> None:
     assert done.returncode == 0
     for key in ("env.num_envs", "ppo.clip_coef", "run.target_return", "metrics.linger_s", "faults.sample_timeout_s"):
         assert key in done.stdout
+
+
+def test_auto_resume_without_checkpoint_starts_fresh(tmp_path: Path) -> None:
+    """A retried job that died before its first checkpoint must start over, not refuse."""
+    from dppo.cli import build_parser, prepare_train
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "progress.jsonl").write_text('{"iteration": 1}\n')
+    args = build_parser().parse_args(["train", "--run-dir", str(run), "--auto-resume"])
+    _config, run_dir, state = prepare_train(args)
+    assert state is None and run_dir == run
+    assert not (run / "progress.jsonl").exists()
