@@ -426,7 +426,8 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
             ray.kill(h, no_restart=True)
     batch_size = config.batch_size
     update, broadcast, iteration = (statistics.median(v) for v in (update_s, broadcast_s, iteration_s))
-    return {"hidden_sizes": hidden, "parameters": num_parameters(model), "actors": actors, "batch": batch_size,
+    return {"hidden_sizes": hidden, "parameters": num_parameters(model), "actors": actors,
+            "learner_threads": learner_threads, "batch": batch_size,
             "epochs": config.ppo.epochs, "minibatch_size": config.ppo.minibatch_size,
             "update_s": round(update, 4), "samples_per_s": round(batch_size / update, 1),
             "sgd_samples_per_s": round(batch_size * config.ppo.epochs / update, 1),
@@ -435,16 +436,17 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
 
 
 def bench_update(models: list[list[int]], actors: int = 8, env_id: str = "CartPole-v1", envs_per_actor: int = 8,
-                 segment_length: int | None = None, minibatch_size: int | None = None, iterations: int = 5,
-                 learner_threads: int | None = None, address: str | None = None) -> list[Row]:
+                 segment_length: int | None = None, minibatch_size: int | None = None, iterations: int = 3,
+                 learner_threads: int = 1, address: str | None = None) -> list[Row]:
     """Per model size: PPO update throughput on the learner, and weight broadcast time against a whole
     iteration (put + sample + gather + update) with ``actors`` actors."""
     rows = []
     with ray_session(address, actors):
         for hidden in models:
             config = bench_config(env_id, envs_per_actor, segment_length, 0.0, "sync", actors=actors)
-            config.ppo.minibatch_size = min(minibatch_size or 256, config.batch_size)
-            rows.append(_update_row(config, hidden, actors, iterations, learner_threads or os.cpu_count() or 1))
+            preset_minibatch = bench_config(env_id, None, None, 0.0, "sync").ppo.minibatch_size
+            config.ppo.minibatch_size = min(minibatch_size or preset_minibatch, config.batch_size)
+            rows.append(_update_row(config, hidden, actors, iterations, learner_threads))
     return rows
 
 
@@ -573,8 +575,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     update.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default CartPole-v1)")
     update.add_argument("--envs-per-actor", type=_positive(int, "--envs-per-actor"), default=8, help="E (default 8)")
     update.add_argument("--segment-length", type=_positive(int, "--segment-length"), help="T (default: preset's)")
-    update.add_argument("--minibatch-size", type=_positive(int, "--minibatch-size"), help="default 256")
-    update.add_argument("--iterations", type=_positive(int, "--iterations"), default=5, help="timed iterations")
+    update.add_argument("--minibatch-size", type=_positive(int, "--minibatch-size"), help="default: the preset's")
+    update.add_argument("--learner-threads", type=_positive(int, "--learner-threads"), default=1,
+                        help="torch threads of the update (default 1)")
+    update.add_argument("--iterations", type=_positive(int, "--iterations"), default=3,
+                        help="timed iterations (default 3)")
     _common(update)
     update.set_defaults(func=cmd_update)
 
@@ -653,12 +658,12 @@ def cmd_update(args: argparse.Namespace) -> int:
     models = [parse_counts(h, "--hidden-sizes") for h in args.hidden_sizes or ["64,64", "1024,1024"]]
     info = machine()
     rows = bench_update(models, args.actors, _env_id(args.env), args.envs_per_actor, args.segment_length,
-                        args.minibatch_size, args.iterations, None, args.address)
+                        args.minibatch_size, args.iterations, args.learner_threads, args.address)
     note = ("`samples_per_s`: batch size over the time of one PPO update (all epochs); `sgd_samples_per_s` "
             "counts every epoch's pass. `broadcast_s`: `ray.put` of the weights plus every actor loading them "
             "(median); `iteration_s`: put + sample + gather + update with this many actors; "
             "`broadcast_fraction` = broadcast_s / iteration_s.")
-    columns = ["hidden_sizes", "parameters", "actors", "batch", "update_s", "samples_per_s", "sgd_samples_per_s",
-               "broadcast_s", "iteration_s", "broadcast_fraction"]
+    columns = ["hidden_sizes", "parameters", "actors", "learner_threads", "batch", "update_s", "samples_per_s",
+               "sgd_samples_per_s", "broadcast_s", "iteration_s", "broadcast_fraction"]
     emit(args, rows, columns, "update", "Learner update and weight broadcast", note, info)
     return 0
