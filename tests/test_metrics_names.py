@@ -43,7 +43,7 @@ def exposed(name: str) -> str:
 
 
 def test_the_wrappers_cover_the_registry() -> None:
-    assert sorted(w._name for w in WRAPPERS) == sorted(FAMILIES), "a metric is registered outside Metrics' fields"
+    assert {w._name for w in WRAPPERS} == set(FAMILIES), "a metric is registered outside Metrics' fields"
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
