@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Distribution, Normal
 
+from dppo.agent import is_image
 from dppo.config import ModelConfig
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -29,10 +30,6 @@ def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, out_gain:
         in_dim = width
     layers.append(layer_init(nn.Linear(in_dim, out_dim), out_gain))
     return nn.Sequential(*layers)
-
-
-def is_image(space: gym.Space) -> bool:
-    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
 
 
 class NatureCNN(nn.Module):
