@@ -530,6 +530,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write-docs", nargs="?", const=str(DOCS_FILE), metavar="FILE",
                         help=f"replace this benchmark's section of FILE (default {DOCS_FILE})")
     parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
+    parser.add_argument("--section", help="name of the docs section to replace (default: from the command's options)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -560,7 +561,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     solve.add_argument("--repeats", type=_positive(int, "--repeats"), default=3, help="seeds per actor count")
     solve.add_argument("--seed", type=int, default=1, help="first seed (repeats use seed, seed+1, ...)")
     solve.add_argument("--out-dir", type=Path, help="where the runs go (default runs/bench-solve-<timestamp>)")
-    solve.add_argument("--figure", type=Path, help="the return-vs-time figure (default: docs/bench-solve-<env>.png "
+    solve.add_argument("--figure", type=Path, help="the return-vs-time figure (default: docs/bench-<section>.png "
                        "with --write-docs, else <out-dir>/solve.png)")
     solve.add_argument("--timeout", type=_positive(float, "--timeout"), default=600.0, help="seconds per run")
     solve.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -610,7 +611,7 @@ def cmd_sampling(args: argparse.Namespace) -> int:
                           args.iterations, args.vectorization, args.address)
     latency = args.env_latency_ms
     key = "sampling" + (f"-latency-{latency:g}ms" if latency else "")
-    key += "-async" if args.vectorization == "async" else ""
+    key = args.section or key + ("-async" if args.vectorization == "async" else "")
     bound = f"latency-bound ({latency:g} ms per env step, {args.vectorization})" if latency else "CPU-bound"
     note = ("Env steps per second of sampling alone (weights broadcast every round, segments gathered, no "
             "update). actors 0 rows run in this process without Ray: `raw-loop` is a plain gymnasium vector env "
@@ -633,23 +634,20 @@ def cmd_solve(args: argparse.Namespace) -> int:
     info = machine()
     rows = bench_solve(counts, env_id, args.repeats, args.seed, out_dir, args.address,
                        [arg for item in args.sets for arg in ("--set", item)], args.timeout)
-    figure = args.figure or (Path(args.write_docs).parent / f"bench-solve-{env_id}.png" if args.write_docs
+    key = args.section or f"solve-{env_id}"
+    figure = args.figure or (Path(args.write_docs).parent / f"bench-{key}.png" if args.write_docs
                              else out_dir / "solve.png")
-    try:
-        from dppo.plot import plot_runs
-    except ImportError:
-        figure = None
-    else:
-        firsts = [Path(row["runs"][0]["run_dir"]) for row in rows]  # the first seed of each actor count
-        plot_runs(firsts, figure)
-        print(f"figure: {figure}", flush=True)
+    from dppo.plot import plot_runs
+
+    plot_runs([Path(row["runs"][0]["run_dir"]) for row in rows], figure)  # the first seed of each actor count
+    print(f"figure: {figure}", flush=True)
     note = ("Each run is a `dppo train` subprocess: `wall_s` is from launch to exit (imports, Ray start-up, "
             "actor start and shutdown included), `train_s` the training loop alone (summary.json). Cells: "
             "median (min-max) over the seeds. Peak memory: summed RSS / PSS over the run's whole process tree "
             "(learner, actors, Ray's own processes), sampled every 0.5 s. The figure shows the first seed of "
             "each actor count.")
     columns = ["actors", "repeats", "solved", "wall_s", "train_s", "env_steps", "peak_rss_mib", "peak_pss_mib"]
-    emit(args, rows, columns, f"solve-{env_id}", f"Time to solve {env_id}", note, info, figure)
+    emit(args, rows, columns, key, f"Time to solve {env_id}", note, info, figure)
     return 0
 
 
@@ -665,5 +663,5 @@ def cmd_update(args: argparse.Namespace) -> int:
             "`broadcast_fraction` = broadcast_s / iteration_s.")
     columns = ["hidden_sizes", "parameters", "actors", "learner_threads", "batch", "update_s", "samples_per_s",
                "sgd_samples_per_s", "broadcast_s", "iteration_s", "broadcast_fraction"]
-    emit(args, rows, columns, "update", "Learner update and weight broadcast", note, info)
+    emit(args, rows, columns, args.section or "update", "Learner update and weight broadcast", note, info)
     return 0
