@@ -34,7 +34,8 @@ def test_orthogonal_init_gains() -> None:
     # orthogonal rows scaled by sqrt(2): W W^T = 2 I for a (64, 8) matrix's columns -> W^T W = 2 I
     assert torch.allclose(hidden.T @ hidden, 2 * torch.eye(8), atol=1e-4)
     assert model.policy_head[-1].weight.abs().max() < 0.05
-    assert all(float(layer.bias.abs().max()) == 0.0 for layer in model.modules() if isinstance(layer, torch.nn.Linear))
+    biases = [layer.bias.detach() for layer in model.modules() if isinstance(layer, torch.nn.Linear)]
+    assert all(float(b.abs().max()) == 0.0 for b in biases)
 
 
 def test_image_observations_use_the_cnn() -> None:
