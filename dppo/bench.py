@@ -440,11 +440,13 @@ def bench_update(models: list[list[int]], actors: int = 8, env_id: str = "CartPo
                  learner_threads: int = 1, address: str | None = None) -> list[Row]:
     """Per model size: PPO update throughput on the learner, and weight broadcast time against a whole
     iteration (put + sample + gather + update) with ``actors`` actors."""
+    from dppo.config import load_config
+
+    preset_minibatch = load_config(overrides={"env.id": env_id}).ppo.minibatch_size
     rows = []
     with ray_session(address, actors):
         for hidden in models:
             config = bench_config(env_id, envs_per_actor, segment_length, 0.0, "sync", actors=actors)
-            preset_minibatch = bench_config(env_id, None, None, 0.0, "sync").ppo.minibatch_size
             config.ppo.minibatch_size = min(minibatch_size or preset_minibatch, config.batch_size)
             rows.append(_update_row(config, hidden, actors, iterations, learner_threads))
     return rows

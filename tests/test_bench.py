@@ -13,6 +13,7 @@ import pytest
 
 from dppo.bench import (
     bench_sampling,
+    bench_update,
     parse_counts,
     register,
     replace_section,
@@ -22,6 +23,7 @@ from dppo.bench import (
     tree_memory_mib,
 )
 from dppo.cli import Parser
+from dppo.config import load_config
 from dppo.errors import UsageError
 
 TINY = ["--envs-per-actor", "2", "--segment-length", "8", "--iterations", "1"]
@@ -102,6 +104,7 @@ def test_update_command(ray_address: str, tmp_path: Path) -> None:
     (row,) = json.loads(out.read_text())
     assert row["hidden_sizes"] == [8] and row["actors"] == 2 and row["batch"] == 32
     assert row["samples_per_s"] > 0 and row["broadcast_s"] > 0 and row["broadcast_fraction"] > 0
+    assert row["minibatch_size"] == 8 and row["epochs"] >= 1
 
 
 def test_solve_command_runs_train_and_draws_the_figure(ray_address: str, tmp_path: Path) -> None:
@@ -117,6 +120,11 @@ def test_solve_command_runs_train_and_draws_the_figure(ray_address: str, tmp_pat
     assert run["env_steps"] == 64 and run["wall_s"] >= run["train_s"] > 0 and run["peak_rss_mib"] > 0
     assert (tmp_path / "bench-solve-CartPole-v1.png").stat().st_size > 0
     assert "![Time to solve CartPole-v1](bench-solve-CartPole-v1.png)" in docs.read_text()
+
+
+def test_update_uses_the_preset_minibatch(ray_address: str) -> None:
+    (row,) = bench_update([[8]], actors=1, envs_per_actor=8, segment_length=64, iterations=1, address=ray_address)
+    assert row["minibatch_size"] == load_config().ppo.minibatch_size
 
 
 def test_bad_input_is_a_usage_error(tmp_path: Path) -> None:
