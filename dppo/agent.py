@@ -49,8 +49,8 @@ def numpy_layers(weights: Weights) -> tuple[Layers, Layers]:
         if match:
             head, index, kind = match.groups()
             found[head].setdefault(int(index), {})[kind] = np.asarray(value, np.float64)
-    policy, value = ([(layer["weight"].T.copy(), layer["bias"]) for _, layer in sorted(found[head].items())]
-                     for head in ("policy_head", "value_head"))
+    policy, value = ([(layer["weight"].T, layer["bias"]) for _, layer in sorted(found[head].items())]
+                     for head in ("policy_head", "value_head"))  # .T is a view: BLAS reads it transposed
     return policy, value
 
 
