@@ -101,6 +101,11 @@ class Prometheus:
             time.sleep(0.5)
         raise AssertionError(f"fewer than {count} scrapes of {expr} within {timeout_s} s")
 
+    def scrapes_since(self, since: float) -> int:
+        window = max(1, math.ceil(time.time() - since))
+        result = self.api("query", query=f"count_over_time(dppo_iteration[{window}s])")
+        return int(float(result[0]["value"][1])) if result else 0
+
     def stop(self) -> None:
         self.process.terminate()
         try:
@@ -149,8 +154,13 @@ def test_every_panel_has_data_for_the_metrics_module(prometheus_bin: str, tmp_pa
         start = time.time()
         metrics.actors_desired.set(2)
         metrics.actors_alive.set(2)
-        steps = 0
-        for iteration in range(1, 25):  # ~6 s of iterations, 1 s scrapes
+        steps, iteration = 0, 0
+        prom.wait_for_scrapes("dppo_run_info", 1, timeout_s=30)  # the first scrape can lag readiness
+        feeding = time.time()
+        # Iterations every 0.25 s until Prometheus has scraped 6 times while they changed (bounded).
+        while iteration < 24 or prom.scrapes_since(feeding) < 6:
+            assert iteration < 240, "Prometheus scraped fewer than 6 times in a minute"
+            iteration += 1
             for actor in (0, 1):
                 metrics.record_actor(actor, 0.1)
             returns = [rng.uniform(10, 500) for _ in range(rng.randint(1, 4))]
@@ -170,7 +180,6 @@ def test_every_panel_has_data_for_the_metrics_module(prometheus_bin: str, tmp_pa
                 metrics.checkpoints.inc()
                 metrics.checkpoint_bytes.set(50_000)
             time.sleep(0.25)
-        prom.wait_for_scrapes("dppo_iteration", 6, timeout_s=15)
         time.sleep(2 * SCRAPE_INTERVAL_S)
         assert_every_panel_has_data(prom, "synthetic-run", start, time.time())
         assert_every_panel_has_data(prom, ".*", start, time.time())  # the variable's "All"
@@ -197,7 +206,9 @@ def test_every_panel_has_data_for_a_real_training_run(prometheus_bin: str, ray_a
             [*dppo_cmd, "train", "--env", "CartPole-v1", "--actors", "2", "--total-steps", "24576",
              "--seed", "1", "--run-dir", str(run_dir), "--metrics-port", str(metrics_port),
              "--address", ray_address, "--set", "metrics.host=127.0.0.1", "--set", "metrics.linger_s=4",
-             "--set", "run.checkpoint_every=3", "--set", "env.num_envs=4", "--set", "ppo.segment_length=256"],
+             "--set", "run.checkpoint_every=3", "--set", "env.num_envs=4", "--set", "ppo.segment_length=256",
+             # 0.5 ms of sleep per env step stretches the ~12 iterations over several scrapes, using no CPU.
+             "--set", "env.latency_ms=0.5"],
             capture_output=True, text=True, timeout=240,
         )
         assert train.returncode == 0, train.stderr[-3000:]
