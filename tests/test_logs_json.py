@@ -23,7 +23,7 @@ def test_json_lines_equal_the_progress_records(tmp_path: Path, dppo_cmd: list[st
     train = subprocess.run(
         [*dppo_cmd, "train", "--env", "CartPole-v1", "--actors", "1", "--total-steps", "2048", "--seed", "3",
          "--run-dir", str(run_dir), "--address", ray_address, "--log-format", "json",
-         "--set", "env.num_envs=4", "--set", "ppo.segment_length=128",
+         "--set", "env.num_envs=4", "--set", "ppo.segment_length=128", "--set", "ppo.minibatch_size=256",
          "--set", f"run.checkpoint_every={CHECKPOINT_EVERY}"],
         capture_output=True, text=True, timeout=180,
     )

@@ -116,7 +116,7 @@ def test_cli_plots_two_real_training_runs(tmp_path: Path, dppo_cmd: list[str], r
         train = subprocess.run(
             [*dppo_cmd, "train", "--env", "CartPole-v1", "--actors", str(actors), "--total-steps", "3072",
              "--seed", "1", "--run-dir", str(run_dir), "--address", ray_address,
-             "--set", "env.num_envs=4", "--set", "ppo.segment_length=128"],
+             "--set", "env.num_envs=4", "--set", "ppo.segment_length=128", "--set", "ppo.minibatch_size=256"],
             capture_output=True, text=True, timeout=180,
         )
         assert train.returncode == 0, train.stderr[-3000:]

@@ -207,6 +207,7 @@ def test_every_panel_has_data_for_a_real_training_run(prometheus_bin: str, ray_a
              "--seed", "1", "--run-dir", str(run_dir), "--metrics-port", str(metrics_port),
              "--address", ray_address, "--set", "metrics.host=127.0.0.1", "--set", "metrics.linger_s=4",
              "--set", "run.checkpoint_every=3", "--set", "env.num_envs=4", "--set", "ppo.segment_length=256",
+             "--set", "ppo.minibatch_size=512",
              # 0.5 ms of sleep per env step stretches the ~12 iterations over several scrapes, using no CPU.
              "--set", "env.latency_ms=0.5"],
             capture_output=True, text=True, timeout=240,
