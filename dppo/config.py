@@ -138,6 +138,9 @@ class RunConfig(_Section):
     """Ray CPUs reserved per actor."""
     torch_threads: int = Field(1, ge=1)
     """torch threads in each actor (one is fastest for small batched MLPs)."""
+    learner_threads: int = Field(1, ge=1)
+    """torch CPU threads of the learner's update: 1 is fastest for small MLPs and keeps a shared machine
+    from thrashing; raise it for large networks on a CPU learner."""
     address: str | None = None
     """Ray cluster to join; null starts a local Ray in-process (RAY_ADDRESS is honoured too)."""
     log_format: Literal["text", "json"] = "text"

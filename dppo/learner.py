@@ -80,6 +80,7 @@ class Learner:
         self.run_dir = run_dir
         self.name = config.run.name or run_dir.name
         torch.manual_seed(config.run.seed)
+        torch.set_num_threads(config.run.learner_threads)
         np.random.seed(config.run.seed)
         device = config.run.device
         if device == "auto":
@@ -113,6 +114,7 @@ class Learner:
             self.output.message(f"metrics on http://{cfg.metrics.host}:{port}/metrics")
         self.actors = [self._spawn(i) for i in range(cfg.run.actors)]
         self.metrics.actors_desired.set(cfg.run.actors)
+        self.metrics.init_actors(cfg.run.actors)
         self.metrics.actors_alive.set(len(self.actors))
         reason, started = None, time.perf_counter() - self.counters.wall_s
         try:
@@ -130,8 +132,8 @@ class Learner:
                 phases = {"sync": t1 - t0, "sample": sample_s, "wait": max(0.0, t2 - t1 - sample_s),
                           "update": t3 - t2}
                 record = self._account(segments, stats.as_dict(), phases, t0, started)
-                if self.counters.iteration % cfg.run.checkpoint_every == 0:
-                    record["checkpoint_s"] = phases["checkpoint"] = self._checkpoint()
+                checkpoint_due = self.counters.iteration % cfg.run.checkpoint_every == 0
+                record["checkpoint_s"] = phases["checkpoint"] = self._checkpoint() if checkpoint_due else 0.0
                 self._report(record, [r for s in segments for r in s.episode_returns.tolist()], phases)
         except Stop:
             reason = "signal"

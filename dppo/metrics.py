@@ -117,6 +117,14 @@ class Metrics:
                 if value is not None:
                     gauge.set(value)
 
+    def init_actors(self, count: int) -> None:
+        """Create each actor's labelled series at 0, so increase() sees the first restart."""
+        for actor in range(count):
+            for counter in (self.actor_restarts, self.actor_segments, self.actor_sample_seconds):
+                counter.labels(actor=str(actor))
+        for reason in ("late", "nonfinite"):
+            self.segments_dropped.labels(reason=reason)
+
     def record_actor(self, actor: int, sample_seconds: float) -> None:
         label = str(actor)
         self.actor_segments.labels(actor=label).inc()
