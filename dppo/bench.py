@@ -623,7 +623,8 @@ def cmd_sampling(args: argparse.Namespace) -> int:
             "(Ray's GCS, raylet and workers included) while the actors were alive.")
     columns = ["mode", "actors", "envs_per_actor", "segment_length", "env_latency_ms", "steps_per_s", "efficiency",
                "limit_steps_per_s", "of_limit", "processes", "rss_mib", "pss_mib"]
-    emit(args, rows, columns, key, f"Sampling, {args.env}, {bound}", note, info)
+    shape = f"E = {rows[0]['envs_per_actor']}, T = {rows[0]['segment_length']}"
+    emit(args, rows, columns, key, f"Sampling, {args.env}, {bound}, {shape}", note, info)
     return 0
 
 
