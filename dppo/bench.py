@@ -588,11 +588,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _argv(args: argparse.Namespace) -> None:
-    """The command line as typed, for the docs (``dppo bench ...``)."""
-    if "bench" in sys.argv:
-        args.argv = ["bench", *sys.argv[sys.argv.index("bench") + 1:]]
-    else:  # called in-process (tests): the subcommand at least
+    """The command line as typed, for the docs (``dppo bench ...``), less ``--json FILE`` (output only)."""
+    if "bench" not in sys.argv:  # called in-process (tests): the subcommand at least
         args.argv = ["bench", args.bench_command]
+        return
+    typed = sys.argv[sys.argv.index("bench") + 1:]
+    kept = []
+    skip = False
+    for item in typed:
+        if skip:
+            skip = False
+        elif item == "--json":
+            skip = True
+        elif not item.startswith("--json="):
+            kept.append(item)
+    args.argv = ["bench", *kept]
 
 
 def _env_id(env_id: str) -> str:
