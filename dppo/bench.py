@@ -660,7 +660,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
             "(learner, actors, Ray's own processes), sampled every 0.5 s. The figure shows the first seed of "
             "each actor count.")
     columns = ["actors", "repeats", "solved", "wall_s", "train_s", "env_steps", "peak_rss_mib", "peak_pss_mib"]
-    emit(args, rows, columns, key, f"Time to solve {env_id}", note, info, figure)
+    actors = " vs ".join(str(c) for c in counts) + (" actor" if counts == [1] else " actors")
+    emit(args, rows, columns, key, f"Time to solve {env_id}, {actors}", note, info, figure)
     return 0
 
 

@@ -119,7 +119,7 @@ def test_solve_command_runs_train_and_draws_the_figure(ray_address: str, tmp_pat
     (run,) = row["runs"]
     assert run["env_steps"] == 64 and run["wall_s"] >= run["train_s"] > 0 and run["peak_rss_mib"] > 0
     assert (tmp_path / "bench-solve-CartPole-v1.png").stat().st_size > 0
-    assert "![Time to solve CartPole-v1](bench-solve-CartPole-v1.png)" in docs.read_text()
+    assert "![Time to solve CartPole-v1, 1 actor](bench-solve-CartPole-v1.png)" in docs.read_text()
 
 
 def test_update_uses_the_preset_minibatch(ray_address: str) -> None:
