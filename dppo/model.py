@@ -13,7 +13,17 @@ from torch.distributions import Categorical, Distribution, Normal
 from dppo.agent import is_image
 from dppo.config import ModelConfig
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+class Tanh(nn.Module):
+    """tanh(x) computed as 2 sigmoid(2x) - 1: the same function, but torch's CPU tanh kernel is several
+    times slower than its sigmoid at these sizes (80 vs 9 us on 512 x 64 here), and it was a fifth of the
+    PPO update's time."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(2 * x) * 2 - 1
+
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": Tanh, "relu": nn.ReLU}
 
 
 def layer_init(layer: nn.Module, gain: float, bias: float = 0.0) -> nn.Module:
