@@ -59,11 +59,19 @@ class EnvConfig(_Section):
         import dppo.envs  # noqa: F401 - registers the dppo/ test envs
 
         try:
-            gymnasium.spec(env_id)
+            spec = gymnasium.spec(env_id)
         except gymnasium.error.Error as err:
             raise ValueError(
                 f"unknown gymnasium environment {env_id!r} ({err}); use a registered id such as CartPole-v1"
             ) from None
+        if isinstance(spec.entry_point, str):
+            from gymnasium.envs.registration import load_env_creator
+
+            try:
+                load_env_creator(spec.entry_point)
+            except (ImportError, gymnasium.error.DependencyNotInstalled) as err:
+                raise ValueError(f"environment {env_id!r} cannot be loaded ({err}); install its extra, e.g. "
+                                 "pip install 'dppo[box2d]' or 'dppo[mujoco]'") from None
         return env_id
 
 
