@@ -28,14 +28,15 @@ class RolloutWorker:
     """Plain class behind the Ray actor (tests and benchmarks use it directly)."""
 
     def __init__(self, config: Config, actor_id: int, seed: int) -> None:
-        import torch
-
         from dppo.sampler import Sampler
 
         warnings.filterwarnings("ignore", module="gymnasium")
-        torch.set_num_threads(config.run.torch_threads)
-        torch.manual_seed(seed)
         self.sampler = Sampler(config, actor_id, seed=seed)
+        if not self.sampler.agent.fast:  # image policies act with torch; MLP actors never import it
+            import torch
+
+            torch.set_num_threads(config.run.torch_threads)
+            torch.manual_seed(seed)
 
     def sample(self, broadcast: Broadcast) -> Segment:
         self.sampler.set_weights(broadcast.weights, broadcast.version, broadcast.obs_stats, broadcast.return_stats)

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from dppo.errors import UsageError
 
 # Subcommands that live in their own modules; each exposes register(subparsers).
-COMMAND_MODULES = ("dppo.plot", "dppo.status")
+COMMAND_MODULES = ("dppo.plot", "dppo.bench", "dppo.status")
 
 # Flags of `dppo train` that set a config key (dest -> dotted key).
 TRAIN_FLAGS = {

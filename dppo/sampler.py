@@ -34,9 +34,14 @@ class LatencyWrapper(gym.Wrapper):
     def __init__(self, env: gym.Env, latency_ms: float) -> None:
         super().__init__(env)
         self.delay = latency_ms / 1000.0
+        self.debt = 0.0  # how much the last sleep overshot: taken off the next, so the mean latency is exact
 
     def step(self, action):
-        time.sleep(self.delay)
+        wait = self.delay - self.debt
+        start = time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        self.debt = time.perf_counter() - start - wait
         return self.env.step(action)
 
 
@@ -67,7 +72,8 @@ class Sampler:
         self.seed = config.run.seed + 10_000 * actor_id if seed is None else seed
         self.env_resets = 0
         self.envs = self._start_envs()
-        self.agent = Agent(self.envs.single_observation_space, self.envs.single_action_space, config.model)
+        self.agent = Agent(self.envs.single_observation_space, self.envs.single_action_space, config.model,
+                           seed=self.seed)
         space = self.envs.single_action_space
         self.box_actions = isinstance(space, gym.spaces.Box)
         self.action_low = getattr(space, "low", None)
