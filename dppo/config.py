@@ -149,6 +149,9 @@ class RunConfig(_Section):
     learner_threads: int = Field(1, ge=1)
     """torch CPU threads of the learner's update: 1 is fastest for small MLPs and keeps a shared machine
     from thrashing; raise it for large networks on a CPU learner."""
+    overlap_sampling: bool = False
+    """Start the next sampling round before the update, with the weights it is about to replace: actors
+    run one policy version behind (as in Cleanba) and sampling hides behind the update."""
     address: str | None = None
     """Ray cluster to join; null starts a local Ray in-process (RAY_ADDRESS is honoured too)."""
     log_format: Literal["text", "json"] = "text"

@@ -58,6 +58,14 @@ class Counters:
     bad_updates_in_row: int = 0
 
 
+@dataclass
+class Round:
+    """One sampling round in flight: the broadcast it uses and the pending sample calls (ref -> actor)."""
+
+    broadcast: ray.ObjectRef
+    pending: dict[ray.ObjectRef, int]
+
+
 def env_spaces(config: Config) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env (the learner builds its model from these)."""
     env = gym.make(config.env.id, **config.env.kwargs)
@@ -117,12 +125,14 @@ class Learner:
         self.metrics.init_actors(cfg.run.actors)
         self.metrics.actors_alive.set(len(self.actors))
         reason, started = None, time.perf_counter() - self.counters.wall_s
+        ahead: Round | None = None  # with run.overlap_sampling: the round already sampling during the update
         try:
             while (reason := self._finished()) is None:
                 t0 = time.perf_counter()
                 ref = ray.put(self._broadcast())  # weights + normalizer stats, once per iteration
                 t1 = time.perf_counter()
-                segments = self._gather(ref)  # ray.wait as they arrive; failed actors replaced
+                segments = self._gather(ahead or self._dispatch(ref))  # ray.wait; failed actors replaced
+                ahead = self._dispatch(ref) if cfg.run.overlap_sampling else None
                 t2 = time.perf_counter()
                 batch = build_batch(segments, cfg.ppo.gamma, cfg.ppo.gae_lambda, self.device)
                 stats = self.trainer.update(batch, self.counters.iteration)
@@ -150,10 +160,14 @@ class Learner:
     def _broadcast(self) -> Broadcast:
         return Broadcast(export_weights(self.model), self.counters.policy_version, self.obs_stats, self.return_stats)
 
-    def _gather(self, ref: ray.ObjectRef) -> list[Segment]:
+    def _dispatch(self, ref: ray.ObjectRef) -> Round:
+        """Ask every actor for a segment sampled with the broadcast in ``ref``."""
+        return Round(ref, {self.actors[i].sample.remote(ref): i for i in range(len(self.actors))})
+
+    def _gather(self, round_: Round) -> list[Segment]:
         """Collect one segment per actor; replace dead actors and resample; drop stragglers past the deadline."""
         cfg = self.config
-        pending = {self.actors[i].sample.remote(ref): i for i in range(len(self.actors))}
+        ref, pending = round_.broadcast, dict(round_.pending)
         segments: dict[int, Segment] = {}
         timeout = cfg.faults.sample_timeout_s
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -80,3 +80,13 @@ def test_seeded_runs_are_reproducible(dppo_cmd: list[str], ray_address: str, tmp
         runs.append([{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in progress(tmp_path / name)])
     assert runs[0] == runs[1]
     assert len(runs[0]) >= 3
+
+
+def test_overlap_sampling_runs_one_version_behind(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = train(dppo_cmd, ray_address, run_dir, "--total-steps", "6000", "--set", "run.overlap_sampling=true")
+    assert done.returncode == 0, done.stderr
+    records = progress(run_dir)
+    assert records[0]["policy_lag"] == 0  # the first round samples with the initial weights
+    assert all(r["policy_lag"] == 1 for r in records[1:])
+    assert records[-1]["env_steps"] >= 6000
