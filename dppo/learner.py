@@ -324,7 +324,8 @@ class Learner:
     # ---- checkpoints ---------------------------------------------------------------------------
     def _checkpoint(self) -> float:
         start = time.perf_counter()
-        if self.store.list() and self.store.list()[-1].name == f"ckpt-{self.counters.iteration:08d}.pt":
+        existing = self.store.list()
+        if existing and existing[-1].name == f"ckpt-{self.counters.iteration:08d}.pt":
             return 0.0  # this iteration is already on disk
         path = self.store.save(self.state(), self.counters.iteration)
         self.metrics.checkpoints.inc()
