@@ -8,7 +8,6 @@ counters, ``_seconds`` on durations; labels are low-cardinality (``phase``, ``ac
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -85,7 +84,6 @@ class Metrics:
         self.start_time = Gauge("dppo_start_time_seconds", "Unix time the run started.", registry=r)
         self.start_time.set(time.time())
         self._server: Any = None
-        self._lock = threading.Lock()
 
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
         """Start the HTTP exporter in a daemon thread; returns the bound port (useful with port 0 in tests)."""
@@ -103,19 +101,18 @@ class Metrics:
         self, record: dict[str, Any], new_episode_returns: Iterable[float], phases: dict[str, float]
     ) -> None:
         """Update every iteration metric from the progress record that goes to progress.jsonl."""
-        with self._lock:
-            returns = list(new_episode_returns)
-            self.env_steps.inc(record["env_steps_delta"])
-            self.episodes.inc(len(returns))
-            for value in returns:
-                self.episode_return.observe(value)
-            for phase, seconds in phases.items():
-                self.phase_seconds.labels(phase=phase).observe(seconds)
-            self.iteration_seconds.observe(record["iteration_s"])
-            for key, gauge in self.diagnostics.items():
-                value = record.get(key)
-                if value is not None:
-                    gauge.set(value)
+        returns = list(new_episode_returns)
+        self.env_steps.inc(record["env_steps_delta"])
+        self.episodes.inc(len(returns))
+        for value in returns:
+            self.episode_return.observe(value)
+        for phase, seconds in phases.items():
+            self.phase_seconds.labels(phase=phase).observe(seconds)
+        self.iteration_seconds.observe(record["iteration_s"])
+        for key, gauge in self.diagnostics.items():
+            value = record.get(key)
+            if value is not None:
+                gauge.set(value)
 
     def init_actors(self, count: int) -> None:
         """Create each actor's labelled series at 0, so increase() sees the first restart."""

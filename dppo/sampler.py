@@ -146,12 +146,13 @@ class Sampler:
         term_buf = np.empty((steps, num_envs), bool)
         trunc_buf = np.empty((steps, num_envs), bool)
         final_value_buf = np.zeros((steps, num_envs), np.float32)
-        obs_delta = RunningStats.empty(obs_space.shape)
-        return_delta = RunningStats.empty()
+        track_obs, scale_reward = cfg.env.normalize_obs, cfg.env.normalize_reward
+        # raw observations and discounted returns, summarized once at the end for the learner's merge
+        raw_obs_buf = np.empty((steps, num_envs, *obs_space.shape), np.float64) if track_obs else None
+        return_buf = np.empty((steps, num_envs), np.float64) if scale_reward else None
         returns: list[float] = []
         lengths: list[int] = []
         nonfinite = False
-        track_obs, scale_reward = cfg.env.normalize_obs, cfg.env.normalize_reward
         start = time.perf_counter()
         obs = self.obs
         for t in range(steps):
@@ -170,10 +171,10 @@ class Sampler:
             self.episode_return += reward
             self.episode_length += 1
             if track_obs:
-                obs_delta.update(next_obs)
+                raw_obs_buf[t] = next_obs
             if scale_reward:
                 self.discounted_return = self.discounted_return * cfg.ppo.gamma + reward
-                return_delta.update(self.discounted_return)
+                return_buf[t] = self.discounted_return
                 std = np.sqrt(self.return_stats.var + 1e-8)
                 reward = np.clip(reward / std, -cfg.env.reward_clip, cfg.env.reward_clip)
             reward_buf[t], term_buf[t], trunc_buf[t] = reward, terminated, truncated
@@ -199,7 +200,8 @@ class Sampler:
             episode_returns=np.asarray(returns, np.float64), episode_lengths=np.asarray(lengths, np.int64),
             policy_version=self.agent.version, actor_id=self.actor_id,
             sample_seconds=time.perf_counter() - start,
-            obs_stats=obs_delta if track_obs else None, return_stats=return_delta if scale_reward else None,
+            obs_stats=RunningStats.of(raw_obs_buf.reshape(-1, *obs_space.shape)) if track_obs else None,
+            return_stats=RunningStats.of(return_buf.reshape(-1)) if scale_reward else None,
             nonfinite=nonfinite,
         )
 

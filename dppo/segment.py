@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,7 +34,6 @@ class Segment:
     obs_stats: RunningStats | None = None  # what this segment's observations add to the global stats
     return_stats: RunningStats | None = None  # same for the discounted return (reward scaling)
     nonfinite: bool = False  # NaN/Inf seen in raw observations or rewards
-    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_steps(self) -> int:
