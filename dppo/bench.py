@@ -197,8 +197,8 @@ def _in_process(config, iterations: int, raw: bool) -> float:
     """Steps/s of one process, no Ray: the Sampler (raw=False) or a plain vector env + torch MLP loop."""
     import torch
 
-    from dppo.model import ActorCritic
-    from dppo.sampler import Sampler, make_vector_env
+    from dppo.rl.model import ActorCritic
+    from dppo.rl.sampler import Sampler, make_vector_env
 
     steps = config.ppo.segment_length
     with torch_threads(1):
@@ -233,9 +233,9 @@ def _ray_sampling(config, actors: int, iterations: int) -> tuple[float, dict[str
     import gymnasium as gym
     import ray
 
-    from dppo.actor import Broadcast, start_actor
-    from dppo.agent import export_weights
-    from dppo.model import ActorCritic
+    from dppo.dist.actor import Broadcast, start_actor
+    from dppo.rl.agent import export_weights
+    from dppo.rl.model import ActorCritic
 
     config.run.actors = actors
     config.run.actor_num_cpus = actor_cpus(actors)
@@ -362,7 +362,7 @@ class _WeightProbe:
         import gymnasium as gym
         import torch
 
-        from dppo.agent import Agent
+        from dppo.rl.agent import Agent
 
         torch.set_num_threads(1)
         env = gym.make(config.env.id, **config.env.kwargs)
@@ -379,10 +379,10 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
     import ray
     import torch
 
-    from dppo.actor import Broadcast, start_actor
-    from dppo.agent import export_weights
-    from dppo.model import ActorCritic, num_parameters
-    from dppo.trainer import Trainer, build_batch
+    from dppo.dist.actor import Broadcast, start_actor
+    from dppo.rl.agent import export_weights
+    from dppo.rl.model import ActorCritic, num_parameters
+    from dppo.rl.trainer import Trainer, build_batch
 
     config.model.hidden_sizes = hidden
     config.run.actors = actors

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from dppo.errors import UsageError
 
 # Subcommands that live in their own modules; each exposes register(subparsers).
-COMMAND_MODULES = ("dppo.plot", "dppo.bench", "dppo.status")
+COMMAND_MODULES = ("dppo.plot", "dppo.bench", "dppo.ops.status")
 
 # Flags of `dppo train` that set a config key (dest -> dotted key).
 TRAIN_FLAGS = {
@@ -106,8 +106,8 @@ def resolve_run_dir(config_dir: str | None, env_id: str) -> Path:
 
 def prepare_train(args: argparse.Namespace) -> tuple[Any, Path, dict[str, Any] | None]:
     """Validate everything (config, run dir, checkpoint) before anything is written."""
-    from dppo.checkpoint import newest_intact
     from dppo.config import load_config
+    from dppo.ops.checkpoint import newest_intact
 
     overrides = {key: getattr(args, dest) for dest, key in TRAIN_FLAGS.items()}
     config_path = args.config
@@ -145,7 +145,7 @@ def prepare_train(args: argparse.Namespace) -> tuple[Any, Path, dict[str, Any] |
 
 def check_compatible(state: dict[str, Any], config: Any) -> None:
     """A checkpoint resumes only into the same env and network shape (checked before anything is written)."""
-    from dppo.checkpoint import CheckpointError
+    from dppo.ops.checkpoint import CheckpointError
 
     if state.get("env_id") != config.env.id:
         raise CheckpointError(f"the checkpoint is for env {state.get('env_id')!r}, not {config.env.id!r}; "
@@ -179,11 +179,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     config, run_dir, resume_state = prepare_train(args)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     warnings.filterwarnings("ignore", module="gymnasium")  # env-checker chatter; errors still surface
-    from dppo.learner import Learner, RunFailure
+    from dppo.dist.learner import Learner, RunFailure
 
     connect_ray(config)
     run_dir.mkdir(parents=True, exist_ok=True)
-    from dppo.checkpoint import atomic_write
+    from dppo.ops.checkpoint import atomic_write
 
     atomic_write(run_dir / "config.yaml", config.to_yaml().encode())
     learner = Learner(config, run_dir, resume_state)
@@ -213,12 +213,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         fail("--episodes must be >= 1")
-    from dppo.checkpoint import load
     from dppo.config import validate
+    from dppo.ops.checkpoint import load
 
     state = load(args.checkpoint)
     config = validate(state["config"])
-    from dppo.evaluate import evaluate
+    from dppo.ops.evaluate import evaluate
 
     returns = evaluate(config, state, args.episodes, args.seed, args.video)
     mean = sum(returns) / len(returns)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dppo.advantages import gae
+from dppo.rl.advantages import gae
 
 
 def reference_gae(rewards, values, terminated, truncated, final_values, last_values, gamma, lam):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from dppo.agent import Agent, export_weights
 from dppo.config import ModelConfig
+from dppo.rl.agent import Agent, export_weights
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
@@ -92,7 +92,7 @@ def test_an_agent_with_weights_and_a_seed_never_imports_torch(tmp_path) -> None:
     expected = source.act(obs)[1:]
     script = (
         "import sys, numpy as np, gymnasium as gym\n"
-        "from dppo.agent import Agent\nfrom dppo.config import ModelConfig\n"
+        "from dppo.rl.agent import Agent\nfrom dppo.config import ModelConfig\n"
         "env = gym.make('CartPole-v1')\n"
         "agent = Agent(env.observation_space, env.action_space, ModelConfig(), seed=5)\n"
         f"agent.load(dict(np.load({str(tmp_path / 'weights.npz')!r})), 0)\n"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dppo.checkpoint import CheckpointStore
 from dppo.cli import main
 from dppo.config import load_config
-from dppo.learner import Learner
+from dppo.dist.learner import Learner
+from dppo.ops.checkpoint import CheckpointStore
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from conftest import require
 
-from dppo import dashboard
-from dppo.metrics import Metrics
+from dppo.ops import dashboard
+from dppo.ops.metrics import Metrics
 
 COMMITTED = json.loads(dashboard.DASHBOARD_PATH.read_text())
 PANELS = [p for p in COMMITTED["panels"] if p["type"] != "row"]
@@ -34,7 +34,7 @@ def registry_samples() -> tuple[set[str], set[str]]:
 
 
 def test_committed_json_is_the_generators_output() -> None:
-    assert dashboard.DASHBOARD_PATH.read_text() == dashboard.render(), "run: python -m dppo.dashboard"
+    assert dashboard.DASHBOARD_PATH.read_text() == dashboard.render(), "run: python -m dppo.ops.dashboard"
 
 
 def test_fixed_uid_and_variables() -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dppo.checkpoint import CheckpointStore, load, newest_intact
 from dppo.config import load_config
-from dppo.learner import Learner, RunFailure
+from dppo.dist.learner import Learner, RunFailure
+from dppo.ops.checkpoint import CheckpointStore, load, newest_intact
 
 
 def start_train(dppo_cmd: list[str], address: str, run_dir: Path, *args: str) -> subprocess.Popen:

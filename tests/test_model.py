@@ -6,9 +6,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from dppo.agent import Agent
 from dppo.config import ModelConfig
-from dppo.model import ActorCritic, NatureCNN
+from dppo.rl.agent import Agent
+from dppo.rl.model import ActorCritic, NatureCNN
 
 
 def test_discrete_policy_is_categorical_and_near_uniform_at_init() -> None:

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dppo.config import load_config
-from dppo.normalizer import RunningStats
-from dppo.sampler import Sampler
+from dppo.rl.normalizer import RunningStats
+from dppo.rl.sampler import Sampler
 
 sizes = st.lists(st.integers(1, 40), min_size=1, max_size=6)
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from dppo import dashboard
-from dppo.metrics import Metrics
+from dppo.ops import dashboard
+from dppo.ops.metrics import Metrics
 
 SCRAPE_INTERVAL_S = 1
 # What Grafana substitutes: $__rate_interval is max(4 x scrape interval, step + scrape interval).

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dppo.config import Config, load_config
-from dppo.sampler import Sampler
+from dppo.rl.sampler import Sampler
 
 
 def counter_config(num_envs: int = 3, steps: int = 25, **env_kwargs: object) -> Config:
@@ -89,7 +89,7 @@ def test_episode_returns_are_raw_when_rewards_are_scaled() -> None:
     sampler.sample()
     stats = sampler.sample().return_stats
     assert stats is not None and stats.count == 75  # 25 steps x 3 envs
-    from dppo.normalizer import RunningStats
+    from dppo.rl.normalizer import RunningStats
 
     sampler.return_stats = RunningStats(np.zeros(()), np.full((), 100.0), 10)
     seg = sampler.sample()

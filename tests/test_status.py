@@ -18,8 +18,8 @@ import pytest
 import yaml
 from conftest import require
 
-from dppo import status
 from dppo.errors import UsageError
+from dppo.ops import status
 
 METRICS = """\
 # HELP dppo_env_steps_total Env steps collected by all actors.
@@ -200,6 +200,6 @@ def test_cli(kubeconfig: Path, api_server: StandIn) -> None:
 
 
 def test_no_kubernetes_import_at_startup() -> None:
-    code = "import sys, dppo.status; print('kubernetes' in sys.modules)"
+    code = "import sys, dppo.ops.status; print('kubernetes' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from dppo.config import PPOConfig, load_config
-from dppo.learner import env_spaces
-from dppo.model import ActorCritic
-from dppo.trainer import Batch, Trainer, explained_variance, ppo_loss
+from dppo.dist.learner import env_spaces
+from dppo.rl.model import ActorCritic
+from dppo.rl.trainer import Batch, Trainer, explained_variance, ppo_loss
 
 
 def test_identical_policies_give_ratio_one() -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dppo.normalizer import RunningStats
+from dppo.rl.normalizer import RunningStats
 
 
 @dataclass

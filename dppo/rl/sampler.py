@@ -18,10 +18,10 @@ import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
 import dppo.envs  # noqa: F401 - registers the dppo/ test envs in every actor process
-from dppo.agent import Agent, Weights
 from dppo.config import Config
-from dppo.normalizer import RunningStats
-from dppo.segment import Segment
+from dppo.rl.agent import Agent, Weights
+from dppo.rl.normalizer import RunningStats
+from dppo.rl.segment import Segment
 
 
 class EnvFailure(RuntimeError):

@@ -23,7 +23,7 @@ from dppo.config import ModelConfig
 if TYPE_CHECKING:
     import torch
 
-    from dppo.model import ActorCritic
+    from dppo.rl.model import ActorCritic
 
 Weights = dict[str, np.ndarray]
 Layers = list[tuple[np.ndarray, np.ndarray]]
@@ -85,7 +85,7 @@ class Agent:
         if self._model is None:
             import torch
 
-            from dppo.model import ActorCritic
+            from dppo.rl.model import ActorCritic
 
             model = ActorCritic(self.obs_space, self.action_space, self.config)
             if self._weights is not None:

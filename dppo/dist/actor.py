@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import ray
 
-from dppo.agent import Weights
+from dppo.rl.agent import Weights
 from dppo.config import Config
-from dppo.normalizer import RunningStats
-from dppo.segment import Segment
+from dppo.rl.normalizer import RunningStats
+from dppo.rl.segment import Segment
 
 
 @dataclass
@@ -28,7 +28,7 @@ class RolloutWorker:
     """Plain class behind the Ray actor (tests and benchmarks use it directly)."""
 
     def __init__(self, config: Config, actor_id: int, seed: int) -> None:
-        from dppo.sampler import Sampler
+        from dppo.rl.sampler import Sampler
 
         warnings.filterwarnings("ignore", module="gymnasium")
         self.sampler = Sampler(config, actor_id, seed=seed)

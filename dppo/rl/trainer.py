@@ -14,10 +14,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from dppo.advantages import gae
 from dppo.config import PPOConfig
-from dppo.model import ActorCritic
-from dppo.segment import Segment
+from dppo.rl.advantages import gae
+from dppo.rl.model import ActorCritic
+from dppo.rl.segment import Segment
 
 
 class Batch(NamedTuple):

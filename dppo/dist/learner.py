@@ -22,17 +22,17 @@ import numpy as np
 import ray
 import torch
 
-from dppo.actor import Broadcast, start_actor
-from dppo.agent import export_weights
-from dppo.checkpoint import CheckpointError, CheckpointStore, atomic_write
+from dppo.dist.actor import Broadcast, start_actor
+from dppo.rl.agent import export_weights
+from dppo.ops.checkpoint import CheckpointError, CheckpointStore, atomic_write
 from dppo.config import Config
-from dppo.logs import IterationLog
-from dppo.metrics import Metrics
-from dppo.model import ActorCritic
-from dppo.normalizer import RunningStats
-from dppo.sampler import EnvFailure
-from dppo.segment import Segment
-from dppo.trainer import Trainer, build_batch
+from dppo.ops.logs import IterationLog
+from dppo.ops.metrics import Metrics
+from dppo.rl.model import ActorCritic
+from dppo.rl.normalizer import RunningStats
+from dppo.rl.sampler import EnvFailure
+from dppo.rl.segment import Segment
+from dppo.rl.trainer import Trainer, build_batch
 
 log = logging.getLogger(__name__)
 RETURN_WINDOW = 100

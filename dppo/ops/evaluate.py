@@ -7,10 +7,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from dppo.agent import Agent, export_weights
 from dppo.config import Config
 from dppo.errors import UsageError
-from dppo.normalizer import RunningStats
+from dppo.rl.agent import Agent, export_weights
+from dppo.rl.normalizer import RunningStats
 
 
 def make_eval_env(config: Config, video_dir: str | None) -> gym.Env:

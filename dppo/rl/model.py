@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Distribution, Normal
 
-from dppo.agent import is_image
 from dppo.config import ModelConfig
+from dppo.rl.agent import is_image
 
 
 class Tanh(nn.Module):

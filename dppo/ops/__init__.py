@@ -1,0 +1,1 @@
+"""Running a run: checkpoints, metrics, logs, status, the dashboard and evaluation."""

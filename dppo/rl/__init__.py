@@ -1,0 +1,1 @@
+"""The PPO algorithm without Ray: spaces, model, agent, sampler, advantages, trainer, normalizer, segment."""
