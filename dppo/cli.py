@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import time
 import warnings
@@ -64,7 +65,9 @@ def build_parser() -> Parser:
                            formatter_class=argparse.RawDescriptionHelpFormatter,
                            description="Train with PPO. No arguments: CartPole-v1 preset, 2 actors, local Ray.")
     train.add_argument("--config", help="YAML config (default: the bundled preset for --env)")
-    train.add_argument("--env", help="gymnasium env id (picks its preset when --config is not given)")
+    train.add_argument("--env", help="registered gymnasium id (CartPole-v1; picks its preset when --config is not "
+                       "given), or module.path:EnvId-v0 to import your module first; for an unregistered env "
+                       "use --set env.entry_point=module.path:MyEnv (see the README, 'Your own environment')")
     train.add_argument("--actors", type=int, help="N: Ray actors collecting in parallel")
     train.add_argument("--envs-per-actor", type=int, help="E: envs in each actor's vector env")
     train.add_argument("--segment-length", type=int, help="T: steps per env per iteration")
@@ -97,11 +100,20 @@ def build_parser() -> Parser:
 
 
 # ---- train ---------------------------------------------------------------------------------------
-def resolve_run_dir(config_dir: str | None, env_id: str) -> Path:
+def resolve_run_dir(config_dir: str | None, env_name: str) -> Path:
     if config_dir:
         return Path(config_dir)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{env_id}-{stamp}"
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", env_name.rpartition(":")[2] or env_name)  # no '/' or ':' in names
+    return Path("runs") / f"{safe}-{stamp}"
+
+
+def import_from_cwd() -> None:
+    """Make modules in the working directory importable, as ``python -m`` would (the console script
+    puts its own bin directory first instead)."""
+    from dppo.envs.make import add_import_paths, driver_import_paths
+
+    add_import_paths(driver_import_paths())
 
 
 def prepare_train(args: argparse.Namespace) -> tuple[Any, Path, dict[str, Any] | None]:
@@ -131,7 +143,10 @@ def prepare_train(args: argparse.Namespace) -> tuple[Any, Path, dict[str, Any] |
             if config_path is None and (path / "config.yaml").is_file():
                 config_path = str(path / "config.yaml")
     config = load_config(config_path, overrides, args.sets)
-    run_dir = resolve_run_dir(run_dir_arg or config.run.run_dir, config.env.id)
+    from dppo.envs.make import env_spaces
+
+    env_spaces(config)  # the env can be made and its spaces are supported, before anything is written
+    run_dir = resolve_run_dir(run_dir_arg or config.run.run_dir, config.env.name)
     fresh_retry = args.auto_resume and resume_state is None
     if resume_state is None and not fresh_retry and (run_dir / "progress.jsonl").exists():
         fail(f"run dir {str(run_dir)!r} already holds a run; pass --resume to continue it or another --run-dir")
@@ -147,8 +162,8 @@ def check_compatible(state: dict[str, Any], config: Any) -> None:
     """A checkpoint resumes only into the same env and network shape (checked before anything is written)."""
     from dppo.ops.checkpoint import CheckpointError
 
-    if state.get("env_id") != config.env.id:
-        raise CheckpointError(f"the checkpoint is for env {state.get('env_id')!r}, not {config.env.id!r}; "
+    if state.get("env_id") != config.env.name:
+        raise CheckpointError(f"the checkpoint is for env {state.get('env_id')!r}, not {config.env.name!r}; "
                               "resume with the run's own config or start a new --run-dir")
     saved = state.get("config", {}).get("model")
     if saved != config.model.model_dump(mode="json"):
@@ -163,7 +178,9 @@ def connect_ray(config: Any) -> None:
     import ray
 
     address = config.run.address or os.environ.get("RAY_ADDRESS")
-    quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
+    quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
+    if config.run.runtime_env:
+        quiet["runtime_env"] = config.run.runtime_env
     try:
         if address:
             ray.init(address=address, **quiet)
@@ -176,17 +193,23 @@ def connect_ray(config: Any) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import_from_cwd()
+    warnings.filterwarnings("ignore", module="gymnasium")  # env-checker chatter; errors still surface
     config, run_dir, resume_state = prepare_train(args)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    warnings.filterwarnings("ignore", module="gymnasium")  # env-checker chatter; errors still surface
     from dppo.dist.learner import Learner, RunFailure
 
     connect_ray(config)
+    learner = Learner(config, run_dir, resume_state)
+    try:
+        learner.start_actors()  # every actor made its envs: a module missing on a worker is bad input
+    except RunFailure as err:
+        print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
+        return 1
     run_dir.mkdir(parents=True, exist_ok=True)
     from dppo.ops.checkpoint import atomic_write
 
     atomic_write(run_dir / "config.yaml", config.to_yaml().encode())
-    learner = Learner(config, run_dir, resume_state)
     if resume_state is not None:
         learner.output.message(f"resuming {run_dir} at iteration {learner.counters.iteration}, "
                                f"{learner.counters.env_steps:,} env steps")
@@ -217,6 +240,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from dppo.ops.checkpoint import load
 
     state = load(args.checkpoint)
+    import_from_cwd()
     config = validate(state["config"])
     from dppo.ops.evaluate import evaluate
 

@@ -30,9 +30,37 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
+class WrapperConfig(_Section):
+    name: str
+    """``module.path:Class`` or the name of one of gymnasium's wrappers, e.g. FlattenObservation."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the wrapper (the env is the first positional argument)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
+
+def _module_ref(value: str | None, example: str) -> str | None:
+    if value is not None and (not value.strip() or value.startswith(":") or value.endswith(":")):
+        raise ValueError(f"{value!r} is not valid; write e.g. {example}")
+    return value
+
+
 class EnvConfig(_Section):
-    id: str = DEFAULT_ENV_ID
-    """Gymnasium environment id, e.g. CartPole-v1, LunarLander-v3, Pendulum-v1, HalfCheetah-v5."""
+    id: str | None = DEFAULT_ENV_ID
+    """Gymnasium env id (CartPole-v1, LunarLander-v3, ...) or module.path:EnvId-v0, which imports
+    module.path (registering the env) first, as gymnasium.make does. Null when entry_point is set."""
+    entry_point: str | None = None
+    """module.path:callable: an Env subclass or a function returning an Env, called with env.kwargs,
+    for envs that are not registered. The module must be importable on every Ray worker."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the env (passed to gymnasium.make or to the entry point)."""
+    max_episode_steps: int | None = Field(None, ge=1)
+    """Time limit (episodes are truncated there and bootstrapped); null keeps the env's own."""
+    wrappers: list[WrapperConfig] = Field(default_factory=list)
+    """Wrappers applied in order after the env is made: a name, or {name: module:Class, kwargs: {...}}."""
     num_envs: int = Field(8, ge=1, le=4096)
     """E: environments stepped in one gymnasium vector env inside each actor."""
     vectorization: Literal["sync", "async"] = "sync"
@@ -48,31 +76,36 @@ class EnvConfig(_Section):
     """Scaled rewards are clipped to [-reward_clip, reward_clip]."""
     latency_ms: float = Field(0.0, ge=0)
     """Artificial per-step latency that releases the CPU (a stand-in for a remote simulator). Benchmarks."""
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Extra keyword arguments passed to gymnasium.make."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _entry_point_replaces_id(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("entry_point") and "id" not in data:
+            return {**data, "id": None}
+        return data
 
     @field_validator("id")
     @classmethod
-    def _known_env(cls, env_id: str) -> str:
-        import gymnasium
+    def _id_format(cls, value: str | None) -> str | None:
+        return _module_ref(value, "CartPole-v1 or mypackage.envs:MyEnv-v0")
 
-        import dppo.envs  # noqa: F401 - registers the dppo/ test envs
+    @field_validator("entry_point")
+    @classmethod
+    def _entry_point_format(cls, value: str | None) -> str | None:
+        if value is not None and value.count(":") != 1:
+            raise ValueError(f"{value!r} is not module.path:callable; write e.g. mypackage.envs:MyEnv")
+        return _module_ref(value, "mypackage.envs:MyEnv")
 
-        try:
-            spec = gymnasium.spec(env_id)
-        except gymnasium.error.Error as err:
-            raise ValueError(
-                f"unknown gymnasium environment {env_id!r} ({err}); use a registered id such as CartPole-v1"
-            ) from None
-        if isinstance(spec.entry_point, str):
-            from gymnasium.envs.registration import load_env_creator
+    @model_validator(mode="after")
+    def _one_name(self) -> EnvConfig:
+        if (self.id is None) == (self.entry_point is None):
+            raise ValueError("set exactly one of env.id and env.entry_point")
+        return self
 
-            try:
-                load_env_creator(spec.entry_point)
-            except (ImportError, gymnasium.error.DependencyNotInstalled) as err:
-                raise ValueError(f"environment {env_id!r} cannot be loaded ({err}); install its extra, e.g. "
-                                 "pip install 'dppo[box2d]' or 'dppo[mujoco]'") from None
-        return env_id
+    @property
+    def name(self) -> str:
+        """How the env is named in logs, metrics, checkpoints and the run directory."""
+        return self.id or self.entry_point or ""
 
 
 class ModelConfig(_Section):
@@ -152,6 +185,9 @@ class RunConfig(_Section):
     overlap_sampling: bool = False
     """Start the next sampling round before the update, with the weights it is about to replace: actors
     run one policy version behind (as in Cleanba) and sampling hides behind the update."""
+    runtime_env: dict[str, Any] | None = None
+    """Ray runtime_env for the job (working_dir, py_modules, pip, env_vars): how a user's env code reaches
+    the workers of a cluster; passed to ray.init."""
     address: str | None = None
     """Ray cluster to join; null starts a local Ray in-process (RAY_ADDRESS is honoured too)."""
     log_format: Literal["text", "json"] = "text"
@@ -315,7 +351,8 @@ def load_config(
         data = read_yaml(path)
     else:
         env_id = next((v for k, v in pairs if k == ["env", "id"]), DEFAULT_ENV_ID)
-        preset = preset_path(env_id)
+        entry_point = any(k == ["env", "entry_point"] and v for k, v in pairs)
+        preset = None if entry_point else preset_path(env_id)
         data = read_yaml(preset) if preset else {}
     for keys, value in pairs:
         merge(data, keys, value)

@@ -23,7 +23,7 @@ def test_numpy_path_matches_torch(env_id: str, activation: str) -> None:
     with torch.no_grad():
         dist, torch_values = agent.model(torch.as_tensor(obs))
         torch_log_probs = agent.model.log_prob(dist, torch.as_tensor(actions))
-        greedy_torch = dist.probs.argmax(-1) if agent.model.discrete else dist.mean
+        greedy_torch = dist.mode()
     assert log_probs.dtype == values.dtype == np.float32
     assert actions.dtype == (np.int64 if agent.model.discrete else np.float32)
     assert actions.shape == (16, *env.action_space.shape)

@@ -42,7 +42,7 @@ CASES = [
     (["train", "--segment-length", "-5"], "ppo.segment_length"),
     (["train", "--actors", "abc"], "invalid int value"),
     (["train", "--target-return", "high"], "invalid float value"),
-    (["train", "--env", "NoSuchEnv-v0"], "unknown gymnasium environment"),
+    (["train", "--env", "NoSuchEnv-v0"], "unknown environment 'NoSuchEnv-v0'"),
     (["train", "--set", "ppo.minibatch_size=100000"], "exceeds the batch"),
     (["train", "--set", "ppo.nosuch=1"], "unknown key 'ppo.nosuch'"),
     (["train", "--set", "nosection.x=1"], "unknown key 'nosection'"),

@@ -14,16 +14,16 @@ from dppo.rl.model import ActorCritic, NatureCNN
 def test_discrete_policy_is_categorical_and_near_uniform_at_init() -> None:
     model = ActorCritic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3), ModelConfig())
     dist, value = model(torch.randn(5, 4))
-    assert isinstance(dist, torch.distributions.Categorical)
+    assert isinstance(dist.parts[0], torch.distributions.Categorical) and len(dist.parts) == 1
     assert value.shape == (5,)
     # policy head gain 0.01: logits start tiny, so the policy starts close to uniform
-    assert torch.allclose(dist.probs, torch.full((5, 3), 1 / 3), atol=0.02)
+    assert torch.allclose(dist.parts[0].probs, torch.full((5, 3), 1 / 3), atol=0.02)
 
 
 def test_continuous_policy_has_state_independent_log_std() -> None:
     model = ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-2, 2, (2,)), ModelConfig(init_log_std=-0.5))
     dist, _ = model(torch.randn(7, 3))
-    assert torch.allclose(dist.stddev, torch.full((7, 2), float(np.exp(-0.5))))
+    assert torch.allclose(dist.parts[0].stddev, torch.full((7, 2), float(np.exp(-0.5))))
     actions = torch.randn(7, 2)
     assert model.log_prob(dist, actions).shape == (7,)  # summed over action dimensions
 

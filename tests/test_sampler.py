@@ -19,7 +19,7 @@ def counter_config(num_envs: int = 3, steps: int = 25, **env_kwargs: object) -> 
 def test_shapes_and_dtypes_cartpole() -> None:
     cfg = load_config(overrides={"env.num_envs": 4, "ppo.segment_length": 16, "ppo.minibatch_size": 16})
     seg = Sampler(cfg).sample()
-    assert seg.obs.shape == (16, 4, 4) and seg.obs.dtype == np.float32
+    assert seg.obs.vector.shape == (16, 4, 4) and seg.obs.vector.dtype == np.float32
     assert seg.actions.shape == (16, 4) and seg.actions.dtype == np.int64
     for name in ("log_probs", "values", "rewards", "final_values"):
         arr = getattr(seg, name)
@@ -34,18 +34,18 @@ def test_env_state_persists_across_segments() -> None:
     sampler = Sampler(counter_config(num_envs=2, steps=4))
     first = sampler.sample()
     second = sampler.sample()
-    np.testing.assert_array_equal(first.obs[:, 0, 0], [0, 1, 2, 3])
-    np.testing.assert_array_equal(second.obs[:, 0, 0], [4, 5, 6, 7])
+    np.testing.assert_array_equal(first.obs.vector[:, 0, 0], [0, 1, 2, 3])
+    np.testing.assert_array_equal(second.obs.vector[:, 0, 0], [4, 5, 6, 7])
 
 
 def test_no_transition_crosses_an_episode_boundary() -> None:
     """Time limit 10 (truncation) and termination at 7 in a second config: after a done step comes obs 0."""
     for cfg in (counter_config(steps=25), counter_config(steps=25, terminate_at=7)):
         seg = Sampler(cfg).sample()
-        obs = seg.obs[..., 0]
+        obs = seg.obs.vector[..., 0]
         done = seg.terminated | seg.truncated
         assert done.any()
-        for t in range(seg.obs.shape[0] - 1):
+        for t in range(seg.obs.vector.shape[0] - 1):
             expected = np.where(done[t], 0.0, obs[t] + 1)
             np.testing.assert_array_equal(obs[t + 1], expected)
         assert (seg.episode_lengths == (7 if cfg.env.kwargs else 10)).all()
@@ -76,7 +76,7 @@ def test_continuous_log_prob_uses_unclipped_action() -> None:
     seg = sampler.sample()
     assert (np.abs(seg.actions) > 2.0).any(), "with std e^1.5 some actions fall outside [-2, 2]"
     with torch.no_grad():
-        flat_obs = torch.as_tensor(seg.obs.reshape(-1, 3))
+        flat_obs = torch.as_tensor(seg.obs.vector.reshape(-1, 3))
         dist, _ = sampler.agent.model(flat_obs)
         logp = sampler.agent.model.log_prob(dist, torch.as_tensor(seg.actions.reshape(-1, 1)))
     np.testing.assert_allclose(seg.log_probs.reshape(-1), logp.numpy(), rtol=1e-5, atol=1e-5)
@@ -106,4 +106,4 @@ def test_vectorization_modes_agree(mode: str) -> None:
         seg = sampler.sample()
     finally:
         sampler.close()
-    np.testing.assert_array_equal(seg.obs[:12, 0, 0], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1])
+    np.testing.assert_array_equal(seg.obs.vector[:12, 0, 0], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1])

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from dppo.config import PPOConfig, load_config
-from dppo.dist.learner import env_spaces
+from dppo.envs.make import env_spaces
 from dppo.rl.model import ActorCritic
+from dppo.rl.spaces import Obs
 from dppo.rl.trainer import Batch, Trainer, explained_variance, ppo_loss
 
 
@@ -69,7 +70,7 @@ def _trainer(**ppo: object) -> tuple[Trainer, Batch]:
         dist, values = model(obs)
         actions = dist.sample()
         logp = dist.log_prob(actions)
-    batch = Batch(obs, actions, logp, values, torch.randn(256), values + torch.randn(256))
+    batch = Batch(Obs(vector=obs), actions, logp, values, torch.randn(256), values + torch.randn(256))
     return trainer, batch
 
 

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 import ray
 
-from dppo.rl.agent import Weights
 from dppo.config import Config
+from dppo.envs.make import add_import_paths, driver_import_paths
+from dppo.errors import UsageError
+from dppo.rl.agent import Weights
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.segment import Segment
 
@@ -27,11 +29,19 @@ class Broadcast:
 class RolloutWorker:
     """Plain class behind the Ray actor (tests and benchmarks use it directly)."""
 
-    def __init__(self, config: Config, actor_id: int, seed: int) -> None:
+    def __init__(self, config: Config, actor_id: int, seed: int, import_paths: list[str] | None = None) -> None:
         from dppo.rl.sampler import Sampler
 
         warnings.filterwarnings("ignore", module="gymnasium")
-        self.sampler = Sampler(config, actor_id, seed=seed)
+        add_import_paths(import_paths or [])
+        self.actor_id = actor_id
+        self.problem: str | None = None
+        try:
+            self.sampler = Sampler(config, actor_id, seed=seed)
+        except UsageError as err:  # the user's env cannot be imported or made here: reported by ready()
+            where = f"actor {actor_id} on node {ray.util.get_node_ip_address()}"
+            self.problem = f"{str(err).splitlines()[0]} [{where}]"
+            return
         if not self.sampler.agent.fast:  # image policies act with torch; MLP actors never import it
             import torch
 
@@ -41,6 +51,10 @@ class RolloutWorker:
     def sample(self, broadcast: Broadcast) -> Segment:
         self.sampler.set_weights(broadcast.weights, broadcast.version, broadcast.obs_stats, broadcast.return_stats)
         return self.sampler.sample()
+
+    def ready(self) -> str | None:
+        """None once the envs are made; else the one-line reason this actor cannot sample."""
+        return self.problem
 
     def pid(self) -> int:
         return os.getpid()
@@ -56,4 +70,4 @@ def start_actor(config: Config, actor_id: int, seed: int) -> ray.actor.ActorHand
     """One actor with its CPU reservation; restarts are the learner's job (it resends weights)."""
     return RolloutActor.options(
         num_cpus=config.run.actor_num_cpus, max_restarts=0, name=None,
-    ).remote(config, actor_id, seed)
+    ).remote(config, actor_id, seed, driver_import_paths())

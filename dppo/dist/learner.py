@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import ray
 import torch
 
 from dppo.dist.actor import Broadcast, start_actor
+from dppo.envs.make import EnvLoadError, env_spaces
 from dppo.rl.agent import export_weights
 from dppo.ops.checkpoint import CheckpointError, CheckpointStore, atomic_write
 from dppo.config import Config
@@ -66,15 +66,6 @@ class Round:
     pending: dict[ray.ObjectRef, int]
 
 
-def env_spaces(config: Config) -> tuple[gym.Space, gym.Space]:
-    """Observation and action space of one env (the learner builds its model from these)."""
-    env = gym.make(config.env.id, **config.env.kwargs)
-    try:
-        return env.observation_space, env.action_space
-    finally:
-        env.close()
-
-
 def sanitize(record: dict[str, Any]) -> dict[str, Any]:
     """NaN/Inf become null so every line is strict JSON."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
@@ -97,13 +88,15 @@ class Learner:
         self.obs_space, self.action_space = env_spaces(config)
         self.model = ActorCritic(self.obs_space, self.action_space, config.model)
         self.trainer = Trainer(self.model, config.ppo, config.num_iterations, config.run.seed, self.device)
-        self.obs_stats = RunningStats.empty(self.obs_space.shape) if config.env.normalize_obs else None
+        vector_dim = self.model.obs_spec.vector_dim
+        self.obs_stats = RunningStats.empty((vector_dim,)) if config.env.normalize_obs and vector_dim else None
         self.return_stats = RunningStats.empty() if config.env.normalize_reward else None
         self.counters = Counters()
         self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
         self.recent_lengths: deque[int] = deque(maxlen=RETURN_WINDOW)
         self.store = CheckpointStore(run_dir / "checkpoints", config.run.keep_checkpoints)
-        self.metrics = Metrics(config.env.id, self.name)
+        self.metrics = Metrics(config.env.name, self.name)
+        self.actors: list[ray.actor.ActorHandle] = []
         self.restart_times: deque[float] = deque()
         self.faults = {"actor_restarts": 0, "segments_dropped": 0, "updates_skipped": 0}  # this process only
         self.actor_spawns = 0
@@ -120,7 +113,8 @@ class Learner:
         if cfg.metrics.port:
             port = self.metrics.serve(cfg.metrics.port, cfg.metrics.host)
             self.output.message(f"metrics on http://{cfg.metrics.host}:{port}/metrics")
-        self.actors = [self._spawn(i) for i in range(cfg.run.actors)]
+        if not self.actors:
+            self.start_actors()
         self.metrics.actors_desired.set(cfg.run.actors)
         self.metrics.init_actors(cfg.run.actors)
         self.metrics.actors_alive.set(len(self.actors))
@@ -155,6 +149,20 @@ class Learner:
         summary = self._write_summary(reason, started)
         self.output.close()
         return summary
+
+    def start_actors(self) -> None:
+        """Spawn the N actors and wait until each has made its envs, so a user's env that an actor
+        cannot import or make stops the run as bad input before anything is written."""
+        self.actors = [self._spawn(i) for i in range(self.config.run.actors)]
+        for index, actor in enumerate(self.actors):
+            try:
+                problem = ray.get(actor.ready.remote())
+            except ray.exceptions.RayActorError as err:
+                self.shutdown()
+                raise RunFailure(f"actor {index} failed to start: {str(err).strip().splitlines()[0]}") from err
+            if problem is not None:
+                self.shutdown()
+                raise EnvLoadError(problem)
 
     # ---- phases --------------------------------------------------------------------------------
     def _broadcast(self) -> Broadcast:
@@ -197,10 +205,10 @@ class Learner:
                     continue
                 if segment.nonfinite:
                     if cfg.faults.nonfinite_data == "error":
-                        raise RunFailure(f"env {cfg.env.id} (actor {index}) returned NaN/Inf observations or "
+                        raise RunFailure(f"env {cfg.env.name} (actor {index}) returned NaN/Inf observations or "
                                          "rewards; fix the env or set faults.nonfinite_data=drop")
                     self._drop("nonfinite")
-                    self.output.message(f"actor {index}: NaN/Inf in env {cfg.env.id} data; segment dropped")
+                    self.output.message(f"actor {index}: NaN/Inf in env {cfg.env.name} data; segment dropped")
                     continue
                 segments[index] = segment
         if not segments:
@@ -314,7 +322,7 @@ class Learner:
             "solved": reason == "target_return", "reason": reason, "wall_s": round(time.perf_counter() - started, 3),
             "env_steps": c.env_steps, "iterations": c.iteration, "episodes": c.episodes,
             "episode_return_mean": self.return_mean(), "target_return": self.config.run.target_return,
-            "run": self.name, "env": self.config.env.id,
+            "run": self.name, "env": self.config.env.name,
             "actor_restarts": self.faults["actor_restarts"], "segments_dropped": self.faults["segments_dropped"],
             "updates_skipped": self.faults["updates_skipped"],
         })
@@ -335,7 +343,7 @@ class Learner:
     def state(self) -> dict[str, Any]:
         """Everything a resume needs, in types that ``torch.load(weights_only=True)`` accepts."""
         return {
-            "format": 1, "env_id": self.config.env.id, "config": self.config.model_dump(mode="json"),
+            "format": 1, "env_id": self.config.env.name, "config": self.config.model_dump(mode="json"),
             "model": self.model.state_dict(), "trainer": self.trainer.state_dict(),
             "obs_stats": self.obs_stats.to_state() if self.obs_stats else None,
             "return_stats": self.return_stats.to_state() if self.return_stats else None,
@@ -344,9 +352,9 @@ class Learner:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        if state.get("env_id") != self.config.env.id:
+        if state.get("env_id") != self.config.env.name:
             raise CheckpointError(f"checkpoint is for env {state.get('env_id')!r}, the config says "
-                                  f"{self.config.env.id!r}; resume with the run's own config")
+                                  f"{self.config.env.name!r}; resume with the run's own config")
         try:
             self.model.load_state_dict(state["model"])
             self.trainer.load_state_dict(state["trainer"])

@@ -1,3 +1,3 @@
-"""Making envs from a config, and the small ``dppo/`` test envs (registered on import)."""
+"""Making envs from a config (registered ids, module:EnvId, entry points, wrappers) and the test envs."""
 
-import dppo.envs.testing  # noqa: F401 - registers dppo/Counter-v0 and dppo/Faulty-v0
+import dppo.envs.testing  # noqa: F401 - registers the dppo/ test envs

@@ -5,6 +5,10 @@
   autoreset and bootstrapping checkable by eye.
 - ``dppo/Faulty-v0``: CartPole-v1 that misbehaves on purpose at a given step count of its process:
   raises (``fail_at``), returns NaN (``nan_at``), or hangs (``hang_at`` for ``hang_s`` seconds).
+- ``dppo/MatchBits-v0``, ``dppo/MatchDigits-v0``, ``dppo/DictMatch-v0``: the observation shows a random
+  target, the action must reproduce it; reward per step is the fraction matched, 10 steps an episode
+  (optimal return 10). They exercise MultiBinary, MultiDiscrete and Dict(image + Discrete) spaces with a
+  task simple enough to learn in a few thousand steps.
 """
 
 from __future__ import annotations
@@ -79,10 +83,64 @@ class FaultyEnv(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
+class MatchEnv(gym.Env):
+    """Reproduce the target the observation shows (see the module docstring); ``kind`` picks the spaces.
+
+    - ``bits``: observation MultiBinary(4) target, action MultiBinary(4);
+    - ``digits``: observation MultiDiscrete([3, 3, 3]) target, action MultiDiscrete([3, 3, 3]);
+    - ``dict``: observation {"image": 36x36x1 uint8 with a bright quadrant q, "flip": Discrete(2) f},
+      action Discrete(4), target q if f == 0 else 3 - q: the policy needs the CNN and the vector.
+    """
+
+    QUADRANT = 18
+
+    def __init__(self, kind: str = "bits") -> None:
+        self.kind = kind
+        if kind == "bits":
+            self.observation_space: gym.Space = gym.spaces.MultiBinary(4)
+            self.action_space: gym.Space = gym.spaces.MultiBinary(4)
+        elif kind == "digits":
+            self.observation_space = gym.spaces.MultiDiscrete([3, 3, 3])
+            self.action_space = gym.spaces.MultiDiscrete([3, 3, 3])
+        elif kind == "dict":
+            self.observation_space = gym.spaces.Dict({
+                "image": gym.spaces.Box(0, 255, (36, 36, 1), np.uint8), "flip": gym.spaces.Discrete(2)})
+            self.action_space = gym.spaces.Discrete(4)
+        else:
+            raise ValueError(f"kind must be bits, digits or dict, not {kind!r}")
+        self.t = 0
+
+    def _draw(self) -> Any:
+        if self.kind == "bits":
+            self.target = self.np_random.integers(0, 2, 4).astype(np.int8)
+            return self.target.copy()
+        if self.kind == "digits":
+            self.target = self.np_random.integers(0, 3, 3)
+            return self.target.copy()
+        quadrant, flip = int(self.np_random.integers(4)), int(self.np_random.integers(2))
+        self.target = np.array(quadrant if flip == 0 else 3 - quadrant)
+        image = np.zeros((36, 36, 1), np.uint8)
+        row, col = divmod(quadrant, 2)
+        image[row * self.QUADRANT:(row + 1) * self.QUADRANT, col * self.QUADRANT:(col + 1) * self.QUADRANT] = 255
+        return {"image": image, "flip": flip}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return self._draw(), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        reward = float(np.mean(np.asarray(action) == self.target))
+        self.t += 1
+        return self._draw(), reward, self.t >= 10, False, {}
+
+
 def register() -> None:
     if "dppo/Counter-v0" not in gym.registry:
         gym.register("dppo/Counter-v0", entry_point=CounterEnv, max_episode_steps=10)
         gym.register("dppo/Faulty-v0", entry_point=FaultyEnv, max_episode_steps=500)
+        for name, kind in (("MatchBits", "bits"), ("MatchDigits", "digits"), ("DictMatch", "dict")):
+            gym.register(f"dppo/{name}-v0", entry_point=MatchEnv, kwargs={"kind": kind})
 
 
 register()

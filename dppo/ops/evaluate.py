@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 from dppo.config import Config
+from dppo.envs.make import make_env
 from dppo.errors import UsageError
 from dppo.rl.agent import Agent, export_weights
 from dppo.rl.normalizer import RunningStats
@@ -15,12 +15,12 @@ from dppo.rl.normalizer import RunningStats
 
 def make_eval_env(config: Config, video_dir: str | None) -> gym.Env:
     if video_dir is None:
-        return gym.make(config.env.id, **config.env.kwargs)
+        return make_env(config.env)
     try:
         import moviepy  # noqa: F401 - RecordVideo needs it
     except ImportError:
         raise UsageError("--video needs moviepy: pip install moviepy") from None
-    env = gym.make(config.env.id, render_mode="rgb_array", **config.env.kwargs)
+    env = make_env(config.env, render_mode="rgb_array")
     return gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True, disable_logger=True)
 
 
@@ -32,19 +32,20 @@ def evaluate(config: Config, state: dict[str, Any], episodes: int, seed: int, vi
     try:
         agent.model.load_state_dict(state["model"])
     except RuntimeError as err:
-        raise UsageError(f"checkpoint does not match env {config.env.id} ({str(err).splitlines()[0]})") from None
+        raise UsageError(f"checkpoint does not match env {config.env.name} ({str(err).splitlines()[0]})") from None
     agent.load(export_weights(agent.model), 0)
     obs_stats = RunningStats.from_state(state["obs_stats"]) if state.get("obs_stats") else None
-    box = isinstance(env.action_space, gym.spaces.Box)
     returns = []
     try:
         for episode in range(episodes):
             obs, _ = env.reset(seed=seed + episode)
             total, done = 0.0, False
             while not done:
-                policy_obs = obs_stats.normalize(obs, config.env.obs_clip) if obs_stats else obs
-                action, _, _ = agent.act(np.asarray(policy_obs)[None], greedy=True)
-                action = np.clip(action[0], env.action_space.low, env.action_space.high) if box else int(action[0])
+                policy_obs = agent.obs_spec.encode_one(obs)
+                if obs_stats is not None and policy_obs.vector is not None:
+                    policy_obs.vector[:] = obs_stats.normalize(policy_obs.vector, config.env.obs_clip)
+                action, _, _ = agent.act(policy_obs, greedy=True)
+                action = agent.action_spec.to_env(action)[0]
                 obs, reward, terminated, truncated, _ = env.step(action)
                 total += float(reward)
                 done = terminated or truncated

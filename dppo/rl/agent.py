@@ -11,7 +11,6 @@ them.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from dppo.config import ModelConfig
+from dppo.rl.spaces import Obs, check_spaces, is_image  # noqa: F401 - is_image re-exported
 
 if TYPE_CHECKING:
     import torch
@@ -27,18 +27,12 @@ if TYPE_CHECKING:
 
 Weights = dict[str, np.ndarray]
 Layers = list[tuple[np.ndarray, np.ndarray]]
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _LINEAR_KEY = re.compile(r"^(policy_head|value_head)\.(\d+)\.(weight|bias)$")
 
 
 def export_weights(model: torch.nn.Module) -> Weights:
     """State dict as numpy arrays: zero-copy through Ray's object store."""
     return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
-
-
-def is_image(space: gym.Space) -> bool:
-    """(H, W, C) or (C, H, W) uint8 boxes get the CNN; everything else the MLPs."""
-    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
 
 
 def numpy_layers(weights: Weights) -> tuple[Layers, Layers]:
@@ -64,9 +58,9 @@ class Agent:
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig,
                  seed: int | None = None) -> None:
         self.obs_space, self.action_space, self.config = obs_space, action_space, config
-        self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.action_shape: tuple[int, ...] = () if self.discrete else tuple(action_space.shape)
-        self.fast = not is_image(obs_space)
+        self.obs_spec, self.action_spec = check_spaces(obs_space, action_space)
+        self.discrete = self.action_spec.discrete
+        self.fast = not self.obs_spec.has_image
         self.relu = config.activation == "relu"
         self.version = -1
         self._model: ActorCritic | None = None
@@ -114,12 +108,20 @@ class Agent:
         self._weights = weights
         if self.fast:
             self.policy_layers, self.value_layers = numpy_layers(weights)
-            if not self.discrete:
+            if self.action_spec.kind == "gaussian":
                 self.log_std = np.asarray(weights["log_std"], np.float64)
 
     def _ready(self) -> None:
         if self._weights is None:  # acting before any weights arrived: the model's initial ones
             _ = self.model
+
+    def as_obs(self, obs: Obs | np.ndarray) -> Obs:
+        """A bare array is the image (image-only spaces) or the encoded vector."""
+        if isinstance(obs, Obs):
+            return obs
+        if self.obs_spec.has_image and not self.obs_spec.has_vector:
+            return Obs(image=obs)
+        return Obs(vector=np.asarray(obs).reshape(len(obs), -1))
 
     def _mlp(self, layers: Layers, obs: np.ndarray) -> np.ndarray:
         x = np.asarray(obs, np.float64).reshape(len(obs), -1)
@@ -133,47 +135,32 @@ class Agent:
         weight_t, bias = layers[-1]
         return x @ weight_t + bias
 
-    def act(self, obs: np.ndarray, greedy: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def act(self, obs: Obs | np.ndarray, greedy: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sample (or pick the mode of) actions for a batch: (actions, log_probs, values)."""
+        obs = self.as_obs(obs)
         if not self.fast:
             return self._act_torch(obs, greedy)
         self._ready()
-        out = self._mlp(self.policy_layers, obs)
-        value = self._mlp(self.value_layers, obs)[:, 0].astype(np.float32)
-        if self.discrete:
-            logits = out - out.max(axis=1, keepdims=True)
-            log_probs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-            if greedy:
-                action = log_probs.argmax(axis=1)
-            else:  # inverse CDF: one uniform per row
-                cdf = np.exp(log_probs).cumsum(axis=1)
-                u = self.rng.random((len(out), 1)) * cdf[:, -1:]
-                action = np.minimum((u >= cdf).sum(axis=1), out.shape[1] - 1)
-            return action.astype(np.int64), log_probs[np.arange(len(out)), action].astype(np.float32), value
-        # the action is rounded to float32 first: the trainer scores exactly the action that was stored
-        noise = 0.0 if greedy else np.exp(self.log_std) * self.rng.standard_normal(out.shape)
-        action = (out + noise).astype(np.float32)
-        z = (action - out) * np.exp(-self.log_std)
-        log_prob = (-0.5 * z * z - self.log_std - _LOG_SQRT_2PI).sum(axis=1).astype(np.float32)
-        return action.reshape(len(out), *self.action_shape), log_prob, value
+        out = self._mlp(self.policy_layers, obs.vector)
+        value = self._mlp(self.value_layers, obs.vector)[:, 0].astype(np.float32)
+        actions, log_probs = self.action_spec.sample(out, getattr(self, "log_std", None), self.rng, greedy)
+        return actions, log_probs, value
 
-    def _act_torch(self, obs: np.ndarray, greedy: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _act_torch(self, obs: Obs, greedy: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         import torch
 
         with torch.inference_mode():
-            dist, value = self.model(torch.as_tensor(obs))
-            if greedy:
-                action = dist.probs.argmax(-1) if self.discrete else dist.mean
-            else:
-                action = dist.sample()
-            log_prob = self.model.log_prob(dist, action)
+            dist, value = self.model(obs.map(torch.as_tensor))
+            action = dist.mode() if greedy else dist.sample()
+            log_prob = dist.log_prob(action)
         return action.numpy(), log_prob.numpy(), value.numpy()
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
+    def value(self, obs: Obs | np.ndarray) -> np.ndarray:
+        obs = self.as_obs(obs)
         if self.fast:
             self._ready()
-            return self._mlp(self.value_layers, obs)[:, 0].astype(np.float32)
+            return self._mlp(self.value_layers, obs.vector)[:, 0].astype(np.float32)
         import torch
 
         with torch.inference_mode():
-            return self.model.value(torch.as_tensor(obs)).numpy()
+            return self.model.value(obs.map(torch.as_tensor)).numpy()

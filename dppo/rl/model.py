@@ -5,13 +5,12 @@ from __future__ import annotations
 import math
 
 import gymnasium as gym
-import numpy as np
 import torch
 from torch import nn
-from torch.distributions import Categorical, Distribution, Normal
+from torch.distributions import Bernoulli, Categorical, Distribution, Normal
 
 from dppo.config import ModelConfig
-from dppo.rl.agent import is_image
+from dppo.rl.spaces import ActionSpec, Obs, check_spaces
 
 
 class Tanh(nn.Module):
@@ -69,59 +68,125 @@ class NatureCNN(nn.Module):
         return self.head(self.net(x))
 
 
-class ActorCritic(nn.Module):
-    """Policy and value networks for a Discrete or Box action space.
+class ActionDist:
+    """The policy's distribution over one action: independent parts whose log-probs and entropies add.
 
-    MLP observations get separate policy and value MLPs (CleanRL's default); image observations get a
-    shared NatureCNN trunk with two linear heads. Continuous policies are diagonal Gaussians with a
-    state-independent log-std.
+    Categorical parts for Discrete/MultiDiscrete, Bernoullis for MultiBinary, a diagonal Gaussian for Box
+    (see :class:`dppo.rl.spaces.ActionSpec`). Argument validation is off: it costs more than the math here.
+    """
+
+    def __init__(self, spec: ActionSpec, out: torch.Tensor, log_std: torch.Tensor | None) -> None:
+        self.spec = spec
+        self.rows = out.shape[0]
+        if spec.kind == "categorical":
+            self.parts: list[Distribution] = [Categorical(logits=logits, validate_args=False)
+                                              for logits in out.split(spec.nvec, dim=-1)]
+        elif spec.kind == "bernoulli":
+            self.parts = [Bernoulli(logits=out, validate_args=False)]
+        else:
+            self.parts = [Normal(out, log_std.exp().expand_as(out), validate_args=False)]
+
+    def _flat(self, actions: torch.Tensor) -> torch.Tensor:
+        return actions.reshape(self.rows, -1)
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        flat = self._flat(actions)
+        if self.spec.kind == "categorical":
+            if len(self.parts) == 1:
+                return self.parts[0].log_prob(flat[:, 0])
+            return torch.stack([d.log_prob(flat[:, j]) for j, d in enumerate(self.parts)], -1).sum(-1)
+        return self.parts[0].log_prob(flat.to(self.parts[0].mean.dtype)).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        if self.spec.kind == "categorical" and len(self.parts) == 1:
+            return self.parts[0].entropy()
+        return torch.cat([d.entropy().reshape(self.rows, -1) for d in self.parts], -1).sum(-1)
+
+    def _shape(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat.reshape(self.rows, *self.spec.stored_shape)
+
+    def mode(self) -> torch.Tensor:
+        """The deterministic action (argmax, p > 0.5, or the mean), in the stored form."""
+        if self.spec.kind == "categorical":
+            return self._shape(torch.stack([d.logits.argmax(-1) for d in self.parts], -1))
+        if self.spec.kind == "bernoulli":
+            return self._shape((self.parts[0].logits > 0).long())
+        return self._shape(self.parts[0].mean)
+
+    def sample(self) -> torch.Tensor:
+        if self.spec.kind == "categorical":
+            return self._shape(torch.stack([d.sample() for d in self.parts], -1))
+        if self.spec.kind == "bernoulli":
+            return self._shape(self.parts[0].sample().long())
+        return self._shape(self.parts[0].sample())
+
+
+class ActorCritic(nn.Module):
+    """Policy and value networks for every space :mod:`dppo.rl.spaces` encodes.
+
+    Vector observations get separate policy and value MLPs (CleanRL's default); an image alone gets a
+    shared NatureCNN trunk with two linear heads; an image plus vectors gets the CNN features with the
+    vector concatenated after them, then the MLP heads (Stable-Baselines3's MultiInputPolicy).
+    Continuous policies are diagonal Gaussians with a state-independent log-std.
     """
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig) -> None:
         super().__init__()
-        self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        if not self.discrete and not isinstance(action_space, gym.spaces.Box):
-            raise ValueError(f"action space {action_space} is not supported; use Discrete or Box")
-        out_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
-        self.action_shape: tuple[int, ...] = () if self.discrete else tuple(action_space.shape)
-        if is_image(obs_space):
-            self.encoder: nn.Module = NatureCNN(tuple(obs_space.shape))
-            self.policy_head: nn.Module = layer_init(nn.Linear(512, out_dim), 0.01)
-            self.value_head: nn.Module = layer_init(nn.Linear(512, 1), 1.0)
+        self.obs_spec, self.action_spec = check_spaces(obs_space, action_space)
+        self.discrete = self.action_spec.discrete
+        out_dim = self.action_spec.out_dim
+        self.encoder: nn.Module | None = None
+        if self.obs_spec.has_image:
+            self.encoder = NatureCNN(self.obs_spec.image_shape)
+        if self.obs_spec.has_vector:
+            in_dim = self.obs_spec.vector_dim + (512 if self.encoder is not None else 0)
+            self.policy_head: nn.Module = mlp(in_dim, config.hidden_sizes, out_dim, config.activation, 0.01)
+            self.value_head: nn.Module = mlp(in_dim, config.hidden_sizes, 1, config.activation, 1.0)
         else:
-            in_dim = int(np.prod(obs_space.shape))
-            self.encoder = nn.Flatten()
-            self.policy_head = mlp(in_dim, config.hidden_sizes, out_dim, config.activation, 0.01)
-            self.value_head = mlp(in_dim, config.hidden_sizes, 1, config.activation, 1.0)
-        if not self.discrete:
+            self.policy_head = layer_init(nn.Linear(512, out_dim), 0.01)
+            self.value_head = layer_init(nn.Linear(512, 1), 1.0)
+        if self.action_spec.kind == "gaussian":
             self.log_std = nn.Parameter(torch.full((out_dim,), float(config.init_log_std)))
 
-    def distribution(self, features: torch.Tensor) -> Distribution:
-        out = self.policy_head(features)
-        if self.discrete:  # argument validation costs more than the math at these sizes
-            return Categorical(logits=out, validate_args=False)
-        return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
+    def as_obs(self, obs: Obs | torch.Tensor) -> Obs:
+        """A bare tensor is the image (image-only spaces) or the encoded vector."""
+        if isinstance(obs, Obs):
+            return obs
+        if self.obs_spec.has_image and not self.obs_spec.has_vector:
+            return Obs(image=obs)
+        return Obs(vector=obs.reshape(obs.shape[0], -1))
 
-    def log_prob(self, dist: Distribution, actions: torch.Tensor) -> torch.Tensor:
-        lp = dist.log_prob(actions)
-        return lp if self.discrete else lp.sum(-1)
+    def features(self, obs: Obs | torch.Tensor) -> torch.Tensor:
+        obs = self.as_obs(obs)
+        if self.encoder is None:
+            return obs.vector.float()
+        image = self.encoder(obs.image)
+        return image if obs.vector is None else torch.cat([image, obs.vector.float()], -1)
 
-    def entropy(self, dist: Distribution) -> torch.Tensor:
-        ent = dist.entropy()
-        return ent if self.discrete else ent.sum(-1)
+    def distribution(self, features: torch.Tensor) -> ActionDist:
+        return ActionDist(self.action_spec, self.policy_head(features), getattr(self, "log_std", None))
 
-    def forward(self, obs: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+    @staticmethod
+    def log_prob(dist: ActionDist, actions: torch.Tensor) -> torch.Tensor:
+        return dist.log_prob(actions)
+
+    @staticmethod
+    def entropy(dist: ActionDist) -> torch.Tensor:
+        return dist.entropy()
+
+    def forward(self, obs: Obs | torch.Tensor) -> tuple[ActionDist, torch.Tensor]:
         """Action distribution and V(obs) for a batch of observations."""
-        features = self.encoder(obs)
+        features = self.features(obs)
         return self.distribution(features), self.value_head(features).squeeze(-1)
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.value_head(self.encoder(obs)).squeeze(-1)
+    def value(self, obs: Obs | torch.Tensor) -> torch.Tensor:
+        return self.value_head(self.features(obs)).squeeze(-1)
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(self, obs: Obs | torch.Tensor, actions: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """log pi(a|s), entropy and V(s) for the trainer."""
         dist, value = self(obs)
-        return self.log_prob(dist, actions), self.entropy(dist), value
+        return dist.log_prob(actions), dist.entropy(), value
 
 
 def num_parameters(model: nn.Module) -> int:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dppo.rl.normalizer import RunningStats
+from dppo.rl.spaces import Obs
 
 
 @dataclass
@@ -17,8 +18,8 @@ class Segment:
     as the trainer should use them (scaled when reward scaling is on); episode returns are raw.
     """
 
-    obs: np.ndarray  # (T, E, *obs_shape) float32
-    actions: np.ndarray  # (T, E, *action_shape): int64 for Discrete, float32 unclipped for Box
+    obs: Obs  # encoded: image (T, E, H, W, C) uint8 and/or vector (T, E, D) float32
+    actions: np.ndarray  # (T, E, *stored_shape): int64 (Discrete, MultiDiscrete, MultiBinary), float32 unclipped (Box)
     log_probs: np.ndarray  # (T, E) float32, log-prob of the (unclipped) action
     values: np.ndarray  # (T, E) float32, V(obs_t)
     rewards: np.ndarray  # (T, E) float32

@@ -18,12 +18,13 @@ from dppo.config import PPOConfig
 from dppo.rl.advantages import gae
 from dppo.rl.model import ActorCritic
 from dppo.rl.segment import Segment
+from dppo.rl.spaces import Obs
 
 
 class Batch(NamedTuple):
     """Flattened samples of one iteration: N x T x E rows."""
 
-    obs: torch.Tensor
+    obs: Obs  # of tensors
     actions: torch.Tensor
     log_probs: torch.Tensor
     values: torch.Tensor
@@ -62,18 +63,21 @@ class TrainStats:
 
 def build_batch(segments: list[Segment], gamma: float, lam: float, device: torch.device) -> Batch:
     """GAE per segment (each has its own time axis), then flatten and concatenate."""
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in Batch._fields}
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in Batch._fields if k != "obs"}
+    obs_parts: dict[str, list[np.ndarray]] = {}
     for seg in segments:
         advantages, returns = gae(seg.rewards, seg.values, seg.terminated, seg.truncated,
                                   seg.final_values, seg.last_values, gamma, lam)
         rows = seg.rewards.size
-        parts["obs"].append(seg.obs.reshape(rows, *seg.obs.shape[2:]))
+        for name, part in seg.obs.parts().items():
+            obs_parts.setdefault(name, []).append(part.reshape(rows, *part.shape[2:]))
         parts["actions"].append(seg.actions.reshape(rows, *seg.actions.shape[2:]))
         parts["log_probs"].append(seg.log_probs.reshape(rows))
         parts["values"].append(seg.values.reshape(rows))
         parts["advantages"].append(advantages.reshape(rows))
         parts["returns"].append(returns.reshape(rows))
-    return Batch(*(torch.as_tensor(np.concatenate(parts[k]), device=device) for k in Batch._fields))
+    obs = Obs(**{name: torch.as_tensor(np.concatenate(p), device=device) for name, p in obs_parts.items()})
+    return Batch(obs, *(torch.as_tensor(np.concatenate(parts[k]), device=device) for k in Batch._fields[1:]))
 
 
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
@@ -135,7 +139,7 @@ class Trainer:
         lr = self.learning_rate(iteration)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        size = batch.obs.shape[0]
+        size = len(batch.actions)
         mb_size = min(cfg.minibatch_size, size)
         sums = dict.fromkeys(("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"), 0.0)
         steps = skipped = epochs_run = 0
