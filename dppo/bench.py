@@ -230,16 +230,16 @@ def _in_process(config, iterations: int, raw: bool) -> float:
 
 def _ray_sampling(config, actors: int, iterations: int) -> tuple[float, dict[str, float]]:
     """Steps/s of ``actors`` Ray actors sampling one broadcast per round, and the tree memory meanwhile."""
-    import gymnasium as gym
     import ray
 
     from dppo.dist.actor import Broadcast, start_actor
+    from dppo.envs.make import make_env
     from dppo.rl.agent import export_weights
     from dppo.rl.model import ActorCritic
 
     config.run.actors = actors
     config.run.actor_num_cpus = actor_cpus(actors)
-    env = gym.make(config.env.id, **config.env.kwargs)
+    env = make_env(config.env)
     model = ActorCritic(env.observation_space, env.action_space, config.model)
     env.close()
     handles = [start_actor(config, i, config.run.seed + 10_000 * i) for i in range(actors)]
@@ -359,13 +359,13 @@ class _WeightProbe:
     """An actor that only loads broadcast weights: the sync cost an actor pays per iteration."""
 
     def __init__(self, config) -> None:
-        import gymnasium as gym
         import torch
 
+        from dppo.envs.make import make_env
         from dppo.rl.agent import Agent
 
         torch.set_num_threads(1)
-        env = gym.make(config.env.id, **config.env.kwargs)
+        env = make_env(config.env)
         self.agent = Agent(env.observation_space, env.action_space, config.model)
         env.close()
 
@@ -375,11 +375,11 @@ class _WeightProbe:
 
 
 def _update_row(config, hidden: list[int], actors: int, iterations: int, learner_threads: int) -> Row:
-    import gymnasium as gym
     import ray
     import torch
 
     from dppo.dist.actor import Broadcast, start_actor
+    from dppo.envs.make import make_env
     from dppo.rl.agent import export_weights
     from dppo.rl.model import ActorCritic, num_parameters
     from dppo.rl.trainer import Trainer, build_batch
@@ -387,7 +387,7 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
     config.model.hidden_sizes = hidden
     config.run.actors = actors
     config.run.actor_num_cpus = actor_cpus(actors)
-    env = gym.make(config.env.id, **config.env.kwargs)
+    env = make_env(config.env)
     model = ActorCritic(env.observation_space, env.action_space, config.model)
     env.close()
     trainer = Trainer(model, config.ppo, 1_000_000, config.run.seed, torch.device("cpu"))
@@ -409,12 +409,13 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
     try:
         ref = ray.put(Broadcast(export_weights(model), 0, None, None))
         ray.get([h.sample.remote(ref) for h in handles])  # warm-up
-        iteration_s, update_s = [], []
-        with torch_threads(learner_threads):
+        iteration_s, update_s, moved = [], [], []
+        with torch_threads(learner_threads), PeakMemory(lambda: [os.getpid()], every_s=0.05) as learner_memory:
             for version in range(1, iterations + 1):
                 start = time.perf_counter()
                 ref = ray.put(Broadcast(export_weights(model), version, None, None))
                 segments = ray.get([h.sample.remote(ref) for h in handles])
+                moved.append(sum(payload_bytes(seg) for seg in segments))
                 batch = build_batch(segments, config.ppo.gamma, config.ppo.gae_lambda, torch.device("cpu"))
                 t_update = time.perf_counter()
                 trainer.update(batch, version)
@@ -432,7 +433,25 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
             "update_s": round(update, 4), "samples_per_s": round(batch_size / update, 1),
             "sgd_samples_per_s": round(batch_size * config.ppo.epochs / update, 1),
             "broadcast_s": round(broadcast, 4), "iteration_s": round(iteration, 4),
-            "broadcast_fraction": round(broadcast / iteration, 4)}
+            "broadcast_fraction": round(broadcast / iteration, 4),
+            "segments_mib": round(statistics.median(moved) / 2**20, 2),
+            "broadcast_mib": round(actors * payload_bytes(export_weights(model)) / 2**20, 2),
+            "learner_peak_rss_mib": learner_memory.peak["rss_mib"]}
+
+
+def payload_bytes(value: Any) -> int:
+    """Bytes of the numpy arrays in a Segment, an Obs or a weights dict: what crosses the object store."""
+    import dataclasses
+
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, dict):
+        return sum(payload_bytes(v) for v in value.values())
+    if dataclasses.is_dataclass(value):
+        return sum(payload_bytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return 0
 
 
 def bench_update(models: list[list[int]], actors: int = 8, env_id: str = "CartPole-v1", envs_per_actor: int = 8,
@@ -550,7 +569,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="T (default: the env preset's)")
     sampling.add_argument("--env-latency-ms", type=_positive(float, "--env-latency-ms"), default=0.0,
                           help="sleep this long in every env step (releases the CPU, like a remote simulator)")
-    sampling.add_argument("--vectorization", choices=["sync", "async"], default="sync",
+    sampling.add_argument("--vectorization", choices=["sync", "async", "ale"], default="sync",
                           help="sync: an actor's envs stepped one after another; async: one subprocess each")
     sampling.add_argument("--iterations", type=_positive(int, "--iterations"), default=10,
                           help="timed sampling rounds per row, after one warm-up round (default 10)")
@@ -608,6 +627,10 @@ def _argv(args: argparse.Namespace) -> None:
 def _env_id(env_id: str) -> str:
     import gymnasium
 
+    if env_id.startswith("ALE/"):
+        from dppo.envs.atari import require_ale
+
+        require_ale()
     try:
         gymnasium.spec(env_id)
     except gymnasium.error.Error:
@@ -623,7 +646,9 @@ def cmd_sampling(args: argparse.Namespace) -> int:
                           args.iterations, args.vectorization, args.address)
     latency = args.env_latency_ms
     key = "sampling" + (f"-latency-{latency:g}ms" if latency else "")
-    key = args.section or key + ("-async" if args.vectorization == "async" else "")
+    key = args.section or key + (f"-{args.vectorization}" if args.vectorization != "sync" else "")
+    if args.env != "CartPole-v1" and not args.section:
+        key = f"{key}-{args.env.split('/')[-1]}"
     bound = f"latency-bound ({latency:g} ms per env step, {args.vectorization})" if latency else "CPU-bound"
     note = ("Env steps per second of sampling alone (weights broadcast every round, segments gathered, no "
             "update). actors 0 rows run in this process without Ray: `raw-loop` is a plain gymnasium vector env "
@@ -674,8 +699,11 @@ def cmd_update(args: argparse.Namespace) -> int:
     note = ("`samples_per_s`: batch size over the time of one PPO update (all epochs); `sgd_samples_per_s` "
             "counts every epoch's pass. `broadcast_s`: `ray.put` of the weights plus every actor loading them "
             "(median); `iteration_s`: put + sample + gather + update with this many actors; "
-            "`broadcast_fraction` = broadcast_s / iteration_s.")
+            "`broadcast_fraction` = broadcast_s / iteration_s. Data path: `segments_mib` is what the actors' "
+            "segments hold per iteration (read zero-copy from the object store), `broadcast_mib` the weights "
+            "every actor reads, `learner_peak_rss_mib` the learner process's peak RSS over the timed iterations.")
     columns = ["hidden_sizes", "parameters", "actors", "learner_threads", "batch", "update_s", "samples_per_s",
-               "sgd_samples_per_s", "broadcast_s", "iteration_s", "broadcast_fraction"]
+               "sgd_samples_per_s", "broadcast_s", "iteration_s", "broadcast_fraction", "segments_mib",
+               "broadcast_mib", "learner_peak_rss_mib"]
     emit(args, rows, columns, args.section or "update", "Learner update and weight broadcast", note, info)
     return 0

@@ -63,9 +63,18 @@ class EnvConfig(_Section):
     """Wrappers applied in order after the env is made: a name, or {name: module:Class, kwargs: {...}}."""
     num_envs: int = Field(8, ge=1, le=4096)
     """E: environments stepped in one gymnasium vector env inside each actor."""
-    vectorization: Literal["sync", "async"] = "sync"
+    vectorization: Literal["sync", "async", "ale"] = "sync"
     """sync: the E envs are stepped one after another in the actor's process; async: each env in its
-    own subprocess (helps when env steps wait on I/O or are expensive)."""
+    own subprocess (helps when env steps wait on I/O or are expensive); ale: ale-py's C++ vector env
+    (ALE/ ids with env.atari; preprocessing in threads, the fastest for Atari)."""
+    atari: bool = False
+    """The standard Atari preprocessing (30 no-ops, frame skip 4 with max-pool, 84x84 gray, 4 stacked
+    frames, FIRE on reset, no sticky actions) for ALE/ ids; needs the atari extra."""
+    terminal_on_life_loss: bool = False
+    """Learn as if a lost life ended the episode (no bootstrap) while episodes and returns stay full games;
+    reads info["lives"] (Atari)."""
+    clip_reward: bool = False
+    """Learn from the sign of each reward; reported returns stay raw (Atari)."""
     normalize_obs: bool = False
     """Running mean/std observation normalization (clip to +-obs_clip). Use for continuous control."""
     normalize_reward: bool = False
@@ -100,6 +109,11 @@ class EnvConfig(_Section):
     def _one_name(self) -> EnvConfig:
         if (self.id is None) == (self.entry_point is None):
             raise ValueError("set exactly one of env.id and env.entry_point")
+        if (self.atari or self.vectorization == "ale") and not (self.id or "").startswith("ALE/"):
+            raise ValueError("env.atari and env.vectorization=ale need an ALE/ id such as ALE/Breakout-v5")
+        if self.vectorization == "ale" and (not self.atari or self.wrappers or self.max_episode_steps):
+            raise ValueError("env.vectorization=ale applies the standard Atari preprocessing itself: set "
+                             "env.atari=true and no env.wrappers or env.max_episode_steps, or use sync")
         return self
 
     @property

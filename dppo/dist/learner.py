@@ -23,6 +23,7 @@ import torch
 
 from dppo.dist.actor import Broadcast, start_actor
 from dppo.envs.make import EnvLoadError, env_spaces
+from dppo.errors import UsageError
 from dppo.rl.agent import export_weights
 from dppo.ops.checkpoint import CheckpointError, CheckpointStore, atomic_write
 from dppo.config import Config
@@ -66,6 +67,16 @@ class Round:
     pending: dict[ray.ObjectRef, int]
 
 
+def resolve_device(device: str) -> torch.device:
+    """The learner's device: ``auto`` is the GPU when this process sees one; actors always stay on CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("run.device=cuda but the learner sees no CUDA device; use run.device=auto or cpu, "
+                         "or give the head a GPU (chart value head.gpus)")
+    return torch.device(device)
+
+
 def sanitize(record: dict[str, Any]) -> dict[str, Any]:
     """NaN/Inf become null so every line is strict JSON."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
@@ -81,10 +92,7 @@ class Learner:
         torch.manual_seed(config.run.seed)
         torch.set_num_threads(config.run.learner_threads)
         np.random.seed(config.run.seed)
-        device = config.run.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = resolve_device(config.run.device)
         self.obs_space, self.action_space = env_spaces(config)
         self.model = ActorCritic(self.obs_space, self.action_space, config.model)
         self.trainer = Trainer(self.model, config.ppo, config.num_iterations, config.run.seed, self.device)

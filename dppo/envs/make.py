@@ -21,6 +21,7 @@ import gymnasium as gym
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
 import dppo.envs.testing  # noqa: F401 - registers the dppo/ test envs in every process that makes envs
+from dppo.envs.atari import make_ale_vector_env, make_atari_env, require_ale
 from dppo.errors import UsageError
 
 if TYPE_CHECKING:
@@ -102,6 +103,8 @@ def _wrapper_class(name: str) -> Callable[..., Any]:
 
 def _make_registered(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
     env_id = cfg.id or ""
+    if env_id.startswith("ALE/"):
+        require_ale()
     module_name, sep, name = env_id.rpartition(":")
     if sep:
         import_module(module_name, f"env {env_id!r}")
@@ -146,7 +149,12 @@ def _make_entry_point(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
 def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """One env as the config names it, with its wrappers (no latency wrapper: that is for benchmarks)."""
     try:
-        env = _make_entry_point(cfg, render_mode) if cfg.entry_point else _make_registered(cfg, render_mode)
+        if cfg.atari:
+            env = make_atari_env(cfg, render_mode)
+        elif cfg.entry_point:
+            env = _make_entry_point(cfg, render_mode)
+        else:
+            env = _make_registered(cfg, render_mode)
     except UsageError:
         raise
     except Exception as err:  # the user's constructor raised: their input, not our bug
@@ -177,6 +185,8 @@ def env_factory(config: Config) -> Callable[[], gym.Env]:
 
 def make_vector_env(config: Config) -> VectorEnv:
     """E copies of the env in one vector env, autoreset mode set explicitly to SAME_STEP."""
+    if config.env.vectorization == "ale":
+        return make_ale_vector_env(config)
     fns = [env_factory(config)] * config.env.num_envs
     if config.env.vectorization == "async":
         return AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)

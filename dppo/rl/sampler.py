@@ -17,6 +17,7 @@ from gymnasium.vector import VectorEnv
 
 from dppo.config import Config
 from dppo.envs.make import LatencyWrapper, env_factory, make_vector_env  # noqa: F401 - re-exported
+from dppo.errors import UsageError
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.segment import Segment
@@ -50,7 +51,13 @@ class Sampler:
     def _start_envs(self) -> VectorEnv:
         envs = make_vector_env(self.config)
         seed = self.seed + 1_000 * self.env_resets
-        self.obs, _ = envs.reset(seed=seed)
+        self.obs, info = envs.reset(seed=seed)
+        self.lives = None
+        if self.config.env.terminal_on_life_loss:
+            if "lives" not in info:
+                raise UsageError(f"env.terminal_on_life_loss needs an env that reports info['lives'] (Atari); "
+                                 f"{self.config.env.name} does not: set it to false")
+            self.lives = np.asarray(info["lives"])
         envs.action_space.seed(seed)
         return envs
 
@@ -140,6 +147,12 @@ class Sampler:
                 reward = np.nan_to_num(reward, nan=0.0, posinf=0.0, neginf=0.0)
             done = terminated | truncated
             self.episode_return += reward
+            if self.lives is not None:  # a lost life ends the episode for learning only (Atari)
+                lives = np.asarray(info["lives"])
+                terminated = terminated | ((lives < self.lives) & ~done)
+                self.lives = lives
+            if cfg.env.clip_reward:
+                reward = np.sign(reward)
             self.episode_length += 1
             if scale_reward:
                 self.discounted_return = self.discounted_return * cfg.ppo.gamma + reward
