@@ -605,6 +605,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(update)
     update.set_defaults(func=cmd_update)
 
+    from dppo.bench_learn import register_learn
+
+    register_learn(sub)
+
 
 def _argv(args: argparse.Namespace) -> None:
     """The command line as typed, for the docs (``dppo bench ...``), less ``--json FILE`` (output only)."""

@@ -1,0 +1,127 @@
+"""`dppo bench learn`: the multi-seed learning-results table (what users compare RL libraries by).
+
+Each preset is trained once per seed to its budget with `dppo train` (early stopping off, so every seed
+reports at the same step count), its final policy evaluated with `dppo eval` (deterministic, the policy's
+mode), and all seeds of an env drawn in one `dppo plot` figure. The table gives mean +- std over seeds of
+the last 100 training episodes' return and of the evaluation, with steps and wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+from dppo.bench import Row, _argv, _common, _env_id, _positive, emit, machine, parse_counts, run_train
+from dppo.errors import UsageError
+
+EVAL_SEED = 10_000  # evaluation episodes use seeds no training env saw
+_MEAN = re.compile(r"mean return (-?[\d.]+(?:e[-+]?\d+)?)")
+
+
+def evaluate_run(run_dir: Path, episodes: int, timeout_s: float) -> float:
+    """Mean return of `dppo eval` on the run's final checkpoint."""
+    cmd = [sys.executable, "-m", "dppo", "eval", "--checkpoint", str(run_dir), "--episodes", str(episodes),
+           "--seed", str(EVAL_SEED)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    match = _MEAN.search(done.stdout)
+    if done.returncode != 0 or match is None:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"`dppo eval --checkpoint {run_dir}` exited {done.returncode}: {last}")
+    return float(match.group(1))
+
+
+def mean_std(values: list[float]) -> dict[str, float]:
+    return {"mean": round(statistics.fmean(values), 1),
+            "std": round(statistics.stdev(values), 1) if len(values) > 1 else 0.0}
+
+
+def learn_one(env_id: str, seed: int, out_dir: Path, total_steps: int | None, episodes: int, timeout_s: float,
+              sets: list[str]) -> Row:
+    run_dir = out_dir / f"{env_id.replace('/', '_')}-seed{seed}"
+    argv = ["--env", env_id, "--seed", str(seed), "--set", "run.target_return=null", "--log-format", "json"]
+    if total_steps is not None:
+        argv += ["--total-steps", str(total_steps)]
+    for item in sets:
+        argv += ["--set", item]
+    row = run_train(argv, run_dir, timeout_s)
+    row["eval_return"] = evaluate_run(run_dir, episodes, timeout_s)
+    row["seed"] = seed
+    return row
+
+
+def bench_learn(envs: list[str], seeds: list[int], out_dir: Path, total_steps: int | None = None,
+                episodes: int = 10, parallel: int = 1, timeout_s: float = 7200.0,
+                sets: list[str] | None = None) -> list[Row]:
+    """One row per env: every seed trained to the budget and evaluated."""
+    rows = []
+    for env_id in envs:
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            runs = list(pool.map(lambda s, e=env_id: learn_one(e, s, out_dir, total_steps, episodes, timeout_s,
+                                                               sets or []), seeds))
+        rows.append({
+            "env": env_id, "seeds": len(runs), "env_steps": runs[0]["env_steps"],
+            "train_return": mean_std([r["episode_return_mean"] for r in runs]),
+            "eval_return": mean_std([r["eval_return"] for r in runs]),
+            "eval_episodes": episodes, "wall_s": round(statistics.fmean(r["wall_s"] for r in runs), 1),
+            "per_seed": [{k: r[k] for k in ("seed", "episode_return_mean", "eval_return", "wall_s", "run_dir")}
+                         for r in runs],
+        })
+    return rows
+
+
+def _cell_mean_std(row: Row, key: str) -> str:
+    value = row[key]
+    return f"{value['mean']:.1f} +- {value['std']:.1f}"
+
+
+def register_learn(sub: argparse._SubParsersAction) -> None:
+    learn = sub.add_parser("learn", help="multi-seed learning results: training and deterministic-eval return")
+    learn.add_argument("--env", required=True, help="comma-separated env ids; each uses its preset")
+    learn.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default 1,2,3)")
+    learn.add_argument("--total-steps", type=_positive(int, "--total-steps"), help="budget (default: the preset's)")
+    learn.add_argument("--episodes", type=_positive(int, "--episodes"), default=10,
+                       help="deterministic evaluation episodes per seed (default 10)")
+    learn.add_argument("--parallel", type=_positive(int, "--parallel"), default=1,
+                       help="runs at once (default 1; each starts its own local Ray)")
+    learn.add_argument("--out-dir", type=Path, help="where the runs go (default runs/bench-learn-<timestamp>)")
+    learn.add_argument("--timeout", type=_positive(float, "--timeout"), default=7200.0, help="seconds per run")
+    learn.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                       help="config override for every run (repeatable)")
+    _common(learn)
+    learn.set_defaults(func=cmd_learn)
+
+
+def cmd_learn(args: argparse.Namespace) -> int:
+    _argv(args)
+    envs = [_env_id(e.strip()) for e in args.env.split(",") if e.strip()]
+    if not envs:
+        raise UsageError("--env needs at least one env id, e.g. --env CartPole-v1,Pendulum-v1")
+    seeds = parse_counts(args.seeds, "--seeds", minimum=0)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out_dir = args.out_dir or Path("runs") / f"bench-learn-{stamp}"
+    info = machine()
+    rows = bench_learn(envs, seeds, out_dir, args.total_steps, args.episodes, args.parallel, args.timeout, args.sets)
+    from dppo.plot import plot_runs
+
+    for row in rows:
+        key = args.section or f"learn-{row['env'].replace('/', '_')}"
+        figure = (Path(args.write_docs).parent / f"bench-{key}.png" if args.write_docs
+                  else out_dir / f"{key}.png")
+        plot_runs([Path(r["run_dir"]) for r in row["per_seed"]], figure)
+        row["train"], row["eval"] = _cell_mean_std(row, "train_return"), _cell_mean_std(row, "eval_return")
+        per_seed = ", ".join(f"seed {r['seed']}: {r['episode_return_mean']:.1f} / {r['eval_return']:.1f}"
+                             for r in row["per_seed"])
+        note = (f"`train`: mean +- std over seeds of the last 100 training episodes' return at the budget; "
+                f"`eval`: of `dppo eval` ({row['eval_episodes']} deterministic episodes per seed, seeds from "
+                f"{EVAL_SEED}). Early stopping off. `wall_s`: mean launch-to-exit time of one run. Per seed "
+                f"(train / eval): {per_seed}.")
+        columns = ["env", "seeds", "env_steps", "train", "eval", "wall_s"]
+        emit(args, [row], columns, key, f"Learning results, {row['env']}", note, info, figure)
+    return 0
+

@@ -1,0 +1,42 @@
+"""`dppo bench learn`: real training and evaluation subprocesses, the table and figure it writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+def test_learn_table_trains_evaluates_and_plots_every_seed(tmp_path: Path) -> None:
+    docs = tmp_path / "docs" / "benchmarks.md"
+    rows_file = tmp_path / "rows.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "dppo", "bench", "learn", "--env", "CartPole-v1", "--seeds", "1,2", "--total-steps",
+         "2048", "--episodes", "2", "--parallel", "2", "--out-dir", str(tmp_path / "runs"), "--write-docs", str(docs),
+         "--json", str(rows_file), "--set", "run.actors=1"],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(rows_file.read_text())
+    assert row["env"] == "CartPole-v1" and row["seeds"] == 2 and row["env_steps"] >= 2048
+    per_seed = row["per_seed"]
+    assert [r["seed"] for r in per_seed] == [1, 2]
+    for run in per_seed:  # the eval is the run's own `dppo eval`, the train figure its summary
+        summary = json.loads((Path(run["run_dir"]) / "summary.json").read_text())
+        assert summary["episode_return_mean"] == run["episode_return_mean"] and summary["reason"] == "total_steps"
+        assert 8 <= run["eval_return"] <= 500
+    values = [r["eval_return"] for r in per_seed]
+    assert row["eval_return"]["mean"] == pytest.approx(sum(values) / 2, abs=0.06)
+    text = docs.read_text()
+    assert "<!-- dppo-bench:learn-CartPole-v1:begin -->" in text and "| CartPole-v1 | 2 |" in text
+    assert (docs.parent / "bench-learn-CartPole-v1.png").stat().st_size > 10_000
+
+
+def test_learn_rejects_an_unknown_env(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "dppo", "bench", "learn", "--env", "NoSuchEnv-v0"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "NoSuchEnv-v0" in done.stderr
+    assert not (tmp_path / "runs").exists()
