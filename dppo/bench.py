@@ -10,6 +10,7 @@ The measuring functions take an ``address`` so tests can run them on a shared lo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -410,7 +411,8 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
         ref = ray.put(Broadcast(export_weights(model), 0, None, None))
         ray.get([h.sample.remote(ref) for h in handles])  # warm-up
         iteration_s, update_s, moved = [], [], []
-        with torch_threads(learner_threads), PeakMemory(lambda: [os.getpid()], every_s=0.05) as learner_memory:
+        reset_peak_rss()
+        with torch_threads(learner_threads):
             for version in range(1, iterations + 1):
                 start = time.perf_counter()
                 ref = ray.put(Broadcast(export_weights(model), version, None, None))
@@ -436,7 +438,13 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
             "broadcast_fraction": round(broadcast / iteration, 4),
             "segments_mib": round(statistics.median(moved) / 2**20, 2),
             "broadcast_mib": round(actors * payload_bytes(export_weights(model)) / 2**20, 2),
-            "learner_peak_rss_mib": learner_memory.peak["rss_mib"]}
+            "learner_peak_rss_mib": round(_kib("/proc/self/status", "VmHWM:") / 1024, 1)}
+
+
+def reset_peak_rss() -> None:
+    """Restart this process's peak-RSS count (VmHWM), so a row reports its own peak (Linux >= 4.0)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
 
 
 def payload_bytes(value: Any) -> int:
