@@ -273,6 +273,22 @@ def test_gpu_learner(helm_bin: str) -> None:
     assert "tolerations" not in worker
 
 
+def test_runtime_env_reaches_the_rayjob(helm_bin: str) -> None:
+    """The user's env code: runtimeEnv becomes the RayJob's runtimeEnvYAML (the submitter passes it to
+    `ray job submit`), the env value becomes env.id in the training config; none by default."""
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "runtime-env.yaml"))
+    spec = one(objects, "RayJob")["spec"]
+    assert yaml.safe_load(spec["runtimeEnvYAML"]) == {
+        "working_dir": "https://example.com/dppo/custom-env.zip", "pip": ["gymnasium==1.4.0"],
+        "env_vars": {"OMP_NUM_THREADS": "1"}}
+    config = yaml.safe_load(one(objects, "ConfigMap")["data"]["config.yaml"])
+    assert config["env"]["id"] == "dppo_example_env:DppoExample/Corridor-v0"
+    assert "runtimeEnvYAML" not in one(render(helm_bin), "RayJob")["spec"]
+    example = yaml.safe_load((REPO / "examples" / "custom-env" / "values.yaml").read_text())
+    assert one(render(helm_bin, "-f", str(REPO / "examples" / "custom-env" / "values.yaml")), "RayJob")[
+        "spec"]["runtimeEnvYAML"].strip() == yaml.safe_dump(example["runtimeEnv"]).strip()
+
+
 def test_auth_off(helm_bin: str) -> None:
     rayjob = one(render(helm_bin, "-f", str(VALUES_DIR / "auth-off.yaml")), "RayJob")
     assert "authOptions" not in rayjob["spec"]["rayClusterSpec"]
@@ -318,6 +334,9 @@ BAD_VALUES = [
     (["--set", "metrics.port=8265"], "at '/metrics/port'"),
     (["--set", "monitoring.kind=Probe"], "at '/monitoring/kind'"),
     (["--set", "image.pullPolicy=Sometimes"], "at '/image/pullPolicy'"),
+    (["--set", "runtimeEnv.workdir=x"], "additional properties 'workdir' not allowed"),
+    (["--set", "runtimeEnv.py_modules=a.zip"], "at '/runtimeEnv/py_modules': got string, want array"),
+    (["--set", "runtimeEnv.env_vars.N=1"], "at '/runtimeEnv/env_vars/N': got number, want string"),
 ]
 
 

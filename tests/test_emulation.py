@@ -19,7 +19,9 @@ Local substitutions, each a stand-in for something the pod has and this machine 
   10001, 52365, 8080 may be taken by another Ray on this machine); the metrics port is a chart value;
 - a small object store per node (a pod gets 30% of its memory limit; three nodes share this box);
 - the ConfigMap content written to a temp file, and the entrypoint's /etc/dppo path pointed at it;
-- persistence.mountPath set to a temp dir (the PVC); a retry reuses this machine's cluster.
+- persistence.mountPath set to a temp dir (the PVC); a retry reuses this machine's cluster;
+- each worker node's runtime_env directory bind-mounted from a private dir in its own mount namespace
+  (pods do not share a filesystem; `unshare`, as root).
 Every process started here is in its own process group and is killed by group at the end: no global
 `ray stop`, which would hit other Ray clusters on the machine.
 """
@@ -166,6 +168,76 @@ def http_status(url: str, headers: dict[str, str] | None = None) -> int:
         return 0  # not listening (yet)
 
 
+def start_rendered_cluster(local: LocalCluster, cluster: dict[str, Any], cluster_root: Path, gcs: int, dash: int,
+                           client: int, node_ports: list[int]) -> tuple[str, dict[str, str], str]:
+    """The rendered head and worker pods as local processes; returns (dashboard address, env, token)."""
+    head = cluster["headGroupSpec"]
+    (workers,) = cluster["workerGroupSpecs"]
+    head_container = head["template"]["spec"]["containers"][0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    token = secrets.token_hex(32)
+    # What KubeRay injects into every Ray container and the submitter for authOptions.mode token.
+    assert cluster["authOptions"] == {"mode": "token"}
+    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    ray = str(BIN / "ray")
+    head_params = dict(head["rayStartParams"])
+    assert head_params.pop("dashboard-host") == "0.0.0.0"
+    local.start([ray, "start", "--head", "--block", *flags(head_params),
+                 "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--port={gcs}",
+                 f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
+                 f"--metrics-export-port={node_ports[0]}", f"--dashboard-agent-listen-port={node_ports[1]}",
+                 f"--dashboard-agent-grpc-port={node_ports[2]}", f"--runtime-env-agent-port={node_ports[3]}",
+                 "--object-store-memory=100000000", "--node-ip-address=127.0.0.1", f"--temp-dir={cluster_root}",
+                 "--disable-usage-stats"],
+                env | container_env(head_container), "head.log")
+    address = f"http://127.0.0.1:{dash}"
+    deadline = time.monotonic() + 90
+    while http_status(f"{address}/api/gcs_healthz") != 200:
+        assert time.monotonic() < deadline, "head never became healthy\n" + local.logs()
+        time.sleep(0.5)
+    worker_container = workers["template"]["spec"]["containers"][0]
+    # Each pod has its own filesystem; here the nodes share one. Ray keeps runtime_env files (a working_dir
+    # unpacked on every node) under the session directory, so each worker node gets a private one in its
+    # own mount namespace: otherwise a worker's unpacking would replace the directory the learner runs in.
+    resources = (cluster_root / "session_latest").resolve() / "runtime_resources"
+    resources.mkdir(parents=True, exist_ok=True)
+    for i in range(workers["replicas"]):
+        p = node_ports[4 + 4 * i: 8 + 4 * i]
+        private = cluster_root / f"worker-{i}-runtime-resources"
+        private.mkdir()
+        own_files = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                     'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(private), str(resources)]
+        local.start([*own_files, ray, "start", f"--address=127.0.0.1:{gcs}", "--block",
+                     *flags(workers["rayStartParams"]),
+                     f"--metrics-export-port={p[0]}", f"--dashboard-agent-listen-port={p[1]}",
+                     f"--dashboard-agent-grpc-port={p[2]}", f"--runtime-env-agent-port={p[3]}",
+                     "--object-store-memory=100000000", "--node-ip-address=127.0.0.1",
+                     "--disable-usage-stats"],
+                    env | container_env(worker_container), f"worker-{i}.log")
+        # One at a time, as pods would usually come up: two raylets registering at once from one IP
+        # can time out on this small machine.
+        local.wait_for_log(f"worker-{i}.log", "Ray runtime started", timeout=120)
+    return address, env, token
+
+
+def ray_list(address: str, env: dict[str, str], what: str) -> list[dict[str, Any]]:
+    out = subprocess.run([str(BIN / "ray"), "list", what, "--address", address, "--format", "json", "--detail",
+                          "--limit", "1000"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def assert_actors_on_workers_only(address: str, env: dict[str, str], replicas: int, min_actors: int) -> None:
+    """The head offers no CPUs: every actor (but the job supervisor) ran on a worker node."""
+    nodes = {n["node_id"]: n for n in ray_list(address, env, "nodes")}
+    assert sum(not n["is_head_node"] for n in nodes.values()) == replicas
+    actors = [a for a in ray_list(address, env, "actors") if a["class_name"] != "JobSupervisor"]
+    assert len(actors) >= min_actors, actors
+    for actor in actors:
+        assert not nodes[actor["node_id"]]["is_head_node"], f"{actor['class_name']} ran on the head"
+
+
 @pytest.mark.timeout(300)
 def test_chart_runs_as_rendered(helm_bin: str, cluster_root: Path) -> None:
     """Chart defaults (token auth on) plus persistence and a retry; a tiny run and free local ports."""
@@ -203,42 +275,10 @@ def test_chart_runs_as_rendered(helm_bin: str, cluster_root: Path) -> None:
     entrypoint = spec["entrypoint"].replace(f"{config_mount}/config.yaml", str(config_file))
     assert entrypoint != spec["entrypoint"]
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    token = secrets.token_hex(32)
-    # What KubeRay injects into every Ray container and the submitter for authOptions.mode token.
-    assert cluster["authOptions"] == {"mode": "token"}
-    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     ray = str(BIN / "ray")
     local = LocalCluster(cluster_root)
     try:
-        head_params = dict(head["rayStartParams"])
-        assert head_params.pop("dashboard-host") == "0.0.0.0"
-        local.start([ray, "start", "--head", "--block", *flags(head_params),
-                     "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--port={gcs}",
-                     f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
-                     f"--metrics-export-port={node_ports[0]}", f"--dashboard-agent-listen-port={node_ports[1]}",
-                     f"--dashboard-agent-grpc-port={node_ports[2]}", f"--runtime-env-agent-port={node_ports[3]}",
-                     "--object-store-memory=100000000", "--node-ip-address=127.0.0.1", f"--temp-dir={cluster_root}",
-                     "--disable-usage-stats"],
-                    env | container_env(head_container), "head.log")
-        address = f"http://127.0.0.1:{dash}"
-        deadline = time.monotonic() + 90
-        while http_status(f"{address}/api/gcs_healthz") != 200:
-            assert time.monotonic() < deadline, "head never became healthy\n" + local.logs()
-            time.sleep(0.5)
-        worker_container = workers["template"]["spec"]["containers"][0]
-        for i in range(workers["replicas"]):
-            p = node_ports[4 + 4 * i: 8 + 4 * i]
-            local.start([ray, "start", f"--address=127.0.0.1:{gcs}", "--block", *flags(workers["rayStartParams"]),
-                         f"--metrics-export-port={p[0]}", f"--dashboard-agent-listen-port={p[1]}",
-                         f"--dashboard-agent-grpc-port={p[2]}", f"--runtime-env-agent-port={p[3]}",
-                         "--object-store-memory=100000000", "--node-ip-address=127.0.0.1",
-                         "--disable-usage-stats"],
-                        env | container_env(worker_container), f"worker-{i}.log")
-            # One at a time, as pods would usually come up: two raylets registering at once from one IP
-            # can time out on this small machine.
-            local.wait_for_log(f"worker-{i}.log", "Ray runtime started", timeout=120)
+        address, env, token = start_rendered_cluster(local, cluster, cluster_root, gcs, dash, client, node_ports)
 
         # The job API refuses a request without the token (or with a wrong one), and takes the right one.
         assert http_status(f"{address}/api/jobs/") == 401
@@ -304,18 +344,83 @@ def test_chart_runs_as_rendered(helm_bin: str, cluster_root: Path) -> None:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["env_steps"] >= TOTAL_STEPS
 
-        # Actors on worker nodes only: the head offers no CPUs.
-        def ray_list(what: str) -> list[dict[str, Any]]:
-            out = subprocess.run([ray, "list", what, "--address", address, "--format", "json", "--detail",
-                                  "--limit", "1000"], env=env, capture_output=True, text=True, timeout=60, check=False)
-            assert out.returncode == 0, out.stderr
-            return json.loads(out.stdout)
-
-        nodes = {n["node_id"]: n for n in ray_list("nodes")}
-        assert sum(not n["is_head_node"] for n in nodes.values()) == workers["replicas"]
-        actors = [a for a in ray_list("actors") if a["class_name"] != "JobSupervisor"]
-        assert len(actors) >= 2, actors
-        for actor in actors:
-            assert not nodes[actor["node_id"]]["is_head_node"], f"{actor['class_name']} ran on the head"
+        assert_actors_on_workers_only(address, env, workers["replicas"], 2)
     finally:
         local.stop()
+
+
+@contextlib.contextmanager
+def serve_directory(directory: Path) -> Iterator[int]:
+    """A static HTTP server on 127.0.0.1 (a stand-in for the bucket a runtime_env URI points at)."""
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(directory)))
+    thread = Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.timeout(420)
+def test_chart_trains_the_example_env_shipped_by_runtime_env(helm_bin: str, cluster_root: Path) -> None:
+    """examples/custom-env through the chart's runtimeEnv: a zip served on 127.0.0.1 becomes the job's
+    working_dir on the head and the workers; the learner and both actors import the package from it."""
+    import importlib.util
+
+    assert importlib.util.find_spec("dppo_example_env") is None, "the example must not be installed here"
+    example = REPO / "examples" / "custom-env"
+    served = cluster_root / "bucket"
+    served.mkdir()
+    shutil.make_archive(str(served / "custom-env"), "zip", root_dir=example.parent, base_dir=example.name)
+    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
+    with serve_directory(served) as http_port:
+        url = f"http://127.0.0.1:{http_port}/custom-env.zip"
+        objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "-f", str(example / "values.yaml"),
+                         "--set", f"runtimeEnv.working_dir={url}", "--set", f"metrics.port={metrics}",
+                         "--set", "metrics.lingerSeconds=0")
+        spec = next(o for o in objects if o["kind"] == "RayJob")["spec"]
+        runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
+        assert runtime_env == {"working_dir": url}
+        config = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap")["data"]["config.yaml"])
+        assert config["env"]["id"] == "dppo_example_env:DppoExample/Corridor-v0"
+        config["metrics"]["host"] = "127.0.0.1"
+        run_dir = cluster_root / "run"
+        config["run"]["run_dir"] = str(run_dir)
+        config_file = cluster_root / "config.yaml"
+        config_file.write_text(yaml.safe_dump(config))
+        head_container = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+        config_mount = next(m for m in head_container["volumeMounts"] if m["name"] == "config")["mountPath"]
+        entrypoint = spec["entrypoint"].replace(f"{config_mount}/config.yaml", str(config_file))
+        local = LocalCluster(cluster_root)
+        try:
+            address, env, token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash,
+                                                         client, node_ports)
+            # KubeRay's submitter passes runtimeEnvYAML to `ray job submit` as --runtime-env-json.
+            submitted = subprocess.run(
+                ["bash", "-c", f"{BIN / 'ray'} job submit --address {address} --no-wait --submission-id corridor "
+                 f"--runtime-env-json '{json.dumps(runtime_env)}' -- {entrypoint}"],
+                env=env, capture_output=True, text=True, timeout=120, check=False)
+            assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+            logs = subprocess.run([str(BIN / "ray"), "job", "logs", "--address", address, "--follow", "corridor"],
+                                  env=env, capture_output=True, text=True, timeout=300, check=False)
+            request = urllib.request.Request(f"{address}/api/jobs/corridor",
+                                             headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                status = json.load(resp)["status"]
+            assert status == "SUCCEEDED", logs.stdout + local.logs()
+            summary = json.loads((run_dir / "summary.json").read_text())
+            assert summary["env"] == "dppo_example_env:DppoExample/Corridor-v0"
+            assert summary["solved"] and summary["episode_return_mean"] >= 0.9, summary
+            workers = spec["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"]
+            assert_actors_on_workers_only(address, env, workers, 2)
+        finally:
+            local.stop()
