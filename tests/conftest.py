@@ -1,4 +1,4 @@
-"""Shared fixtures: one local Ray cluster per session, paths to ../shared and the external tools."""
+"""Shared fixtures: one local Ray cluster per session and the external tools (`make tools` installs them)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
@@ -24,12 +23,6 @@ def require(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    require(SHARED.is_dir(), f"{SHARED} is absent (it sits beside the repository in the dev workspace)")
-    return SHARED
-
-
 def _tool(name: str) -> str | None:
     local = REPO / ".tools" / "bin" / name
     return str(local) if local.exists() else shutil.which(name)
@@ -38,7 +31,7 @@ def _tool(name: str) -> str | None:
 @pytest.fixture(scope="session")
 def helm_bin() -> str:
     path = _tool("helm")
-    require(path is not None, "helm not found; `make tools` installs it from ../shared/tools/get-helm")
+    require(path is not None, "helm not found; `make tools` installs it (scripts/get-tools)")
     return str(path)
 
 
@@ -66,3 +59,12 @@ def ray_address() -> Iterator[str]:
 def dppo_cmd() -> list[str]:
     """The real CLI, run as a subprocess of the venv's interpreter."""
     return [sys.executable, "-m", "dppo"]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under CI=true a skipped test is a failure: every test must run there (a user's clone included)."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    if IN_CI and skipped and session.exitstatus == 0:
+        reporter.write_line(f"CI=true: {len(skipped)} test(s) skipped; every test must run in CI", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,6 +1,6 @@
 """The Helm chart, checked without a cluster: lint, render over a values matrix, validate every object
 (built-in kinds with kubernetes-validate, KubeRay and Prometheus Operator CRs against the CRD schemas in
-../shared/schemas made strict), and the schema's rejections of bad values."""
+tests/schemas made strict), and the schema's rejections of bad values."""
 
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ def strict(schema: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def cr_schemas(shared_dir: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
-    root = shared_dir / "schemas" / "jsonschema"
+def cr_schemas() -> dict[tuple[str, str, str], dict[str, Any]]:
+    root = Path(__file__).parent / "schemas"  # vendored: tests/schemas/VERSIONS, update.py
     schemas = {}
     for path in root.glob("*/*.json"):
         kind, version = path.stem.rsplit("_", 1)
