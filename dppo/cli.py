@@ -28,7 +28,7 @@ TRAIN_FLAGS = {
     "env": "env.id", "actors": "run.actors", "envs_per_actor": "env.num_envs",
     "segment_length": "ppo.segment_length", "total_steps": "run.total_steps", "target_return": "run.target_return",
     "seed": "run.seed", "run_dir": "run.run_dir", "metrics_port": "metrics.port", "address": "run.address",
-    "log_format": "run.log_format",
+    "log_format": "run.log_format", "tensorboard": "run.tensorboard",
 }
 
 
@@ -37,6 +37,17 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         fail(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def whole_number(text: str) -> int:
+    """An integer flag that also takes 1e6 or 2.5e5, the way step budgets are written, when exact."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -68,12 +79,12 @@ def build_parser() -> Parser:
     train.add_argument("--env", help="registered gymnasium id (CartPole-v1; picks its preset when --config is not "
                        "given), or module.path:EnvId-v0 to import your module first; for an unregistered env "
                        "use --set env.entry_point=module.path:MyEnv (see the README, 'Your own environment')")
-    train.add_argument("--actors", type=int, help="N: Ray actors collecting in parallel")
-    train.add_argument("--envs-per-actor", type=int, help="E: envs in each actor's vector env")
-    train.add_argument("--segment-length", type=int, help="T: steps per env per iteration")
-    train.add_argument("--total-steps", type=int, help="stop after this many env steps")
+    train.add_argument("--actors", type=whole_number, help="N: Ray actors collecting in parallel")
+    train.add_argument("--envs-per-actor", type=whole_number, help="E: envs in each actor's vector env")
+    train.add_argument("--segment-length", type=whole_number, help="T: steps per env per iteration")
+    train.add_argument("--total-steps", type=whole_number, help="stop after this many env steps")
     train.add_argument("--target-return", type=float, help="stop when the 100-episode mean return reaches this")
-    train.add_argument("--seed", type=int, help="seed for everything")
+    train.add_argument("--seed", type=whole_number, help="seed for everything")
     train.add_argument("--run-dir", help="output directory (default runs/<env>-<timestamp>)")
     resume = train.add_mutually_exclusive_group()
     resume.add_argument("--resume", action="store_true",
@@ -83,6 +94,8 @@ def build_parser() -> Parser:
     train.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0: off)")
     train.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
     train.add_argument("--log-format", choices=["text", "json"], help="per-iteration stdout lines")
+    train.add_argument("--no-tensorboard", dest="tensorboard", action="store_const", const=False,
+                       help="do not write TensorBoard event files to <run-dir>/tensorboard/")
     train.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                        help="override any config key, e.g. --set ppo.learning_rate=3e-4 (repeatable)")
     train.set_defaults(func=cmd_train)

@@ -8,6 +8,7 @@ Errors are turned into one line that names the field and the fix (:class:`Config
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -206,6 +207,8 @@ class RunConfig(_Section):
     """Ray cluster to join; null starts a local Ray in-process (RAY_ADDRESS is honoured too)."""
     log_format: Literal["text", "json"] = "text"
     """Per-iteration log lines on stdout: human-readable text or one JSON object per line."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to <run_dir>/tensorboard/ (every progress.jsonl scalar, env steps on x)."""
 
 
 class MetricsConfig(_Section):
@@ -340,10 +343,24 @@ def _describe(err: ValidationError) -> str:
         first["input"], dict) else f"{loc}: {msg}"
 
 
+_SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+_FREE_FORM = {"kwargs", "runtime_env", "wrappers"}  # user data, passed on untouched
+
+
+def numbers_in_e_notation(data: Any) -> Any:
+    """``1e6`` as people write step budgets: YAML 1.1 reads it as a string, so make it a float here;
+    integer fields then accept it when it is an exact integer (and name the field when it is not)."""
+    if isinstance(data, dict):
+        return {k: v if k in _FREE_FORM else numbers_in_e_notation(v) for k, v in data.items()}
+    if isinstance(data, str) and _SCIENTIFIC.match(data.strip()):
+        return float(data)
+    return data
+
+
 def validate(data: dict[str, Any]) -> Config:
     """Validate a nested dict into a Config, or raise ConfigError with one line."""
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(numbers_in_e_notation(data))
     except ValidationError as err:
         raise ConfigError(_describe(err)) from None
 

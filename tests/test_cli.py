@@ -41,6 +41,9 @@ CASES = [
     (["train", "--envs-per-actor", "0"], "env.num_envs"),
     (["train", "--segment-length", "-5"], "ppo.segment_length"),
     (["train", "--actors", "abc"], "invalid int value"),
+    (["train", "--total-steps", "1.5e3x"], "invalid int value"),
+    (["train", "--total-steps", "2.5"], "'2.5' is not a whole number"),
+    (["train", "--set", "run.total_steps=2.5e0"], "run.total_steps: Input should be a valid integer"),
     (["train", "--target-return", "high"], "invalid float value"),
     (["train", "--env", "NoSuchEnv-v0"], "unknown environment 'NoSuchEnv-v0'"),
     (["train", "--set", "ppo.minibatch_size=100000"], "exceeds the batch"),
@@ -70,6 +73,20 @@ CASES = [
     (["eval", "--checkpoint", "cartpole-run", "--episodes", "0"], "--episodes"),
     (["nosuchcommand"], "invalid choice"),
 ]
+
+
+def test_step_budgets_in_e_notation_are_integers(tmp_path: Path) -> None:
+    """`--total-steps 1e6` and `--set run.total_steps=2e6` (and 1e6 in a YAML file) mean those integers."""
+    from dppo.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--total-steps", "1e6", "--actors", "4.0"])
+    assert (args.total_steps, args.actors) == (1_000_000, 4)
+    assert load_config(sets=["run.total_steps=2e6"]).run.total_steps == 2_000_000
+    path = tmp_path / "c.yaml"
+    path.write_text("run:\n  total_steps: 3e5\nenv:\n  kwargs: {name: 1e3}\n")
+    config = load_config(path)
+    assert config.run.total_steps == 300_000 and isinstance(config.run.total_steps, int)
+    assert config.env.kwargs == {"name": "1e3"}  # the env's own arguments pass through untouched
 
 
 def snapshot(root: Path) -> dict[str, int]:

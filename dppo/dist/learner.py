@@ -29,6 +29,7 @@ from dppo.ops.checkpoint import CheckpointError, CheckpointStore, atomic_write
 from dppo.config import Config
 from dppo.ops.logs import IterationLog
 from dppo.ops.metrics import Metrics
+from dppo.ops.tensorboard import TensorBoardLog
 from dppo.rl.model import ActorCritic
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.sampler import EnvFailure
@@ -109,6 +110,7 @@ class Learner:
         self.faults = {"actor_restarts": 0, "segments_dropped": 0, "updates_skipped": 0}  # this process only
         self.actor_spawns = 0
         self.stop_signal: int | None = None
+        self.tensorboard: TensorBoardLog | None = None  # opened by run(): nothing is written before
         if resume_state is not None:
             self.restore(resume_state)
         self.output = IterationLog(config.run.log_format, config.run.total_steps)
@@ -123,6 +125,10 @@ class Learner:
             self.output.message(f"metrics on http://{cfg.metrics.host}:{port}/metrics")
         if not self.actors:
             self.start_actors()
+        if cfg.run.tensorboard:
+            resumed = self.counters.iteration > 0
+            self.tensorboard = TensorBoardLog(self.run_dir / "tensorboard", cfg.to_yaml(),
+                                              self.counters.env_steps if resumed else None)
         self.metrics.actors_desired.set(cfg.run.actors)
         self.metrics.init_actors(cfg.run.actors)
         self.metrics.actors_alive.set(len(self.actors))
@@ -308,6 +314,8 @@ class Learner:
         with open(self.run_dir / "progress.jsonl", "a") as fh:
             fh.write(json.dumps(record) + "\n")
         self.metrics.record_iteration(record, new_returns, phases)
+        if self.tensorboard is not None:
+            self.tensorboard.record(record)
         self.output.iteration(record)
 
     def return_mean(self) -> float | None:
@@ -407,4 +415,6 @@ class Learner:
     def shutdown(self) -> None:
         for actor in getattr(self, "actors", []):
             ray.kill(actor, no_restart=True)
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         self.output.close()
