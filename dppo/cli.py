@@ -1,4 +1,4 @@
-"""The ``dppo`` command: train, eval, plot, bench, status.
+"""The ``dppo`` command: train, eval, export, plot, bench, status.
 
 Exit codes: 0 success; 2 bad input (one line on stderr, no traceback, nothing written); 1 failure.
 Heavy imports (torch, ray) happen inside the commands so ``dppo --help`` stays fast.
@@ -106,6 +106,15 @@ def build_parser() -> Parser:
     ev.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     ev.add_argument("--video", help="record videos of the episodes into this directory (needs moviepy)")
     ev.set_defaults(func=cmd_eval)
+
+    ex = sub.add_parser("export", help="export the deterministic policy for deployment (ONNX or TorchScript)",
+                        description="The checkpoint's deterministic policy, observation normalization included: "
+                        "raw observation in, env action out, dynamic batch dimension.")
+    ex.add_argument("--checkpoint", required=True, help="a ckpt-*.pt file or a run directory")
+    ex.add_argument("-o", "--output", required=True, type=Path, help="file to write, e.g. policy.onnx")
+    ex.add_argument("--format", choices=["onnx", "torchscript"],
+                    help="default: from the file name (.pt/.ts: torchscript, else onnx)")
+    ex.set_defaults(func=cmd_export)
 
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -260,6 +269,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
     returns = evaluate(config, state, args.episodes, args.seed, args.video)
     mean = sum(returns) / len(returns)
     print(f"mean return {mean:.2f} over {len(returns)} episodes (min {min(returns):.2f}, max {max(returns):.2f})")
+    return 0
+
+
+# ---- export --------------------------------------------------------------------------------------
+def cmd_export(args: argparse.Namespace) -> int:
+    from dppo.ops.checkpoint import load
+
+    state = load(args.checkpoint)
+    import_from_cwd()
+    try:
+        from dppo.ops.export import export, format_for, policy_from_checkpoint
+    except ImportError as err:
+        fail(f"dppo export needs {err.name}: pip install 'dppo[export]'")
+    policy, config = policy_from_checkpoint(state)
+    fmt = format_for(args.output, args.format)
+    export(policy, args.output, fmt)
+    print(f"wrote {args.output} ({fmt}; env {config.env.name}; inputs {', '.join(policy.input_names())}; "
+          "output action)")
     return 0
 
 
