@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
-# dppo image for KubeRay: Ray's own image at the pinned Ray version (it has ray, bash and wget, which
-# KubeRay's probes and init container need), CPU torch, and dppo with the Box2D and MuJoCo envs.
+# dppo image for KubeRay: Ray's own image at the pinned Ray version (it has ray and bash, which
+# KubeRay's probes and init container need), CPU torch, and dppo with the Box2D, MuJoCo and Atari envs.
 #   docker build -t dppo:0.1.0 .                                   (make image)
 #   docker build --build-arg VARIANT=gpu -t dppo:0.1.0-gpu .       (CUDA torch, for head.gpus > 0)
 # tests/test_dockerfile.py runs every RUN step below, in order, against a fresh venv.

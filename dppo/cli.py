@@ -238,15 +238,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         summary = learner.run()
     except RunFailure as err:
+        learner.output.to_file(f"run failed: {err}")
         print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
         learner.shutdown()
         return 1
     learner.shutdown()
     verdict = "solved" if summary["solved"] else "stopped"
     mean = summary["episode_return_mean"]
-    print(f"{verdict} ({summary['reason']}): return {mean if mean is None else round(mean, 1)} after "
-          f"{summary['env_steps']:,} env steps, {summary['iterations']} iterations, {summary['wall_s']:.1f} s "
-          f"-> {run_dir / 'summary.json'}", file=sys.stdout if config.run.log_format == "text" else sys.stderr,
+    line = (f"{verdict} ({summary['reason']}): return {mean if mean is None else round(mean, 1)} after "
+            f"{summary['env_steps']:,} env steps, {summary['iterations']} iterations, {summary['wall_s']:.1f} s "
+            f"-> {run_dir / 'summary.json'}")
+    learner.output.to_file(line)
+    print(line, file=sys.stdout if config.run.log_format == "text" else sys.stderr,
           flush=True)  # with JSON logs, stdout carries only the per-iteration objects
     if config.metrics.port and config.metrics.linger_s > 0 and summary["reason"] != "signal":
         time.sleep(config.metrics.linger_s)  # let Prometheus scrape the final values

@@ -289,6 +289,71 @@ def test_runtime_env_reaches_the_rayjob(helm_bin: str) -> None:
         "spec"]["runtimeEnvYAML"].strip() == yaml.safe_dump(example["runtimeEnv"]).strip()
 
 
+def test_dns_egress_reaches_every_common_dns(helm_bin: str) -> None:
+    """kube-dns pods only (the old rule) leaves workers in wait-gcs-ready on GKE Cloud DNS, NodeLocal
+    DNSCache and OpenShift (dns-default pods on 5353)."""
+    policy = one(render(helm_bin), "NetworkPolicy")["spec"]
+    dns = policy["egress"][1]
+    peers = dns["to"]
+    assert {"cidr": "169.254.20.10/32"} in [p.get("ipBlock") for p in peers]
+    assert {"cidr": "169.254.169.254/32"} in [p.get("ipBlock") for p in peers]
+    labels = [p.get("podSelector", {}).get("matchLabels") for p in peers]
+    assert {"k8s-app": "kube-dns"} in labels and {"dns.operator.openshift.io/daemonset-dns": "default"} in labels
+    assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP"), (5353, "UDP"),
+                                                                  (5353, "TCP")}
+    custom = one(render(helm_bin, "--set", "networkPolicy.dnsPeers[0].ipBlock.cidr=10.0.0.10/32"),
+                 "NetworkPolicy")["spec"]["egress"][1]["to"]
+    assert custom == [{"ipBlock": {"cidr": "10.0.0.10/32"}}]
+
+
+def test_operator_admitted_from_its_namespace_with_either_install_label(helm_bin: str) -> None:
+    rule = one(render(helm_bin), "NetworkPolicy")["spec"]["ingress"][1]
+    assert [p["podSelector"]["matchLabels"] for p in rule["from"]] == [
+        {"app.kubernetes.io/name": "kuberay-operator"}, {"app.kubernetes.io/component": "kuberay-operator"}]
+    for peer in rule["from"]:
+        assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ray-system"}}
+
+
+def test_kuberay_minimum_version_is_the_one_the_rayjob_needs(helm_bin: str) -> None:
+    """preRunningDeadlineSeconds is rendered by default and arrived in KubeRay 1.6.0: the chart's stated
+    minimum must be 1.6.0 wherever it is stated."""
+    assert "preRunningDeadlineSeconds" in one(render(helm_bin), "RayJob")["spec"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["annotations"]["dppo.io/requires-kuberay"] == ">=1.6.0"
+    for doc in (REPO / "README.md", REPO / "docs" / "kubernetes.md"):
+        text = doc.read_text()
+        assert ">= 1.5.1" not in text and "v1.5.1 or newer" not in text and "1.5.1+" not in text, doc
+    assert "dppo:latest" not in (REPO / "docs" / "kubernetes.md").read_text()  # make image tags dppo:0.1.0
+
+
+def test_submitter_pod_deadline_and_usage_stats_off(helm_bin: str) -> None:
+    rayjob = one(render(helm_bin), "RayJob")["spec"]
+    assert rayjob["submitterPodTemplate"]["spec"]["activeDeadlineSeconds"] == rayjob["activeDeadlineSeconds"]
+    cluster = rayjob["rayClusterSpec"]
+    containers = [cluster["headGroupSpec"]["template"]["spec"]["containers"][0],
+                  cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]]
+    for container in containers:
+        assert {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"} in container["env"]
+    no_deadline = one(render(helm_bin, "--set", "job.activeDeadlineSeconds=null"), "RayJob")["spec"]
+    assert "activeDeadlineSeconds" not in no_deadline["submitterPodTemplate"]["spec"]
+
+
+def test_old_ray_with_token_auth_fails_at_render_time(helm_bin: str) -> None:
+    out = helm(helm_bin, "template", "r", str(CHART), "--set", "rayVersion=2.51.0")
+    assert out.returncode != 0 and "older than 2.52.0" in out.stderr and "auth.enabled=false" in out.stderr
+    assert helm(helm_bin, "template", "r", str(CHART), "--set", "rayVersion=2.51.0",
+                "--set", "auth.enabled=false").returncode == 0
+
+
+def test_name_label_is_fixed_for_dppo_status(helm_bin: str) -> None:
+    """`dppo status` selects RayJobs by app.kubernetes.io/name=dppo; nameOverride must not break that."""
+    from dppo.ops.status import LABEL_SELECTOR
+
+    key, _, value = LABEL_SELECTOR.partition("=")
+    for args in ([], ["--set", "nameOverride=trainer"]):
+        assert one(render(helm_bin, *args), "RayJob")["metadata"]["labels"][key] == value
+
+
 def test_auth_off(helm_bin: str) -> None:
     rayjob = one(render(helm_bin, "-f", str(VALUES_DIR / "auth-off.yaml")), "RayJob")
     assert "authOptions" not in rayjob["spec"]["rayClusterSpec"]
@@ -313,7 +378,7 @@ def test_network_policy(helm_bin: str) -> None:
     assert spec["ingress"][0]["from"] == [{"podSelector": {"matchLabels": own}}]
     assert spec["ingress"][1]["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "kuberay-operator"}
     egress_ports = [{p["port"] for p in rule.get("ports", [])} for rule in spec["egress"]]
-    assert egress_ports == [set(), {53}]
+    assert egress_ports == [set(), {53, 5353}]
     assert spec["policyTypes"] == ["Ingress", "Egress"]
 
     assert not by_kind(render(helm_bin, "-f", str(VALUES_DIR / "netpol-off.yaml")), "NetworkPolicy")
@@ -335,6 +400,9 @@ BAD_VALUES = [
     (["--set", "monitoring.kind=Probe"], "at '/monitoring/kind'"),
     (["--set", "image.pullPolicy=Sometimes"], "at '/image/pullPolicy'"),
     (["--set", "runtimeEnv.workdir=x"], "additional properties 'workdir' not allowed"),
+    (["--set", "metrics.port=12000"], "at '/metrics/port'"),
+    (["--set", "metrics.port=10002"], "at '/metrics/port'"),
+    (["--set", "metrics.port=6379"], "at '/metrics/port'"),
     (["--set", "runtimeEnv.py_modules=a.zip"], "at '/runtimeEnv/py_modules': got string, want array"),
     (["--set", "runtimeEnv.env_vars.N=1"], "at '/runtimeEnv/env_vars/N': got number, want string"),
 ]

@@ -113,7 +113,7 @@ class Learner:
         self.tensorboard: TensorBoardLog | None = None  # opened by run(): nothing is written before
         if resume_state is not None:
             self.restore(resume_state)
-        self.output = IterationLog(config.run.log_format, config.run.total_steps)
+        self.output = IterationLog(config.run.log_format, config.run.total_steps, log_file=run_dir / "train.log")
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:

@@ -1,10 +1,13 @@
-"""Per-iteration output: one flushed line on stdout (text or JSON), a live bar only on a terminal."""
+"""Per-iteration output: one flushed line on stdout (text or JSON), a live bar only on a terminal, and the
+same lines appended to ``<run_dir>/train.log`` (a retried Kubernetes run loses its pods' logs, not this)."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, TextIO
 
 TEXT_FIELDS = (
@@ -28,9 +31,11 @@ def text_line(record: dict[str, Any]) -> str:
 class IterationLog:
     """Writes each iteration record to stdout; a rich progress bar when stdout is a TTY and format is text."""
 
-    def __init__(self, log_format: str, total_steps: int, stream: TextIO | None = None) -> None:
+    def __init__(self, log_format: str, total_steps: int, stream: TextIO | None = None,
+                 log_file: Path | None = None) -> None:
         self.format = log_format
         self.stream = stream or sys.stdout
+        self.log_file = log_file
         self.progress: Any = None
         if log_format == "text" and self.stream.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -42,7 +47,16 @@ class IterationLog:
             self.task = self.progress.add_task("", total=total_steps)
             self.progress.start()
 
+    def to_file(self, text: str) -> None:
+        """Append a timestamped line to the run's log file (opened per line: the run dir may be new)."""
+        if self.log_file is None or not self.log_file.parent.is_dir():
+            return
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        with open(self.log_file, "a") as fh:
+            fh.write(f"{stamp} {text}\n")
+
     def iteration(self, record: dict[str, Any]) -> None:
+        self.to_file(text_line(record))
         if self.format == "json":
             line = json.dumps(record, allow_nan=False, default=str)
         else:
@@ -56,6 +70,7 @@ class IterationLog:
 
     def message(self, text: str) -> None:
         """A non-iteration line (start, resume, actor restart, summary): stderr keeps stdout parseable."""
+        self.to_file(text)
         if self.progress is not None:
             self.progress.console.print(text, highlight=False)
         else:

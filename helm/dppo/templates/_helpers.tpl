@@ -34,10 +34,11 @@ app.kubernetes.io/part-of: dppo
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
-{{/* Labels of every object. `dppo status` finds RayJobs by app.kubernetes.io/name=dppo. */}}
+{{/* Labels of every object. `dppo status` finds RayJobs by app.kubernetes.io/name=dppo, so that label is
+the chart's name whatever nameOverride says (nameOverride changes object names only). */}}
 {{- define "dppo.labels" -}}
 helm.sh/chart: {{ include "dppo.chart" . }}
-app.kubernetes.io/name: {{ include "dppo.name" . }}
+app.kubernetes.io/name: {{ .Chart.Name }}
 {{ include "dppo.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
@@ -114,6 +115,9 @@ The full training config: the preset for .Values.env (as `dppo train --env` pick
 {{- define "dppo.env" -}}
 - name: PYTHONUNBUFFERED
   value: "1"
+# No usage reports to Ray's servers from the run's pods.
+- name: RAY_USAGE_STATS_ENABLED
+  value: "0"
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
