@@ -190,6 +190,11 @@ class RunConfig(_Section):
     """How many of the newest checkpoints to keep."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the learner trains: auto picks cuda when available."""
+    learners: int = Field(1, ge=1, le=64)
+    """L: data-parallel learner processes (torch.distributed through Ray). 1: the update runs in the driver.
+    With L > 1 each global minibatch is split evenly, so ppo.minibatch_size must be a multiple of L."""
+    learner_cpus: float = Field(1.0, gt=0)
+    """Ray CPUs reserved per learner process (run.learners > 1)."""
     actor_num_cpus: float = Field(1.0, gt=0)
     """Ray CPUs reserved per actor."""
     torch_threads: int = Field(1, ge=1)
@@ -246,6 +251,13 @@ class Config(_Section):
     run: RunConfig = Field(default_factory=RunConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     faults: FaultConfig = Field(default_factory=FaultConfig)
+
+    @model_validator(mode="after")
+    def _minibatch_splits(self) -> Config:
+        if self.ppo.minibatch_size % self.run.learners:
+            raise ValueError(f"ppo.minibatch_size {self.ppo.minibatch_size} does not split evenly over run.learners "
+                             f"{self.run.learners}; make it a multiple of run.learners")
+        return self
 
     @model_validator(mode="after")
     def _minibatch_fits(self) -> Config:

@@ -22,6 +22,7 @@ import ray
 import torch
 
 from dppo.dist.actor import Broadcast, start_actor
+from dppo.dist.learner_group import LearnerDied, LearnerGroup
 from dppo.envs.make import EnvLoadError, env_spaces
 from dppo.errors import UsageError
 from dppo.rl.agent import export_weights
@@ -34,7 +35,7 @@ from dppo.rl.model import ActorCritic
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.sampler import EnvFailure
 from dppo.rl.segment import Segment
-from dppo.rl.trainer import Trainer, build_batch
+from dppo.rl.trainer import Trainer, TrainStats, build_batch
 
 log = logging.getLogger(__name__)
 RETURN_WINDOW = 100
@@ -111,6 +112,8 @@ class Learner:
         self.actor_spawns = 0
         self.stop_signal: int | None = None
         self.tensorboard: TensorBoardLog | None = None  # opened by run(): nothing is written before
+        self.group: LearnerGroup | None = None  # run.learners > 1: the update runs there
+        self.segment_refs: list[ray.ObjectRef] = []  # the last gathered segments, in order
         if resume_state is not None:
             self.restore(resume_state)
         self.output = IterationLog(config.run.log_format, config.run.total_steps, log_file=run_dir / "train.log")
@@ -125,6 +128,9 @@ class Learner:
             self.output.message(f"metrics on http://{cfg.metrics.host}:{port}/metrics")
         if not self.actors:
             self.start_actors()
+        if cfg.run.learners > 1:
+            self.group = LearnerGroup(cfg, self.obs_space, self.action_space)
+            self.group.load(self.model.state_dict(), self.trainer.state_dict())
         if cfg.run.tensorboard:
             resumed = self.counters.iteration > 0
             self.tensorboard = TensorBoardLog(self.run_dir / "tensorboard", cfg.to_yaml(),
@@ -142,8 +148,7 @@ class Learner:
                 segments = self._gather(ahead or self._dispatch(ref))  # ray.wait; failed actors replaced
                 ahead = self._dispatch(ref) if cfg.run.overlap_sampling else None
                 t2 = time.perf_counter()
-                batch = build_batch(segments, cfg.ppo.gamma, cfg.ppo.gae_lambda, self.device)
-                stats = self.trainer.update(batch, self.counters.iteration)
+                stats = self._update(segments)
                 self._check_update(stats.skipped_minibatches)
                 t3 = time.perf_counter()
                 sample_s = max(s.sample_seconds for s in segments)
@@ -155,7 +160,7 @@ class Learner:
                 self._report(record, [r for s in segments for r in s.episode_returns.tolist()], phases)
         except Stop:
             reason = "signal"
-        except (RunFailure, EnvFailure) as err:
+        except (RunFailure, EnvFailure, LearnerDied) as err:
             self._checkpoint()
             self._write_summary("error", started)
             raise RunFailure(str(err)) from err
@@ -178,6 +183,15 @@ class Learner:
                 self.shutdown()
                 raise EnvLoadError(problem)
 
+    def _update(self, segments: list[Segment]) -> TrainStats:
+        """The PPO update: here, or on the learner group (segments by reference; weights copied back)."""
+        if self.group is None:
+            batch = build_batch(segments, self.config.ppo.gamma, self.config.ppo.gae_lambda, self.device)
+            return self.trainer.update(batch, self.counters.iteration)
+        stats = self.group.update(self.segment_refs, self.counters.iteration)
+        self.model.load_state_dict({k: torch.tensor(v) for k, v in self.group.weights().items()})
+        return stats
+
     # ---- phases --------------------------------------------------------------------------------
     def _broadcast(self) -> Broadcast:
         return Broadcast(export_weights(self.model), self.counters.policy_version, self.obs_stats, self.return_stats)
@@ -191,6 +205,7 @@ class Learner:
         cfg = self.config
         ref, pending = round_.broadcast, dict(round_.pending)
         segments: dict[int, Segment] = {}
+        refs: dict[int, ray.ObjectRef] = {}
         timeout = cfg.faults.sample_timeout_s
         deadline = None if timeout is None else time.monotonic() + timeout
         needed = max(1, math.ceil(cfg.faults.min_actors_fraction * len(self.actors)))
@@ -225,8 +240,10 @@ class Learner:
                     self.output.message(f"actor {index}: NaN/Inf in env {cfg.env.name} data; segment dropped")
                     continue
                 segments[index] = segment
+                refs[index] = done_ref
         if not segments:
             raise RunFailure("no usable segment arrived this iteration; see the messages above")
+        self.segment_refs = [refs[i] for i in sorted(segments)]
         return [segments[i] for i in sorted(segments)]  # fixed order: seeded runs are reproducible
 
     def _drop(self, reason: str) -> None:
@@ -360,12 +377,22 @@ class Learner:
         """Everything a resume needs, in types that ``torch.load(weights_only=True)`` accepts."""
         return {
             "format": 1, "env_id": self.config.env.name, "config": self.config.model_dump(mode="json"),
-            "model": self.model.state_dict(), "trainer": self.trainer.state_dict(),
+            "model": self.model.state_dict(),
+            "trainer": self._trainer_state(),
             "obs_stats": self.obs_stats.to_state() if self.obs_stats else None,
             "return_stats": self.return_stats.to_state() if self.return_stats else None,
             "counters": vars(self.counters).copy(),
             "recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths),
         }
+
+    def _trainer_state(self) -> dict[str, Any]:
+        """Optimizer and sampling-order state: learner 0's with a learner group (the driver's if it died)."""
+        if self.group is not None:
+            try:
+                return self.group.state()[1]
+            except ray.exceptions.RayActorError:
+                self.output.message("learner 0 is gone: the checkpoint keeps the driver's optimizer state")
+        return self.trainer.state_dict()
 
     def restore(self, state: dict[str, Any]) -> None:
         if state.get("env_id") != self.config.env.name:
@@ -415,6 +442,8 @@ class Learner:
     def shutdown(self) -> None:
         for actor in getattr(self, "actors", []):
             ray.kill(actor, no_restart=True)
+        if self.group is not None:
+            self.group.shutdown()
         if self.tensorboard is not None:
             self.tensorboard.close()
         self.output.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -86,6 +86,33 @@ def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
     return float("nan") if var == 0 else 1.0 - float(np.var(target - predicted)) / var
 
 
+class Reducer(Protocol):
+    """Sums tensors over the learners of a data-parallel group (torch.distributed all-reduce)."""
+
+    world: int
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+
+class SingleLearner:
+    """The group of one: sums are the values themselves."""
+
+    world = 1
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+
+def normalized_advantages(advantages: torch.Tensor, reducer: Reducer) -> torch.Tensor:
+    """Normalize with the mean and (unbiased) std of the global minibatch, whichever learner holds which rows."""
+    count = reducer.sum(torch.tensor(float(advantages.numel()), dtype=advantages.dtype, device=advantages.device))
+    if count <= 1:
+        return advantages
+    mean = reducer.sum(advantages.sum()) / count
+    var = reducer.sum(((advantages - mean) ** 2).sum()) / (count - 1)
+    return (advantages - mean) / (var.sqrt() + 1e-8)
+
+
 def ppo_loss(
     new_log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
@@ -95,10 +122,13 @@ def ppo_loss(
     returns: torch.Tensor,
     entropy: torch.Tensor,
     config: PPOConfig,
+    reducer: Reducer | None = None,
 ) -> LossTerms:
-    """Clipped surrogate, (clipped) value loss and entropy of one minibatch; pure, no side effects."""
-    if config.normalize_advantages and advantages.numel() > 1:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    """Clipped surrogate, (clipped) value loss and entropy of one minibatch (or of this learner's shard of it,
+    with ``reducer`` the group: advantages are normalized over the whole minibatch); no side effects."""
+    reducer = reducer or SingleLearner()
+    if config.normalize_advantages:
+        advantages = normalized_advantages(advantages, reducer)
     log_ratio = new_log_probs - old_log_probs
     ratio = log_ratio.exp()
     clip = config.clip_coef
@@ -108,9 +138,9 @@ def ppo_loss(
         value_loss = 0.5 * torch.max((new_values - returns) ** 2, (clipped - returns) ** 2).mean()
     else:
         value_loss = 0.5 * ((new_values - returns) ** 2).mean()
-    with torch.no_grad():
-        approx_kl = float(((ratio - 1) - log_ratio).mean())  # the low-variance k3 estimator (Schulman 2020)
-        clip_fraction = float(((ratio - 1).abs() > clip).float().mean())
+    with torch.no_grad():  # means over the whole minibatch (shards are equal in size)
+        approx_kl = float(reducer.sum(((ratio - 1) - log_ratio).mean())) / reducer.world  # k3 (Schulman 2020)
+        clip_fraction = float(reducer.sum(((ratio - 1).abs() > clip).float().mean())) / reducer.world
     return LossTerms(policy_loss, value_loss, entropy.mean(), approx_kl, clip_fraction)
 
 
@@ -118,8 +148,10 @@ class Trainer:
     """Runs the PPO update on the learner; the only place gradients and optimizer state exist."""
 
     def __init__(self, model: ActorCritic, config: PPOConfig, num_iterations: int, seed: int,
-                 device: torch.device) -> None:
+                 device: torch.device, reducer: Reducer | None = None, rank: int = 0) -> None:
         self.model = model.to(device)
+        self.reducer = reducer or SingleLearner()
+        self.rank = rank  # with several learners each takes every world-th row of each global minibatch
         self.config = config
         self.num_iterations = num_iterations
         self.device = device
@@ -149,13 +181,14 @@ class Trainer:
             order = torch.randperm(size, generator=self.generator).to(self.device)
             epoch_kl = []
             for start in range(0, size - mb_size + 1, mb_size):
-                idx = order[start:start + mb_size]
+                idx = order[start:start + mb_size][self.rank::self.reducer.world]
                 new_logp, entropy, new_values = self.model.evaluate(batch.obs[idx], batch.actions[idx])
                 terms = ppo_loss(new_logp, batch.log_probs[idx], batch.advantages[idx], new_values,
-                                 batch.values[idx], batch.returns[idx], entropy, cfg)
+                                 batch.values[idx], batch.returns[idx], entropy, cfg, self.reducer)
                 loss = terms.policy_loss - cfg.entropy_coef * terms.entropy + cfg.value_coef * terms.value_loss
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                self._average_gradients()
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm,
                                                                  foreach=True))
                 if not (math.isfinite(float(loss.detach())) and math.isfinite(grad_norm)):
@@ -173,9 +206,24 @@ class Trainer:
                 break
         self.model.eval()
         means = {k: (v / steps if steps else float("nan")) for k, v in sums.items()}
+        if self.reducer.world > 1:  # each learner saw its shard: report the group's mean
+            for key in ("policy_loss", "value_loss", "entropy"):
+                means[key] = float(self.reducer.sum(torch.tensor(means[key], dtype=torch.float64))) / self.reducer.world
         ev = explained_variance(batch.values.cpu().numpy(), batch.returns.cpu().numpy())
         return TrainStats(**means, explained_variance=ev, learning_rate=lr, epochs_run=epochs_run,
                           skipped_minibatches=skipped)
+
+    def _average_gradients(self) -> None:
+        """The mean of the learners' shard gradients is the gradient of the global minibatch's mean loss:
+        one all-reduce of all gradients in a flat buffer, then every learner takes the same step."""
+        if self.reducer.world == 1:
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        flat = self.reducer.sum(torch.cat([g.reshape(-1) for g in grads])) / self.reducer.world
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}

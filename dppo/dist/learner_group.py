@@ -1,0 +1,118 @@
+"""Learner group: L data-parallel Trainers as Ray actors in one torch.distributed process group.
+
+Each learner holds a model replica and the same optimizer state, gets the iteration's segments by object
+reference (the driver never concatenates the batch), builds the batch, and takes every L-th row of each
+global minibatch; advantage statistics, gradients and diagnostics are summed over the group (gloo on CPU,
+NCCL on GPUs), so every learner takes the same step as one learner would on the whole minibatch. Learner 0
+exports the weights the driver broadcasts and checkpoints. The process group's rendezvous address is
+learner 0's node IP and a free port, handed out through Ray.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import ray
+import torch
+
+from dppo.config import Config
+from dppo.rl.agent import Weights, export_weights
+from dppo.rl.model import ActorCritic
+from dppo.rl.trainer import Trainer, TrainStats, build_batch
+
+
+class LearnerDied(RuntimeError):
+    """A learner of the group is gone; its replicas can no longer agree."""
+
+
+class AllReduce:
+    """torch.distributed's all-reduce (sum) as the Trainer's reducer."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        tensor = tensor.detach().clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+
+class LearnerWorker:
+    """One replica: model, Trainer, and its rank in the process group."""
+
+    def __init__(self, config: Config, obs_space: Any, action_space: Any, rank: int, world: int) -> None:
+        torch.set_num_threads(config.run.learner_threads)
+        self.config, self.rank, self.world = config, rank, world
+        self.device = torch.device("cuda" if config.run.device != "cpu" and torch.cuda.is_available() else "cpu")
+        self.model = ActorCritic(obs_space, action_space, config.model)
+        self.trainer = Trainer(self.model, config.ppo, config.num_iterations, config.run.seed, self.device,
+                               AllReduce(world), rank)
+
+    def rendezvous(self) -> str:
+        """``tcp://ip:port`` of a free port on this node (learner 0's; the group meets there)."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+
+    def join(self, address: str) -> None:
+        import torch.distributed as dist
+
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world)
+
+    def load(self, model_state: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
+        self.model.load_state_dict(model_state)
+        if trainer_state is not None:
+            self.trainer.load_state_dict(trainer_state)
+
+    def update(self, segment_refs: list[ray.ObjectRef], iteration: int) -> TrainStats:
+        segments = ray.get(segment_refs)  # zero-copy reads from the object store
+        batch = build_batch(segments, self.config.ppo.gamma, self.config.ppo.gae_lambda, self.device)
+        return self.trainer.update(batch, iteration)
+
+    def weights(self) -> Weights:
+        return export_weights(self.model)
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.model.state_dict(), self.trainer.state_dict()
+
+
+LearnerActor = ray.remote(LearnerWorker)
+
+
+class LearnerGroup:
+    """The driver's handle on L learners: start, join, load, update, read weights and state."""
+
+    def __init__(self, config: Config, obs_space: Any, action_space: Any) -> None:
+        world = config.run.learners
+        gpus = 1 if config.run.device == "cuda" else 0
+        self.actors = [LearnerActor.options(num_cpus=config.run.learner_cpus, num_gpus=gpus).remote(
+            config, obs_space, action_space, rank, world) for rank in range(world)]
+        address = ray.get(self.actors[0].rendezvous.remote())
+        ray.get([a.join.remote(address) for a in self.actors])
+
+    def load(self, model_state: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
+        model_ref, trainer_ref = ray.put(model_state), ray.put(trainer_state)  # one copy, read by every learner
+        ray.get([a.load.remote(model_ref, trainer_ref) for a in self.actors])
+
+    def update(self, segment_refs: list[ray.ObjectRef], iteration: int) -> TrainStats:
+        """Every learner updates; they agree, so learner 0's statistics are the group's. A learner that dies
+        stops the iteration (the driver ends the run with a checkpoint)."""
+        try:
+            return ray.get([a.update.remote(segment_refs, iteration) for a in self.actors])[0]
+        except ray.exceptions.RayActorError as err:
+            raise LearnerDied(f"a learner process died during the update: {str(err).strip().splitlines()[0]}") from err
+
+    def weights(self) -> Weights:
+        return ray.get(self.actors[0].weights.remote())
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return ray.get(self.actors[0].state.remote())
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)

@@ -1,0 +1,74 @@
+"""Several data-parallel learners (torch.distributed gloo through Ray) compute the update of one learner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from dppo.config import load_config
+from dppo.dist.learner_group import LearnerGroup
+from dppo.envs.make import env_spaces
+from dppo.rl.model import ActorCritic
+from dppo.rl.sampler import Sampler
+from dppo.rl.trainer import Trainer, build_batch
+
+
+def config(learners: int, **extra: object):
+    return load_config(overrides={"run.learners": learners, "env.num_envs": 4, "ppo.segment_length": 64,
+                                  "ppo.minibatch_size": 128, "ppo.epochs": 3, "ppo.target_kl": 0.5,
+                                  "ppo.learning_rate": 0.003, "run.actors": 2, **extra})
+
+
+@pytest.mark.slow
+def test_two_learners_make_the_same_first_updates_as_one(ray_address: str) -> None:
+    one = config(1)
+    obs_space, action_space = env_spaces(one)
+    torch.manual_seed(0)
+    model = ActorCritic(obs_space, action_space, one.model)
+    trainer = Trainer(model, one.ppo, one.num_iterations, one.run.seed, torch.device("cpu"))
+    group = LearnerGroup(config(2), obs_space, action_space)
+    try:
+        group.load(model.state_dict(), trainer.state_dict())
+        samplers = [Sampler(one, actor_id=i) for i in range(2)]
+        for iteration in range(3):
+            weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+            for sampler in samplers:
+                sampler.set_weights(weights, iteration)
+            segments = [s.sample() for s in samplers]
+            expected = trainer.update(build_batch(segments, one.ppo.gamma, one.ppo.gae_lambda,
+                                                  torch.device("cpu")), iteration)
+            got = group.update([ray.put(s) for s in segments], iteration)
+            for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"):
+                assert getattr(got, key) == pytest.approx(getattr(expected, key), rel=1e-4, abs=1e-6), key
+            assert got.epochs_run == expected.epochs_run
+            for key, value in group.weights().items():
+                torch.testing.assert_close(torch.tensor(value), model.state_dict()[key], rtol=1e-4, atol=1e-5)
+    finally:
+        group.shutdown()
+
+
+@pytest.mark.slow
+def test_train_with_two_learners_then_resume_with_one(tmp_path: Path, ray_address: str) -> None:
+    run_dir = tmp_path / "run"
+    base = [sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run_dir),
+            "--envs-per-actor", "4", "--segment-length", "64", "--set", "ppo.minibatch_size=128", "--no-tensorboard"]
+    first = subprocess.run([*base, "--total-steps", "1024", "--set", "run.learners=2"], capture_output=True,
+                           text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    second = subprocess.run([*base, "--resume", "--total-steps", "2048"], capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    assert [r["env_steps"] for r in records] == [512, 1024, 1536, 2048]
+
+
+def test_minibatch_must_split_over_the_learners() -> None:
+    from dppo.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"multiple of run\.learners"):
+        config(3)
