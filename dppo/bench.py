@@ -479,6 +479,79 @@ def bench_update(models: list[list[int]], actors: int = 8, env_id: str = "CartPo
     return rows
 
 
+def _learners_row(shape: Row, learners: int, threads: int, seconds: list[float]) -> Row:
+    update = statistics.median(seconds)
+    return {**shape, "learners": learners, "threads_per_learner": threads, "update_s": round(update, 4),
+            "samples_per_s": round(shape["batch"] / update, 1)}
+
+
+def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: str = "CartPole-v1", actors: int = 8,
+                   envs_per_actor: int = 8, segment_length: int | None = None, minibatch_size: int | None = None,
+                   iterations: int = 3, address: str | None = None) -> list[Row]:
+    """Update throughput of one batch: one learner in this process with 1 and 2 torch threads, and L
+    data-parallel learners (Ray actors, 1 thread each, gloo all-reduce). Same batch, same minibatches."""
+    import ray
+    import torch
+
+    from dppo.config import load_config
+    from dppo.dist.learner_group import LearnerGroup
+    from dppo.envs.make import env_spaces
+    from dppo.rl.model import ActorCritic, num_parameters
+    from dppo.rl.sampler import Sampler
+    from dppo.rl.trainer import Trainer, build_batch
+
+    preset_minibatch = load_config(overrides={"env.id": env_id}).ppo.minibatch_size
+    rows: list[Row] = []
+    with ray_session(address, max(learner_counts)):
+        for hidden in models:
+            config = bench_config(env_id, envs_per_actor, segment_length, 0.0, "ale" if env_id.startswith("ALE/")
+                                  else "sync", actors=actors)
+            config.ppo.minibatch_size = min(minibatch_size or preset_minibatch, config.batch_size)
+            config.model.hidden_sizes = hidden
+            config.ppo.target_kl = None  # every row runs all epochs
+            obs_space, action_space = env_spaces(config)
+            with torch_threads(1):
+                segments = []
+                for i in range(actors):
+                    sampler = Sampler(config, actor_id=i)
+                    segments.append(sampler.sample())
+                    sampler.close()
+            refs = [ray.put(seg) for seg in segments]
+            model = ActorCritic(obs_space, action_space, config.model)
+
+            name = "NatureCNN" if model.encoder is not None else f"MLP {hidden}"
+            shape = {"model": name, "parameters": num_parameters(model), "batch": config.batch_size,
+                     "minibatch_size": config.ppo.minibatch_size, "epochs": config.ppo.epochs}
+
+            for threads in (1, 2):
+                trainer = Trainer(ActorCritic(obs_space, action_space, config.model), config.ppo, 1_000_000,
+                                  config.run.seed, torch.device("cpu"))
+                seconds = []
+                with torch_threads(threads):
+                    for i in range(iterations + 1):
+                        start = time.perf_counter()
+                        trainer.update(build_batch(segments, config.ppo.gamma, config.ppo.gae_lambda,
+                                                   torch.device("cpu")), i)
+                        seconds.append(time.perf_counter() - start)
+                rows.append(_learners_row(shape, 1, threads, seconds[1:]))  # the first update warms up
+            for learners in (n for n in learner_counts if n > 1):
+                config.run.learners, config.run.learner_threads = learners, 1
+                config.run.learner_cpus = actor_cpus(learners)
+                group = LearnerGroup(config, obs_space, action_space)
+                try:
+                    group.load(model.state_dict(), None)
+                    seconds = []
+                    for i in range(iterations + 1):
+                        start = time.perf_counter()
+                        group.update(refs, i)
+                        seconds.append(time.perf_counter() - start)
+                finally:
+                    group.shutdown()
+                rows.append(_learners_row(shape, learners, 1, seconds[1:]))
+            config.run.learners = 1
+    return rows
+
+
 # ---- output ------------------------------------------------------------------------------------------
 def _cell(value: Any) -> str:
     if value is None:
@@ -610,6 +683,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="torch threads of the update (default 1)")
     update.add_argument("--iterations", type=_positive(int, "--iterations"), default=3,
                         help="timed iterations (default 3)")
+    update.add_argument("--learners", help="comma-separated learner counts, e.g. 1,2: compare one learner (1 and 2 "
+                        "torch threads) with L data-parallel learners of 1 thread on the same batch")
     _common(update)
     update.set_defaults(func=cmd_update)
 
@@ -706,6 +781,20 @@ def cmd_update(args: argparse.Namespace) -> int:
     _argv(args)
     models = [parse_counts(h, "--hidden-sizes") for h in args.hidden_sizes or ["64,64", "1024,1024"]]
     info = machine()
+    if args.learners:
+        counts = parse_counts(args.learners, "--learners")
+        rows = bench_learners(models, counts, _env_id(args.env), args.actors, args.envs_per_actor,
+                              args.segment_length, args.minibatch_size, args.iterations, args.address)
+        note = ("One PPO update (all epochs) of the same batch: `learners` 1 runs in this process with "
+                "`threads_per_learner` torch threads; more learners are Ray actors with 1 thread each in a "
+                "torch.distributed gloo group (each takes its share of every minibatch; gradients, advantage "
+                "statistics and diagnostics all-reduced), segments read by reference. `samples_per_s` = batch / "
+                "update_s (median). The target: 2 learners x 1 thread >= 0.9 x 1 learner x 2 threads.")
+        columns = ["model", "parameters", "learners", "threads_per_learner", "batch", "minibatch_size", "epochs",
+                   "update_s", "samples_per_s"]
+        key = args.section or f"update-learners-{args.env.split('/')[-1]}"
+        emit(args, rows, columns, key, f"Data-parallel learners, {args.env}", note, info)
+        return 0
     rows = bench_update(models, args.actors, _env_id(args.env), args.envs_per_actor, args.segment_length,
                         args.minibatch_size, args.iterations, args.learner_threads, args.address)
     note = ("`samples_per_s`: batch size over the time of one PPO update (all epochs); `sgd_samples_per_s` "

@@ -72,3 +72,14 @@ def test_minibatch_must_split_over_the_learners() -> None:
 
     with pytest.raises(ConfigError, match=r"multiple of run\.learners"):
         config(3)
+
+
+@pytest.mark.slow
+def test_bench_learners_rows(ray_address: str) -> None:
+    """`dppo bench update --learners 1,2`: one learner with 1 and 2 threads, then 2 learners, same batch."""
+    from dppo.bench import bench_learners
+
+    rows = bench_learners([[32]], [1, 2], actors=2, envs_per_actor=2, segment_length=32, minibatch_size=64,
+                          iterations=1)
+    assert [(r["learners"], r["threads_per_learner"]) for r in rows] == [(1, 1), (1, 2), (2, 1)]
+    assert all(r["batch"] == 128 and r["samples_per_s"] > 0 and r["model"] == "MLP [32]" for r in rows)
