@@ -36,12 +36,22 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/hadolint Dockerfile
 
-# The image tags the chart expects by default (appVersion; -gpu when head.gpus > 0).
+# The image tags the chart expects by default (appVersion; -gpu when head.gpus > 0). Docker with BuildKit
+# (buildx) where there is one, else buildah (its own image store: `buildah push dppo:0.1.0 docker://REGISTRY/...`
+# or docker-archive: + docker load); BUILDER=docker|buildah picks one, IMAGE_BUILD_ARGS adds flags (e.g. --build-arg ...).
+# No buildah --layers: its cache key may miss the wheel bind-mounted from the first stage.
+IMAGE ?= dppo
+IMAGE_TAG ?= 0.1.0
+IMAGE_BUILD_ARGS ?=
+BUILDER ?= $(shell if docker buildx version >/dev/null 2>&1; then echo docker; \
+	elif command -v buildah >/dev/null 2>&1; then echo buildah; else echo docker; fi)
+BUILD_IMAGE = $(if $(filter buildah,$(BUILDER)),buildah bud --isolation chroot,DOCKER_BUILDKIT=1 docker build)
+
 image:
-	docker build -t dppo:0.1.0 .
+	$(BUILD_IMAGE) $(IMAGE_BUILD_ARGS) -t $(IMAGE):$(IMAGE_TAG) .
 
 image-gpu:
-	docker build --build-arg VARIANT=gpu -t dppo:0.1.0-gpu .
+	$(BUILD_IMAGE) $(IMAGE_BUILD_ARGS) --build-arg VARIANT=gpu -t $(IMAGE):$(IMAGE_TAG)-gpu .
 
 # k8s/ is `helm template` output of the chart defaults; regenerate after changing a preset or the chart.
 manifests: tools

@@ -535,6 +535,24 @@ def test_notes(helm_bin: str) -> None:
     assert "RAY_AUTH_TOKEN" not in text
 
 
+def test_notes_on_retries_and_submitter_logs(helm_bin: str) -> None:
+    """KubeRay v1.7 deletes a failed attempt's cluster and submitter Job at once (no TTL): NOTES says so,
+    points at train.log on the claim, and lists every submitter pod's log (the Job retries up to twice)."""
+    assert "kubectl logs -n ml -l job-name=r-dppo --prefix --tail=-1" in notes(helm_bin)
+    assert "Retries:" not in notes(helm_bin)
+    text = notes(helm_bin, "-f", str(VALUES_DIR / "persistence.yaml"))
+    assert "/data/r-dppo/train.log" in text and "deletes a failed attempt's Ray cluster" in text
+    assert "nothing of the failed attempt is kept" in notes(helm_bin, "--set", "job.backoffLimit=1")
+
+
+def test_image_tag_matches_the_chart() -> None:
+    """`make image` builds the tag the chart pulls by default, and the docs say that tag."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    tag = re.search(r"^IMAGE_TAG \?= (\S+)", (REPO / "Makefile").read_text(), re.M)
+    assert tag and tag.group(1) == chart["appVersion"]
+    assert "dppo:latest" not in (REPO / "docs" / "kubernetes.md").read_text()
+
+
 def test_packaged_chart_carries_presets_and_dashboard(helm_bin: str, tmp_path: Path) -> None:
     """presets/ is a link to dppo/presets; `helm package` must copy the files in."""
     out = helm(helm_bin, "package", str(CHART), "--destination", str(tmp_path))

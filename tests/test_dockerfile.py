@@ -1,5 +1,5 @@
 """The Dockerfile, checked without a Docker engine: hadolint, the build context, and its RUN steps run
-in order against a fresh venv (the image itself cannot be built here)."""
+in order against a fresh venv (tests/test_image.py builds and runs the image itself)."""
 
 from __future__ import annotations
 

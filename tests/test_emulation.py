@@ -343,6 +343,9 @@ def test_chart_runs_as_rendered(helm_bin: str, cluster_root: Path) -> None:
         assert final["dppo_run_info"] == 1
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["env_steps"] >= TOTAL_STEPS
+        # KubeRay deletes a failed attempt's pods and submitter at once: the volume keeps both attempts' log.
+        train_log = (run_dir / "train.log").read_text()
+        assert "iter=1 " in train_log and f"iter={TOTAL_STEPS // 1024}" in train_log, train_log
 
         assert_actors_on_workers_only(address, env, workers["replicas"], 2)
     finally:
