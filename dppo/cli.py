@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import re
 import sys
@@ -207,7 +208,10 @@ def connect_ray(config: Any) -> None:
         if address:
             ray.init(address=address, **quiet)
         else:
-            cpus = max(os.cpu_count() or 1, int(-(-config.run.actors * config.run.actor_num_cpus // 1)))
+            needed = config.run.actors * config.run.actor_num_cpus  # learner processes reserve CPUs too
+            if config.run.learners > 1:
+                needed += config.run.learners * config.run.learner_cpus
+            cpus = max(os.cpu_count() or 1, math.ceil(needed))
             ray.init(address="local", num_cpus=cpus, include_dashboard=False, **quiet)
     except (ConnectionError, ValueError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
