@@ -229,7 +229,9 @@ class FaultConfig(_Section):
     max_actor_restarts: int = Field(10, ge=0)
     """Actor restarts allowed within restart_window_s before the run stops (crash-loop guard)."""
     restart_window_s: float = Field(600.0, gt=0)
-    """Sliding window for max_actor_restarts."""
+    """Sliding window for max_actor_restarts and max_learner_restarts."""
+    max_learner_restarts: int = Field(3, ge=0)
+    """Learner-group restarts (run.learners > 1) allowed within restart_window_s before the run stops."""
     env_retries: int = Field(3, ge=0)
     """An env that raises is recreated and the segment resampled up to this many times in a row."""
     sample_timeout_s: float | None = Field(None, gt=0)

@@ -108,7 +108,9 @@ class Learner:
         self.metrics = Metrics(config.env.name, self.name)
         self.actors: list[ray.actor.ActorHandle] = []
         self.restart_times: deque[float] = deque()
-        self.faults = {"actor_restarts": 0, "segments_dropped": 0, "updates_skipped": 0}  # this process only
+        self.faults = {"actor_restarts": 0, "learner_restarts": 0, "segments_dropped": 0,
+                       "updates_skipped": 0}  # this process only
+        self.learner_restart_times: deque[float] = deque()
         self.actor_spawns = 0
         self.stop_signal: int | None = None
         self.tensorboard: TensorBoardLog | None = None  # opened by run(): nothing is written before
@@ -188,9 +190,32 @@ class Learner:
         if self.group is None:
             batch = build_batch(segments, self.config.ppo.gamma, self.config.ppo.gae_lambda, self.device)
             return self.trainer.update(batch, self.counters.iteration)
-        stats = self.group.update(self.segment_refs, self.counters.iteration)
-        self.model.load_state_dict({k: torch.tensor(v) for k, v in self.group.weights().items()})
-        return stats
+        while True:
+            try:
+                stats = self.group.update(self.segment_refs, self.counters.iteration)
+                self.model.load_state_dict({k: torch.tensor(v) for k, v in self.group.weights().items()})
+                return stats
+            except LearnerDied as err:
+                self._restart_learners(err)
+
+    def _restart_learners(self, err: LearnerDied) -> None:
+        """Replace the whole group (its process group is broken) within the restart budget, then retry the
+        iteration on the same segments: weights from the driver's copy of the last update (what a surviving
+        learner holds), optimizer state from the last checkpoint (the driver's own before the first)."""
+        now, window = time.monotonic(), self.config.faults.restart_window_s
+        self.learner_restart_times.append(now)
+        while self.learner_restart_times and now - self.learner_restart_times[0] > window:
+            self.learner_restart_times.popleft()
+        if len(self.learner_restart_times) > self.config.faults.max_learner_restarts:
+            raise RunFailure(f"{len(self.learner_restart_times)} learner restarts within {window:g}s exceeds "
+                             f"faults.max_learner_restarts={self.config.faults.max_learner_restarts}; last: {err}")
+        self.output.message(f"{err}; restarting the {self.config.run.learners} learners")
+        intact = self.store.newest_intact()
+        trainer_state = intact[1]["trainer"] if intact is not None else self.trainer.state_dict()
+        assert self.group is not None
+        self.group.restart(self.model.state_dict(), trainer_state)
+        self.metrics.learner_restarts.inc()
+        self.faults["learner_restarts"] += 1
 
     # ---- phases --------------------------------------------------------------------------------
     def _broadcast(self) -> Broadcast:
@@ -356,7 +381,8 @@ class Learner:
             "env_steps": c.env_steps, "iterations": c.iteration, "episodes": c.episodes,
             "episode_return_mean": self.return_mean(), "target_return": self.config.run.target_return,
             "run": self.name, "env": self.config.env.name,
-            "actor_restarts": self.faults["actor_restarts"], "segments_dropped": self.faults["segments_dropped"],
+            "actor_restarts": self.faults["actor_restarts"], "learner_restarts": self.faults["learner_restarts"],
+            "segments_dropped": self.faults["segments_dropped"],
             "updates_skipped": self.faults["updates_skipped"],
         })
         atomic_write(self.run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())

@@ -88,12 +88,23 @@ class LearnerGroup:
     """The driver's handle on L learners: start, join, load, update, read weights and state."""
 
     def __init__(self, config: Config, obs_space: Any, action_space: Any) -> None:
-        world = config.run.learners
-        gpus = 1 if config.run.device == "cuda" else 0
-        self.actors = [LearnerActor.options(num_cpus=config.run.learner_cpus, num_gpus=gpus).remote(
-            config, obs_space, action_space, rank, world) for rank in range(world)]
+        self.config, self.obs_space, self.action_space = config, obs_space, action_space
+        self.actors: list[ray.actor.ActorHandle] = []
+        self._start()
+
+    def _start(self) -> None:
+        world = self.config.run.learners
+        gpus = 1 if self.config.run.device == "cuda" else 0
+        self.actors = [LearnerActor.options(num_cpus=self.config.run.learner_cpus, num_gpus=gpus).remote(
+            self.config, self.obs_space, self.action_space, rank, world) for rank in range(world)]
         address = ray.get(self.actors[0].rendezvous.remote())
         ray.get([a.join.remote(address) for a in self.actors])
+
+    def restart(self, model_state: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
+        """A learner died: the survivors' process group is broken, so replace all L and load the given state."""
+        self.shutdown()
+        self._start()
+        self.load(model_state, trainer_state)
 
     def load(self, model_state: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
         model_ref, trainer_ref = ray.put(model_state), ray.put(trainer_state)  # one copy, read by every learner
@@ -102,13 +113,21 @@ class LearnerGroup:
     def update(self, segment_refs: list[ray.ObjectRef], iteration: int) -> TrainStats:
         """Every learner updates; they agree, so learner 0's statistics are the group's. A learner that dies
         stops the iteration (the driver ends the run with a checkpoint)."""
+        refs = [a.update.remote(segment_refs, iteration) for a in self.actors]
+        pending = list(refs)
         try:
-            return ray.get([a.update.remote(segment_refs, iteration) for a in self.actors])[0]
+            while pending:  # ray.wait, not ray.get in order: survivors block in the all-reduce of a dead peer
+                ready, pending = ray.wait(pending, num_returns=1)
+                ray.get(ready)
+            return ray.get(refs[0])
         except ray.exceptions.RayActorError as err:
             raise LearnerDied(f"a learner process died during the update: {str(err).strip().splitlines()[0]}") from err
 
     def weights(self) -> Weights:
-        return ray.get(self.actors[0].weights.remote())
+        try:
+            return ray.get(self.actors[0].weights.remote())
+        except ray.exceptions.RayActorError as err:
+            raise LearnerDied(f"learner 0 died before exporting its weights: {str(err).strip().splitlines()[0]}") from err
 
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         return ray.get(self.actors[0].state.remote())
@@ -116,3 +135,4 @@ class LearnerGroup:
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
+        self.actors = []

@@ -64,6 +64,9 @@ class Metrics:
         self.actor_restarts = Counter(
             "dppo_actor_restarts", "Actors replaced after a failure.", ["actor"], registry=r
         )
+        self.learner_restarts = Counter(
+            "dppo_learner_restarts", "Learner groups restarted after a learner died.", registry=r
+        )
         self.actor_segments = Counter(
             "dppo_actor_segments", "Segments received from each actor.", ["actor"], registry=r
         )
