@@ -479,10 +479,12 @@ def bench_update(models: list[list[int]], actors: int = 8, env_id: str = "CartPo
     return rows
 
 
-def _learners_row(shape: Row, learners: int, threads: int, seconds: list[float]) -> Row:
+def _learners_row(shape: Row, learners: int, threads: int, seconds: list[float],
+                  allreduce_share: float | None = None) -> Row:
     update = statistics.median(seconds)
     return {**shape, "learners": learners, "threads_per_learner": threads, "update_s": round(update, 4),
-            "samples_per_s": round(shape["batch"] / update, 1)}
+            "samples_per_s": round(shape["batch"] / update, 1),
+            "allreduce_share": None if allreduce_share is None else round(allreduce_share, 3)}
 
 
 def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: str = "CartPole-v1", actors: int = 8,
@@ -540,14 +542,15 @@ def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: s
                 group = LearnerGroup(config, obs_space, action_space)
                 try:
                     group.load(model.state_dict(), None)
-                    seconds = []
+                    seconds, shares = [], []
                     for i in range(iterations + 1):
                         start = time.perf_counter()
                         group.update(refs, i)
                         seconds.append(time.perf_counter() - start)
+                        shares.append(max(r / u for u, r in group.timings))  # the slowest-waiting learner
                 finally:
                     group.shutdown()
-                rows.append(_learners_row(shape, learners, 1, seconds[1:]))
+                rows.append(_learners_row(shape, learners, 1, seconds[1:], statistics.median(shares[1:])))
             config.run.learners = 1
     return rows
 
@@ -789,9 +792,11 @@ def cmd_update(args: argparse.Namespace) -> int:
                 "`threads_per_learner` torch threads; more learners are Ray actors with 1 thread each in a "
                 "torch.distributed gloo group (each takes its share of every minibatch; gradients, advantage "
                 "statistics and diagnostics all-reduced), segments read by reference. `samples_per_s` = batch / "
-                "update_s (median). The target: 2 learners x 1 thread >= 0.9 x 1 learner x 2 threads.")
+                "update_s (median). `allreduce_share`: the part of the update a learner spends in all-reduce, "
+                "waiting for its peer included (median over updates of the largest learner's share). The target: "
+                "2 learners x 1 thread >= 0.9 x 1 learner x 2 threads.")
         columns = ["model", "parameters", "learners", "threads_per_learner", "batch", "minibatch_size", "epochs",
-                   "update_s", "samples_per_s"]
+                   "update_s", "samples_per_s", "allreduce_share"]
         key = args.section or f"update-learners-{args.env.split('/')[-1]}"
         emit(args, rows, columns, key, f"Data-parallel learners, {args.env}", note, info)
         return 0

@@ -83,3 +83,4 @@ def test_bench_learners_rows(ray_address: str) -> None:
                           iterations=1)
     assert [(r["learners"], r["threads_per_learner"]) for r in rows] == [(1, 1), (1, 2), (2, 1)]
     assert all(r["batch"] == 128 and r["samples_per_s"] > 0 and r["model"] == "MLP [32]" for r in rows)
+    assert rows[0]["allreduce_share"] is None and 0 < rows[2]["allreduce_share"] < 1

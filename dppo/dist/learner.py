@@ -188,12 +188,18 @@ class Learner:
     def _update(self, segments: list[Segment]) -> TrainStats:
         """The PPO update: here, or on the learner group (segments by reference; weights copied back)."""
         if self.group is None:
+            start = time.perf_counter()
             batch = build_batch(segments, self.config.ppo.gamma, self.config.ppo.gae_lambda, self.device)
-            return self.trainer.update(batch, self.counters.iteration)
+            stats = self.trainer.update(batch, self.counters.iteration)
+            self.metrics.learner_update_seconds.labels(learner="0").observe(time.perf_counter() - start)
+            return stats
         while True:
             try:
                 stats = self.group.update(self.segment_refs, self.counters.iteration)
                 self.model.load_state_dict({k: torch.tensor(v) for k, v in self.group.weights().items()})
+                for rank, (update_s, reduce_s) in enumerate(self.group.timings):
+                    self.metrics.learner_update_seconds.labels(learner=str(rank)).observe(update_s)
+                    self.metrics.learner_allreduce_seconds.labels(learner=str(rank)).observe(reduce_s)
                 return stats
             except LearnerDied as err:
                 self._restart_learners(err)

@@ -11,6 +11,7 @@ learner 0's node IP and a free port, handed out through Ray.
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 import ray
@@ -31,12 +32,15 @@ class AllReduce:
 
     def __init__(self, world: int) -> None:
         self.world = world
+        self.seconds = 0.0  # time spent in all-reduce (waiting for peers included), for the metrics
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
         tensor = tensor.detach().clone()
+        start = time.perf_counter()
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        self.seconds += time.perf_counter() - start
         return tensor
 
 
@@ -48,8 +52,9 @@ class LearnerWorker:
         self.config, self.rank, self.world = config, rank, world
         self.device = torch.device("cuda" if config.run.device != "cpu" and torch.cuda.is_available() else "cpu")
         self.model = ActorCritic(obs_space, action_space, config.model)
+        self.reducer = AllReduce(world)
         self.trainer = Trainer(self.model, config.ppo, config.num_iterations, config.run.seed, self.device,
-                               AllReduce(world), rank)
+                               self.reducer, rank)
 
     def rendezvous(self) -> str:
         """``tcp://ip:port`` of a free port on this node (learner 0's; the group meets there)."""
@@ -69,10 +74,13 @@ class LearnerWorker:
         if trainer_state is not None:
             self.trainer.load_state_dict(trainer_state)
 
-    def update(self, segment_refs: list[ray.ObjectRef], iteration: int) -> TrainStats:
+    def update(self, segment_refs: list[ray.ObjectRef], iteration: int) -> tuple[TrainStats, float, float]:
+        """The update's statistics, its seconds, and the seconds of those spent in all-reduce."""
+        start, self.reducer.seconds = time.perf_counter(), 0.0
         segments = ray.get(segment_refs)  # zero-copy reads from the object store
         batch = build_batch(segments, self.config.ppo.gamma, self.config.ppo.gae_lambda, self.device)
-        return self.trainer.update(batch, iteration)
+        stats = self.trainer.update(batch, iteration)
+        return stats, time.perf_counter() - start, self.reducer.seconds
 
     def weights(self) -> Weights:
         return export_weights(self.model)
@@ -90,6 +98,7 @@ class LearnerGroup:
     def __init__(self, config: Config, obs_space: Any, action_space: Any) -> None:
         self.config, self.obs_space, self.action_space = config, obs_space, action_space
         self.actors: list[ray.actor.ActorHandle] = []
+        self.timings: list[tuple[float, float]] = []  # per rank: (update s, all-reduce s) of the last update
         self._start()
 
     def _start(self) -> None:
@@ -112,16 +121,18 @@ class LearnerGroup:
 
     def update(self, segment_refs: list[ray.ObjectRef], iteration: int) -> TrainStats:
         """Every learner updates; they agree, so learner 0's statistics are the group's. A learner that dies
-        stops the iteration (the driver ends the run with a checkpoint)."""
+        stops the iteration (the driver restarts the group)."""
         refs = [a.update.remote(segment_refs, iteration) for a in self.actors]
         pending = list(refs)
         try:
             while pending:  # ray.wait, not ray.get in order: survivors block in the all-reduce of a dead peer
                 ready, pending = ray.wait(pending, num_returns=1)
                 ray.get(ready)
-            return ray.get(refs[0])
+            results = ray.get(refs)
         except ray.exceptions.RayActorError as err:
             raise LearnerDied(f"a learner process died during the update: {str(err).strip().splitlines()[0]}") from err
+        self.timings = [(update_s, reduce_s) for _stats, update_s, reduce_s in results]
+        return results[0][0]
 
     def weights(self) -> Weights:
         try:

@@ -166,6 +166,13 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
                     (quantile(0.9, "dppo_iteration_seconds", "run"), "{{run}} p90")),
             unit="s", minimum=0)),
         (12, 8, timeseries(
+            "Learner update and all-reduce", "Mean seconds of each learner's update "
+            "(dppo_learner_update_seconds) and of the part spent in all-reduce, peers' wait included "
+            "(dppo_learner_allreduce_seconds; run.learners > 1).",
+            targets((by_run(mean_of("dppo_learner_update_seconds")), "{{run}} learner {{learner}} update"),
+                    (by_run(mean_of("dppo_learner_allreduce_seconds")), "{{run}} learner {{learner}} all-reduce")),
+            unit="s", minimum=0)),
+        (12, 8, timeseries(
             "Actor sampling time share", "Fraction of wall time each actor spends sampling "
             "(rate of dppo_actor_sample_seconds_total); near 1 means the actors are the bottleneck.",
             [target(by_run(f"rate(dppo_actor_sample_seconds_total[{RATE}])"), "{{run}} actor {{actor}}")],
@@ -205,9 +212,12 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
             targets((by_run("dppo_actors_alive"), "{{run}} alive"),
                     (by_run("dppo_actors_desired"), "{{run}} desired")), decimals=0, minimum=0)),
         (6, 8, timeseries(
-            "Actor restarts", "Actors replaced after a failure, total per run (dppo_actor_restarts_total; "
-            "0 until the first restart).",
-            [target(f"sum by (run) ({restarts}) or on(run) {zero_per_run()}", "{{run}}")], decimals=0, minimum=0)),
+            "Actor restarts, learner restarts", "Actors replaced after a failure and learner groups restarted after "
+            "a learner died, total per run (dppo_actor_restarts_total, dppo_learner_restarts_total; 0 until the "
+            "first restart).",
+            targets((f"sum by (run) ({restarts}) or on(run) {zero_per_run()}", "{{run}} actors"),
+                    (f"sum by (run) ({by_run('dppo_learner_restarts_total')}) or on(run) {zero_per_run()}",
+                     "{{run}} learners")), decimals=0, minimum=0)),
         (4, 8, timeseries(
             "Checkpoints written", "Checkpoints written (dppo_checkpoints_written_total).",
             [target(by_run("dppo_checkpoints_written_total"), "{{run}}")], decimals=0, minimum=0)),

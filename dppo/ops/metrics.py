@@ -64,6 +64,14 @@ class Metrics:
         self.actor_restarts = Counter(
             "dppo_actor_restarts", "Actors replaced after a failure.", ["actor"], registry=r
         )
+        self.learner_update_seconds = Histogram(
+            "dppo_learner_update_seconds", "Seconds of each learner's PPO update (label: rank < run.learners).",
+            ["learner"], buckets=PHASE_BUCKETS, registry=r,
+        )
+        self.learner_allreduce_seconds = Histogram(
+            "dppo_learner_allreduce_seconds", "Seconds of each learner's update spent in all-reduce, waiting "
+            "for its peers included.", ["learner"], buckets=PHASE_BUCKETS, registry=r,
+        )
         self.learner_restarts = Counter(
             "dppo_learner_restarts", "Learner groups restarted after a learner died.", registry=r
         )
