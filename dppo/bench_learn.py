@@ -13,6 +13,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 from dppo.bench import Row, _argv, _common, _env_id, _positive, emit, machine, parse_counts, run_train
 from dppo.errors import UsageError
 
+STAGGER_S = 20.0  # seconds between the starts of concurrent runs
 EVAL_SEED = 10_000  # evaluation episodes use seeds no training env saw
 _MEAN = re.compile(r"mean return (-?[\d.]+(?:e[-+]?\d+)?)")
 
@@ -61,9 +63,14 @@ def bench_learn(envs: list[str], seeds: list[int], out_dir: Path, total_steps: i
     """One row per env: every seed trained to the budget and evaluated."""
     rows = []
     for env_id in envs:
+        def one(index: int, seed: int, env_id: str = env_id) -> Row:
+            # Concurrent runs start STAGGER_S apart: several local Ray heads starting at the same moment on a
+            # loaded machine time out ("The current node timed out during startup").
+            time.sleep(STAGGER_S * index if index < parallel else 0.0)
+            return learn_one(env_id, seed, out_dir, total_steps, episodes, timeout_s, sets or [])
+
         with ThreadPoolExecutor(max_workers=parallel) as pool:
-            runs = list(pool.map(lambda s, e=env_id: learn_one(e, s, out_dir, total_steps, episodes, timeout_s,
-                                                               sets or []), seeds))
+            runs = list(pool.map(one, range(len(seeds)), seeds))
         rows.append({
             "env": env_id, "seeds": len(runs), "env_steps": runs[0]["env_steps"],
             "train_return": mean_std([r["episode_return_mean"] for r in runs]),
