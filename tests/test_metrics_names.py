@@ -19,7 +19,7 @@ from dppo.ops.metrics import Metrics
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 NAME = re.compile(r"^dppo_[a-z][a-z0-9]*(_[a-z0-9]+)*$")
-ALLOWED_LABELS = {"phase", "actor", "reason", "env", "run"}
+ALLOWED_LABELS = {"phase", "actor", "reason", "env", "run", "learner"}  # learner: rank < run.learners <= 64
 # Non-base units and spellings that hide the unit; Prometheus wants seconds and bytes.
 FORBIDDEN_SUFFIXES = ("_ms", "_millis", "_milliseconds", "_microseconds", "_us", "_ns", "_minutes", "_hours",
                       "_days", "_s", "_secs", "_sec", "_kb", "_mb", "_gb", "_kilobytes", "_megabytes", "_percent")
@@ -71,6 +71,8 @@ def test_exposed_series_names_follow_the_type() -> None:
     metrics.actor_restarts.labels(actor="0").inc()
     metrics.segments_dropped.labels(reason="timeout").inc()
     metrics.phase_seconds.labels(phase="sample").observe(0.1)
+    metrics.learner_update_seconds.labels(learner="0").observe(0.1)
+    metrics.learner_allreduce_seconds.labels(learner="0").observe(0.0)
     suffixes = {"counter": {"_total", "_created"}, "gauge": {""},
                 "histogram": {"_bucket", "_sum", "_count", "_created"}}
     for family in metrics.registry.collect():

@@ -172,6 +172,9 @@ def test_every_panel_has_data_for_the_metrics_module(prometheus_bin: str, tmp_pa
                       "approx_kl": 0.01, "clip_fraction": 0.1, "explained_variance": 0.5,
                       "learning_rate": 2.5e-4, "grad_norm": 0.4, "policy_version": iteration}
             metrics.record_iteration(record, returns, phases)
+            for rank in ("0", "1"):  # what the learner records per learner process
+                metrics.learner_update_seconds.labels(learner=rank).observe(0.05)
+                metrics.learner_allreduce_seconds.labels(learner=rank).observe(0.01)
             metrics.policy_lag.set(0)
             if iteration == 12:  # the labelled counters get their first child mid-run
                 metrics.actor_restarts.labels(actor="1").inc()
@@ -185,8 +188,9 @@ def test_every_panel_has_data_for_the_metrics_module(prometheus_bin: str, tmp_pa
         assert_every_panel_has_data(prom, ".*", start, time.time())  # the variable's "All"
         assert prom.last("dppo_env_steps_total") == steps
         assert prom.run_variable() == ["synthetic-run"]
-        restarts = dict(panel_queries("synthetic-run"))["Actor restarts"]
-        assert prom.last(restarts) == 1
+        actor_restarts, learner_restarts = [expr for title, expr in panel_queries("synthetic-run")
+                                             if title == "Actor restarts, learner restarts"]
+        assert prom.last(actor_restarts) == 1 and prom.last(learner_restarts) == 0
         for title, expr in panel_queries("no-such-run"):
             assert not prom.query_range(expr, start, time.time()), f"{title} ignores the run variable: {expr}"
     finally:

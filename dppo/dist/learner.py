@@ -192,6 +192,7 @@ class Learner:
             batch = build_batch(segments, self.config.ppo.gamma, self.config.ppo.gae_lambda, self.device)
             stats = self.trainer.update(batch, self.counters.iteration)
             self.metrics.learner_update_seconds.labels(learner="0").observe(time.perf_counter() - start)
+            self.metrics.learner_allreduce_seconds.labels(learner="0").observe(0.0)  # one learner: no all-reduce
             return stats
         while True:
             try:
