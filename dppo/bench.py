@@ -189,6 +189,7 @@ def machine() -> dict[str, Any]:
         "load_avg_1m": round(os.getloadavg()[0], 2), "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__,
         "gymnasium": gymnasium.__version__, "numpy": numpy.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
@@ -375,23 +376,26 @@ class _WeightProbe:
         return self.agent.version
 
 
-def _update_row(config, hidden: list[int], actors: int, iterations: int, learner_threads: int) -> Row:
+def _update_row(config, hidden: list[int], actors: int, iterations: int, learner_threads: int,
+                device: str = "cpu") -> Row:
     import ray
     import torch
 
     from dppo.dist.actor import Broadcast, start_actor
+    from dppo.dist.learner import resolve_device
     from dppo.envs.make import make_env
     from dppo.rl.agent import export_weights
     from dppo.rl.model import ActorCritic, num_parameters
     from dppo.rl.trainer import Trainer, build_batch
 
+    learner_device = resolve_device(device)
     config.model.hidden_sizes = hidden
     config.run.actors = actors
     config.run.actor_num_cpus = actor_cpus(actors)
     env = make_env(config.env)
-    model = ActorCritic(env.observation_space, env.action_space, config.model)
+    model = ActorCritic(env.observation_space, env.action_space, config.model).to(learner_device)
     env.close()
-    trainer = Trainer(model, config.ppo, 1_000_000, config.run.seed, torch.device("cpu"))
+    trainer = Trainer(model, config.ppo, 1_000_000, config.run.seed, learner_device)
     cpus = config.run.actor_num_cpus
     probe_cls = ray.remote(num_cpus=cpus)(_WeightProbe)
     probes = [probe_cls.remote(config) for _ in range(actors)]
@@ -418,9 +422,11 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
                 ref = ray.put(Broadcast(export_weights(model), version, None, None))
                 segments = ray.get([h.sample.remote(ref) for h in handles])
                 moved.append(sum(payload_bytes(seg) for seg in segments))
-                batch = build_batch(segments, config.ppo.gamma, config.ppo.gae_lambda, torch.device("cpu"))
-                t_update = time.perf_counter()
+                t_update = time.perf_counter()  # the batch's copy to the device counts as update time
+                batch = build_batch(segments, config.ppo.gamma, config.ppo.gae_lambda, learner_device)
                 trainer.update(batch, version)
+                if learner_device.type == "cuda":
+                    torch.cuda.synchronize()
                 now = time.perf_counter()
                 update_s.append(now - t_update)
                 iteration_s.append(now - start)
@@ -430,7 +436,7 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
     batch_size = config.batch_size
     update, broadcast, iteration = (statistics.median(v) for v in (update_s, broadcast_s, iteration_s))
     return {"hidden_sizes": hidden, "parameters": num_parameters(model), "actors": actors,
-            "learner_threads": learner_threads, "batch": batch_size,
+            "device": learner_device.type, "learner_threads": learner_threads, "batch": batch_size,
             "epochs": config.ppo.epochs, "minibatch_size": config.ppo.minibatch_size,
             "update_s": round(update, 4), "samples_per_s": round(batch_size / update, 1),
             "sgd_samples_per_s": round(batch_size * config.ppo.epochs / update, 1),
@@ -464,9 +470,9 @@ def payload_bytes(value: Any) -> int:
 
 def bench_update(models: list[list[int]], actors: int = 8, env_id: str = "CartPole-v1", envs_per_actor: int = 8,
                  segment_length: int | None = None, minibatch_size: int | None = None, iterations: int = 3,
-                 learner_threads: int = 1, address: str | None = None) -> list[Row]:
-    """Per model size: PPO update throughput on the learner, and weight broadcast time against a whole
-    iteration (put + sample + gather + update) with ``actors`` actors."""
+                 learner_threads: int = 1, address: str | None = None, device: str = "cpu") -> list[Row]:
+    """Per model size: PPO update throughput on the learner (on ``device``: cpu, cuda or auto), and weight
+    broadcast time against a whole iteration (put + sample + gather + update) with ``actors`` actors."""
     from dppo.config import load_config
 
     preset_minibatch = load_config(overrides={"env.id": env_id}).ppo.minibatch_size
@@ -475,7 +481,7 @@ def bench_update(models: list[list[int]], actors: int = 8, env_id: str = "CartPo
         for hidden in models:
             config = bench_config(env_id, envs_per_actor, segment_length, 0.0, "sync", actors=actors)
             config.ppo.minibatch_size = min(minibatch_size or preset_minibatch, config.batch_size)
-            rows.append(_update_row(config, hidden, actors, iterations, learner_threads))
+            rows.append(_update_row(config, hidden, actors, iterations, learner_threads, device))
     return rows
 
 
@@ -511,6 +517,7 @@ def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: s
             config.ppo.minibatch_size = min(minibatch_size or preset_minibatch, config.batch_size)
             config.model.hidden_sizes = hidden
             config.ppo.target_kl = None  # every row runs all epochs
+            config.run.device = "cpu"  # rows compare CPU threads with CPU processes
             obs_space, action_space = env_spaces(config)
             with torch_threads(1):
                 segments = []
@@ -595,7 +602,8 @@ def write_docs(path: Path, key: str, title: str, note: str, command: str, table_
                figure: Path | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = path.read_text() if path.exists() else DOCS_TITLE
-    box = (f"{info['cpu']}, {info['cpus']} CPUs, {info['memory_gib']} GiB; {info['os']}; Python {info['python']}, "
+    gpu = f", GPU {info['gpu']}" if info.get("gpu") else ", no GPU"
+    box = (f"{info['cpu']}, {info['cpus']} CPUs, {info['memory_gib']} GiB{gpu}; {info['os']}; Python {info['python']}, "
            f"torch {info['torch']}, Ray {info['ray']}, gymnasium {info['gymnasium']}, numpy {info['numpy']}; "
            f"load average {info['load_avg_1m']} at the start (the machine is shared); {info['date']}")
     body = [f"## {title}", "", note, "", f"Machine: {box}.", "", "```", command, "```", "", table_md]
@@ -686,6 +694,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="torch threads of the update (default 1)")
     update.add_argument("--iterations", type=_positive(int, "--iterations"), default=3,
                         help="timed iterations (default 3)")
+    update.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu",
+                        help="where the update runs (default cpu; the batch's copy to a GPU is timed with it)")
     update.add_argument("--learners", help="comma-separated learner counts, e.g. 1,2: compare one learner (1 and 2 "
                         "torch threads) with L data-parallel learners of 1 thread on the same batch")
     _common(update)
@@ -801,15 +811,15 @@ def cmd_update(args: argparse.Namespace) -> int:
         emit(args, rows, columns, key, f"Data-parallel learners, {args.env}", note, info)
         return 0
     rows = bench_update(models, args.actors, _env_id(args.env), args.envs_per_actor, args.segment_length,
-                        args.minibatch_size, args.iterations, args.learner_threads, args.address)
+                        args.minibatch_size, args.iterations, args.learner_threads, args.address, args.device)
     note = ("`samples_per_s`: batch size over the time of one PPO update (all epochs); `sgd_samples_per_s` "
             "counts every epoch's pass. `broadcast_s`: `ray.put` of the weights plus every actor loading them "
             "(median); `iteration_s`: put + sample + gather + update with this many actors; "
             "`broadcast_fraction` = broadcast_s / iteration_s. Data path: `segments_mib` is what the actors' "
             "segments hold per iteration (read zero-copy from the object store), `broadcast_mib` the weights "
             "every actor reads, `learner_peak_rss_mib` the learner process's peak RSS over the timed iterations.")
-    columns = ["hidden_sizes", "parameters", "actors", "learner_threads", "batch", "update_s", "samples_per_s",
-               "sgd_samples_per_s", "broadcast_s", "iteration_s", "broadcast_fraction", "segments_mib",
+    columns = ["hidden_sizes", "parameters", "actors", "device", "learner_threads", "batch", "update_s",
+               "samples_per_s", "sgd_samples_per_s", "broadcast_s", "iteration_s", "broadcast_fraction", "segments_mib",
                "broadcast_mib", "learner_peak_rss_mib"]
     emit(args, rows, columns, args.section or "update", "Learner update and weight broadcast", note, info)
     return 0

@@ -28,6 +28,7 @@ COMMAND_MODULES = ("dppo.plot", "dppo.bench", "dppo.ops.status")
 TRAIN_FLAGS = {
     "env": "env.id", "actors": "run.actors", "envs_per_actor": "env.num_envs",
     "segment_length": "ppo.segment_length", "total_steps": "run.total_steps", "target_return": "run.target_return",
+    "time_limit": "run.time_limit_s",
     "seed": "run.seed", "run_dir": "run.run_dir", "metrics_port": "metrics.port", "address": "run.address",
     "log_format": "run.log_format", "tensorboard": "run.tensorboard",
 }
@@ -85,6 +86,8 @@ def build_parser() -> Parser:
     train.add_argument("--segment-length", type=whole_number, help="T: steps per env per iteration")
     train.add_argument("--total-steps", type=whole_number, help="stop after this many env steps")
     train.add_argument("--target-return", type=float, help="stop when the 100-episode mean return reaches this")
+    train.add_argument("--time-limit", type=float, metavar="SECONDS",
+                       help="stop with a checkpoint after this many seconds of training")
     train.add_argument("--seed", type=whole_number, help="seed for everything")
     train.add_argument("--run-dir", help="output directory (default runs/<env>-<timestamp>)")
     resume = train.add_mutually_exclusive_group()

@@ -178,6 +178,9 @@ class RunConfig(_Section):
     """Stop after this many env steps (all actors together)."""
     target_return: float | None = None
     """Stop when the mean return of the last 100 finished episodes reaches this (off when null)."""
+    time_limit_s: float | None = Field(None, gt=0)
+    """Stop (with a checkpoint) after this many seconds of training, resumed time included: a wall-clock
+    budget, for comparing actor counts at equal time or fitting a run into a job's deadline (off when null)."""
     seed: int = Field(1, ge=0)
     """Seed for torch, numpy and every env; a seeded run is reproducible on the same machine."""
     run_dir: str | None = None

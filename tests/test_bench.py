@@ -105,6 +105,7 @@ def test_update_command(ray_address: str, tmp_path: Path) -> None:
     assert row["hidden_sizes"] == [8] and row["actors"] == 2 and row["batch"] == 32
     assert row["samples_per_s"] > 0 and row["broadcast_s"] > 0 and row["broadcast_fraction"] > 0
     assert row["minibatch_size"] == 8 and row["epochs"] >= 1
+    assert row["device"] == "cpu"  # the default; --device cuda times the update on a GPU
 
 
 def test_solve_command_runs_train_and_draws_the_figure(ray_address: str, tmp_path: Path) -> None:
@@ -120,6 +121,18 @@ def test_solve_command_runs_train_and_draws_the_figure(ray_address: str, tmp_pat
     assert run["env_steps"] == 64 and run["wall_s"] >= run["train_s"] > 0 and run["peak_rss_mib"] > 0
     assert (tmp_path / "bench-solve-CartPole-v1.png").stat().st_size > 0
     assert "![Time to solve CartPole-v1, 1 actor](bench-solve-CartPole-v1.png)" in docs.read_text()
+
+
+def test_update_on_a_missing_gpu_is_a_usage_error(ray_address: str) -> None:
+    import torch
+
+    argv = ["update", "--hidden-sizes", "8", "--actors", "1", *TINY, "--minibatch-size", "8", "--iterations", "1",
+            "--device", "cuda", "--address", ray_address]
+    if torch.cuda.is_available():
+        assert run_bench(argv) == 0
+    else:
+        with pytest.raises(UsageError, match=r"run\.device=cuda but the learner sees no CUDA device"):
+            run_bench(argv)
 
 
 def test_update_uses_the_preset_minibatch(ray_address: str) -> None:

@@ -45,6 +45,7 @@ CASES = [
     (["train", "--total-steps", "2.5"], "'2.5' is not a whole number"),
     (["train", "--set", "run.total_steps=2.5e0"], "run.total_steps: Input should be a valid integer"),
     (["train", "--target-return", "high"], "invalid float value"),
+    (["train", "--time-limit", "0"], "run.time_limit_s: Input should be greater than 0"),
     (["train", "--env", "NoSuchEnv-v0"], "unknown environment 'NoSuchEnv-v0'"),
     (["train", "--set", "ppo.minibatch_size=100000"], "exceeds the batch"),
     (["train", "--set", "ppo.nosuch=1"], "unknown key 'ppo.nosuch'"),
@@ -133,3 +134,19 @@ def test_auto_resume_without_checkpoint_starts_fresh(tmp_path: Path) -> None:
     _config, run_dir, state = prepare_train(args)
     assert state is None and run_dir == run
     assert not (run / "progress.jsonl").exists()
+
+
+def test_time_limit_stops_the_run_with_a_checkpoint(tmp_path: Path, ray_address: str) -> None:
+    """`--time-limit S`: a wall-clock budget (actor counts compared at equal time); the run ends with a checkpoint."""
+    import json
+    import sys
+
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run),
+                           "--total-steps", "1e8", "--time-limit", "3", "--no-tensorboard"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["reason"] == "time_limit" and 3 <= summary["wall_s"] < 60
+    assert 0 < summary["env_steps"] < 100_000_000
+    assert list((run / "checkpoints").glob("ckpt-*.pt"))

@@ -67,6 +67,19 @@ def test_train_with_two_learners_then_resume_with_one(tmp_path: Path, ray_addres
     assert [r["env_steps"] for r in records] == [512, 1024, 1536, 2048]
 
 
+def test_learners_use_gpus_only_with_one_per_learner(ray_address: str) -> None:
+    """NCCL refuses two ranks on one GPU, so cuda needs a GPU per learner; auto falls back to gloo on CPUs."""
+    from dppo.dist.learner_group import group_device
+    from dppo.errors import UsageError
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    assert group_device(config(2, **{"run.device": "cpu"})) == "cpu"
+    assert group_device(config(2, **{"run.device": "auto"})) == ("cuda" if gpus >= 2 else "cpu")
+    if gpus < 2:
+        with pytest.raises(UsageError, match=rf"needs a GPU per learner, but the Ray cluster has {gpus}"):
+            group_device(config(2, **{"run.device": "cuda"}))
+
+
 def test_minibatch_must_split_over_the_learners() -> None:
     from dppo.config import ConfigError
 

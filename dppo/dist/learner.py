@@ -122,7 +122,7 @@ class Learner:
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """Train until total_steps or target_return; returns the summary written to summary.json."""
+        """Train until total_steps, target_return or time_limit_s; returns the summary written to summary.json."""
         cfg = self.config
         self._install_signal_handlers()
         if cfg.metrics.port:
@@ -377,6 +377,9 @@ class Learner:
             return "target_return"
         if self.counters.env_steps >= self.config.run.total_steps:
             return "total_steps"
+        limit = self.config.run.time_limit_s
+        if limit is not None and self.counters.wall_s >= limit:
+            return "time_limit"
         if self.stop_signal is not None:
             return "signal"
         return None

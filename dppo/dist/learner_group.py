@@ -18,6 +18,7 @@ import ray
 import torch
 
 from dppo.config import Config
+from dppo.errors import UsageError
 from dppo.rl.agent import Weights, export_weights
 from dppo.rl.model import ActorCritic
 from dppo.rl.trainer import Trainer, TrainStats, build_batch
@@ -47,10 +48,11 @@ class AllReduce:
 class LearnerWorker:
     """One replica: model, Trainer, and its rank in the process group."""
 
-    def __init__(self, config: Config, obs_space: Any, action_space: Any, rank: int, world: int) -> None:
+    def __init__(self, config: Config, obs_space: Any, action_space: Any, rank: int, world: int,
+                 device: str = "cpu") -> None:
         torch.set_num_threads(config.run.learner_threads)
         self.config, self.rank, self.world = config, rank, world
-        self.device = torch.device("cuda" if config.run.device != "cpu" and torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device)  # the driver decided (group_device): cuda only with a GPU per rank
         self.model = ActorCritic(obs_space, action_space, config.model)
         self.reducer = AllReduce(world)
         self.trainer = Trainer(self.model, config.ppo, config.num_iterations, config.run.seed, self.device,
@@ -92,6 +94,21 @@ class LearnerWorker:
 LearnerActor = ray.remote(LearnerWorker)
 
 
+def group_device(config: Config) -> str:
+    """cuda when the cluster has a GPU for every learner (NCCL wants one GPU per rank; two ranks on one GPU
+    fail with "Duplicate GPU detected"), else cpu with gloo. run.device=cuda with too few GPUs is bad input."""
+    if config.run.device == "cpu":
+        return "cpu"
+    learners, gpus = config.run.learners, int(ray.cluster_resources().get("GPU", 0))
+    if gpus >= learners:
+        return "cuda"
+    if config.run.device == "cuda":
+        raise UsageError(f"run.device=cuda with run.learners={learners} needs a GPU per learner, but the Ray cluster "
+                         f"has {gpus}; lower run.learners to {max(gpus, 1)}, add GPUs (chart value learners.gpus) "
+                         "or use run.device=auto (CPU learners when GPUs are short)")
+    return "cpu"
+
+
 class LearnerGroup:
     """The driver's handle on L learners: start, join, load, update, read weights and state."""
 
@@ -103,9 +120,10 @@ class LearnerGroup:
 
     def _start(self) -> None:
         world = self.config.run.learners
-        gpus = 1 if self.config.run.device == "cuda" else 0
+        device = group_device(self.config)
+        gpus = 1 if device == "cuda" else 0
         self.actors = [LearnerActor.options(num_cpus=self.config.run.learner_cpus, num_gpus=gpus).remote(
-            self.config, self.obs_space, self.action_space, rank, world) for rank in range(world)]
+            self.config, self.obs_space, self.action_space, rank, world, device) for rank in range(world)]
         address = ray.get(self.actors[0].rendezvous.remote())
         ray.get([a.join.remote(address) for a in self.actors])
 
