@@ -198,6 +198,10 @@ class RunConfig(_Section):
     With L > 1 each global minibatch is split evenly, so ppo.minibatch_size must be a multiple of L."""
     learner_cpus: float = Field(1.0, gt=0)
     """Ray CPUs reserved per learner process (run.learners > 1)."""
+    learner_resource: str | None = None
+    """A custom Ray resource each learner process asks one unit of (run.learners > 1), so learners land on the
+    nodes that advertise it and nowhere else; the learners then reserve no Ray CPUs (the Helm chart's
+    `learners:` pods advertise `dppo_learner` with num-cpus 0, so actors never land there)."""
     actor_num_cpus: float = Field(1.0, gt=0)
     """Ray CPUs reserved per actor."""
     torch_threads: int = Field(1, ge=1)

@@ -126,7 +126,8 @@ def test_rendered_objects_are_valid(helm_bin: str, cr_schemas: dict, values: str
 def test_secure_pods(helm_bin: str, values: str) -> None:
     objects = render(helm_bin, "-f", str(VALUES_DIR / f"{values}.yaml"))
     pods = containers(objects)
-    assert len(pods) == 4  # submitter, head, workers, helm test
+    # submitter, head, workers, helm test (and learner pods with learners.replicas >= 2)
+    assert len(pods) == (5 if values == "learners" else 4)
     for spec, container in pods:
         assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -271,6 +272,37 @@ def test_gpu_learner(helm_bin: str) -> None:
     worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
     assert "nvidia.com/gpu" not in worker["containers"][0]["resources"].get("limits", {})
     assert "tolerations" not in worker
+
+
+def test_learners_are_a_second_worker_group(helm_bin: str) -> None:
+    """learners.replicas L >= 2: L learner pods advertising dppo_learner and no CPUs (actors never land there),
+    and the run's config asks for L learners on that resource."""
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "learners.yaml"))
+    cluster = one(objects, "RayJob")["spec"]["rayClusterSpec"]
+    actors, learners = cluster["workerGroupSpecs"]
+    assert actors["groupName"] == "actors" and actors["rayStartParams"] == {"num-cpus": "1"}
+    assert learners["groupName"] == "learners" and learners["replicas"] == learners["maxReplicas"] == 2
+    assert learners["resources"] == {"CPU": "0", "GPU": "1", "dppo_learner": "1"}
+    container = learners["template"]["spec"]["containers"][0]
+    assert container["resources"] == {"requests": {"cpu": "4", "memory": "8Gi"},
+                                      "limits": {"memory": "8Gi", "nvidia.com/gpu": 1}}
+    assert learners["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "learner"
+    run = training_config(objects)["run"]
+    assert (run["learners"], run["learner_resource"], run["learner_threads"]) == (2, "dppo_learner", 4)
+    default = render(helm_bin)
+    assert len(one(default, "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"]) == 1
+    assert "learners" not in training_config(default)["run"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--set", "learners.replicas=1"], "learners.replicas=1: use 0"),
+    (["--set", "learners.replicas=3"], "learners.replicas=3 must divide ppo.minibatch_size=512"),
+    (["--set", "learners.replicas=-1"], "at '/learners/replicas': minimum"),
+    (["--set", "learners.memory=lots"], "at '/learners/memory'"),
+])
+def test_bad_learner_values_fail_at_render_time(helm_bin: str, args: list[str], message: str) -> None:
+    out = helm(helm_bin, "template", "r", str(CHART), *args)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
 
 
 def test_runtime_env_reaches_the_rayjob(helm_bin: str) -> None:

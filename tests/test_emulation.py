@@ -76,6 +76,15 @@ def flags(params: dict[str, str]) -> list[str]:
     return [f"--{key}={value}" for key, value in params.items()]
 
 
+def group_resource_flags(resources: dict[str, str]) -> list[str]:
+    """KubeRay's translation of a group's `resources` map: CPU and GPU become --num-cpus and --num-gpus,
+    the rest one --resources JSON object."""
+    args = [f"--num-cpus={resources['CPU']}"] if "CPU" in resources else []
+    args += [f"--num-gpus={resources['GPU']}"] if "GPU" in resources else []
+    custom = {k: float(v) for k, v in resources.items() if k not in ("CPU", "GPU", "memory")}
+    return args + ([f"--resources={json.dumps(custom)}"] if custom else [])
+
+
 def container_env(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
@@ -172,7 +181,6 @@ def start_rendered_cluster(local: LocalCluster, cluster: dict[str, Any], cluster
                            client: int, node_ports: list[int]) -> tuple[str, dict[str, str], str]:
     """The rendered head and worker pods as local processes; returns (dashboard address, env, token)."""
     head = cluster["headGroupSpec"]
-    (workers,) = cluster["workerGroupSpecs"]
     head_container = head["template"]["spec"]["containers"][0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
@@ -196,28 +204,31 @@ def start_rendered_cluster(local: LocalCluster, cluster: dict[str, Any], cluster
     while http_status(f"{address}/api/gcs_healthz") != 200:
         assert time.monotonic() < deadline, "head never became healthy\n" + local.logs()
         time.sleep(0.5)
-    worker_container = workers["template"]["spec"]["containers"][0]
     # Each pod has its own filesystem; here the nodes share one. Ray keeps runtime_env files (a working_dir
     # unpacked on every node) under the session directory, so each worker node gets a private one in its
     # own mount namespace: otherwise a worker's unpacking would replace the directory the learner runs in.
     resources = (cluster_root / "session_latest").resolve() / "runtime_resources"
     resources.mkdir(parents=True, exist_ok=True)
-    for i in range(workers["replicas"]):
-        p = node_ports[4 + 4 * i: 8 + 4 * i]
-        private = cluster_root / f"worker-{i}-runtime-resources"
-        private.mkdir()
-        own_files = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                     'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(private), str(resources)]
-        local.start([*own_files, ray, "start", f"--address=127.0.0.1:{gcs}", "--block",
-                     *flags(workers["rayStartParams"]),
-                     f"--metrics-export-port={p[0]}", f"--dashboard-agent-listen-port={p[1]}",
-                     f"--dashboard-agent-grpc-port={p[2]}", f"--runtime-env-agent-port={p[3]}",
-                     "--object-store-memory=100000000", "--node-ip-address=127.0.0.1",
-                     "--disable-usage-stats"],
-                    env | container_env(worker_container), f"worker-{i}.log")
-        # One at a time, as pods would usually come up: two raylets registering at once from one IP
-        # can time out on this small machine.
-        local.wait_for_log(f"worker-{i}.log", "Ray runtime started", timeout=120)
+    i = 0
+    for group in cluster["workerGroupSpecs"]:
+        worker_container = group["template"]["spec"]["containers"][0]
+        for _ in range(group["replicas"]):
+            p = node_ports[4 + 4 * i: 8 + 4 * i]
+            private = cluster_root / f"worker-{i}-runtime-resources"
+            private.mkdir()
+            own_files = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                         'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(private), str(resources)]
+            local.start([*own_files, ray, "start", f"--address=127.0.0.1:{gcs}", "--block",
+                         *flags(group["rayStartParams"]), *group_resource_flags(group.get("resources", {})),
+                         f"--metrics-export-port={p[0]}", f"--dashboard-agent-listen-port={p[1]}",
+                         f"--dashboard-agent-grpc-port={p[2]}", f"--runtime-env-agent-port={p[3]}",
+                         "--object-store-memory=100000000", "--node-ip-address=127.0.0.1",
+                         "--disable-usage-stats"],
+                        env | container_env(worker_container), f"worker-{i}.log")
+            # One at a time, as pods would usually come up: two raylets registering at once from one IP
+            # can time out on this small machine.
+            local.wait_for_log(f"worker-{i}.log", "Ray runtime started", timeout=120)
+            i += 1
     return address, env, token
 
 
@@ -427,3 +438,48 @@ def test_chart_trains_the_example_env_shipped_by_runtime_env(helm_bin: str, clus
             assert_actors_on_workers_only(address, env, workers, 2)
         finally:
             local.stop()
+
+
+@pytest.mark.timeout(420)
+def test_chart_runs_two_learner_pods(helm_bin: str, cluster_root: Path) -> None:
+    """learners.replicas=2: the rendered learner group as two more nodes; the run's two learners (one
+    torch.distributed gloo group) run there and only there, the actors only on the actor nodes."""
+    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 5)
+    objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "--set", f"metrics.port={metrics}",
+                     "--set", "metrics.lingerSeconds=0", "--set", "totalSteps=2048", "--set", "actors=2",
+                     "--set", "envsPerActor=4", "--set", "segmentLength=64", "--set", "learners.replicas=2",
+                     "--set", "learners.cpus=1", "--set", "config.ppo.minibatch_size=128")
+    spec = next(o for o in objects if o["kind"] == "RayJob")["spec"]
+    actor_group, learner_group = spec["rayClusterSpec"]["workerGroupSpecs"]
+    config = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap")["data"]["config.yaml"])
+    assert config["run"]["learners"] == 2
+    config["metrics"]["host"] = "127.0.0.1"
+    run_dir = cluster_root / "run"
+    config["run"]["run_dir"] = str(run_dir)
+    config_file = cluster_root / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    head_container = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    config_mount = next(m for m in head_container["volumeMounts"] if m["name"] == "config")["mountPath"]
+    entrypoint = spec["entrypoint"].replace(f"{config_mount}/config.yaml", str(config_file))
+    local = LocalCluster(cluster_root)
+    try:
+        address, env, _token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash,
+                                                      client, node_ports)
+        done = subprocess.run(["bash", "-c", f"{BIN / 'ray'} job submit --address {address} --submission-id "
+                               f"learners -- {entrypoint}"], env=env, capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr + local.logs()
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["env_steps"] >= 2048 and summary["learner_restarts"] == 0
+        nodes = {n["node_id"]: n for n in ray_list(address, env, "nodes")}
+        learner_nodes = {i for i, n in nodes.items() if "dppo_learner" in n["resources_total"]}
+        assert len(learner_nodes) == learner_group["replicas"] == 2
+        assert all(nodes[i]["resources_total"].get("CPU", 0) == 0 for i in learner_nodes)
+        actors = ray_list(address, env, "actors")
+        learners = [a for a in actors if a["class_name"] == "LearnerWorker"]
+        samplers = [a for a in actors if a["class_name"] not in ("LearnerWorker", "JobSupervisor")]
+        assert len(learners) == 2 and {a["node_id"] for a in learners} == learner_nodes, learners
+        assert len(samplers) >= actor_group["replicas"]
+        assert all(a["node_id"] not in learner_nodes and not nodes[a["node_id"]]["is_head_node"] for a in samplers)
+    finally:
+        local.stop()

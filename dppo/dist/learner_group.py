@@ -122,7 +122,10 @@ class LearnerGroup:
         world = self.config.run.learners
         device = group_device(self.config)
         gpus = 1 if device == "cuda" else 0
-        self.actors = [LearnerActor.options(num_cpus=self.config.run.learner_cpus, num_gpus=gpus).remote(
+        resource = self.config.run.learner_resource
+        placement = ({"num_cpus": 0, "resources": {resource: 1}} if resource
+                     else {"num_cpus": self.config.run.learner_cpus})
+        self.actors = [LearnerActor.options(num_gpus=gpus, **placement).remote(
             self.config, self.obs_space, self.action_space, rank, world, device) for rank in range(world)]
         address = ray.get(self.actors[0].rendezvous.remote())
         ray.get([a.join.remote(address) for a in self.actors])

@@ -107,7 +107,22 @@ The full training config: the preset for .Values.env (as `dppo train --env` pick
 {{- if not (kindIs "invalid" .Values.totalSteps) }}{{ $_ := set $managed.run "total_steps" (int64 .Values.totalSteps) }}{{ end }}
 {{- if not (kindIs "invalid" .Values.targetReturn) }}{{ $_ := set $managed.run "target_return" .Values.targetReturn }}{{ end }}
 {{- if not (kindIs "invalid" .Values.seed) }}{{ $_ := set $managed.run "seed" (int .Values.seed) }}{{ end }}
+{{- $learners := int .Values.learners.replicas }}
+{{- if eq $learners 1 }}
+{{- fail "learners.replicas=1: use 0 (the update runs in the driver on the head) or 2 and more data-parallel learner pods" }}
+{{- end }}
+{{- if gt $learners 1 }}
+{{- $_ := set $managed.run "learners" $learners }}
+{{- $_ := set $managed.run "learner_resource" "dppo_learner" }}
+{{- $_ := set $managed.run "learner_threads" (int .Values.learners.cpus) }}
+{{- end }}
 {{- $config := mustMergeOverwrite (deepCopy $preset) (deepCopy .Values.config) $managed }}
+{{- if gt $learners 1 }}
+{{- $minibatch := int ((($config.ppo | default dict)).minibatch_size | default 0) }}
+{{- if and (gt $minibatch 0) (ne (mod $minibatch $learners) 0) }}
+{{- fail (printf "learners.replicas=%d must divide ppo.minibatch_size=%d (each learner takes an equal share of every minibatch); set config.ppo.minibatch_size to a multiple of %d" $learners $minibatch $learners) }}
+{{- end }}
+{{- end }}
 {{- toYaml $config }}
 {{- end }}
 
