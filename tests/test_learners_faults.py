@@ -80,3 +80,19 @@ def test_learner_crash_loop_exits_1_with_a_checkpoint(ray_address: str, tmp_path
     assert json.loads((run_dir / "summary.json").read_text())["reason"] == "error"
     found = newest_intact(run_dir / "checkpoints")
     assert found is not None and found[1]["counters"]["env_steps"] >= 2 * BATCH
+
+
+def test_restart_budget_slides_its_window() -> None:
+    """Restarts older than the window no longer count; one over the limit inside it ends the run."""
+    import time
+
+    from dppo.dist.learner import RestartBudget, RunFailure
+
+    budget = RestartBudget("learner", 2, "faults.max_learner_restarts", window_s=0.3)
+    budget.spend(RuntimeError("one"))
+    budget.spend(RuntimeError("two"))
+    with pytest.raises(RunFailure, match=r"3 learner restarts within 0.3s exceeds faults.max_learner_restarts=2; "
+                                         r"last: three"):
+        budget.spend(RuntimeError("three"))
+    time.sleep(0.35)
+    budget.spend(RuntimeError("after the window"))  # the three above slid out

@@ -49,6 +49,24 @@ class Stop(Exception):
     """SIGTERM/SIGINT arrived: finish with a checkpoint."""
 
 
+class RestartBudget:
+    """At most ``limit`` restarts within a sliding window of ``window_s`` seconds: a crash loop ends the run."""
+
+    def __init__(self, what: str, limit: int, limit_key: str, window_s: float) -> None:
+        self.what, self.limit, self.limit_key, self.window_s = what, limit, limit_key, window_s
+        self.times: deque[float] = deque()
+
+    def spend(self, err: Exception) -> None:
+        """Count one restart now; RunFailure when the window holds more than the limit."""
+        now = time.monotonic()
+        self.times.append(now)
+        while self.times and now - self.times[0] > self.window_s:
+            self.times.popleft()
+        if len(self.times) > self.limit:
+            raise RunFailure(f"{len(self.times)} {self.what} restarts within {self.window_s:g}s exceeds "
+                             f"{self.limit_key}={self.limit}; last: {err}")
+
+
 @dataclass
 class Counters:
     """Everything that must continue unchanged after a resume."""
@@ -107,10 +125,13 @@ class Learner:
         self.store = CheckpointStore(run_dir / "checkpoints", config.run.keep_checkpoints)
         self.metrics = Metrics(config.env.name, self.name)
         self.actors: list[ray.actor.ActorHandle] = []
-        self.restart_times: deque[float] = deque()
+        faults = config.faults
+        self.actor_restart_budget = RestartBudget("actor", faults.max_actor_restarts, "faults.max_actor_restarts",
+                                                  faults.restart_window_s)
+        self.learner_restart_budget = RestartBudget("learner", faults.max_learner_restarts,
+                                                    "faults.max_learner_restarts", faults.restart_window_s)
         self.faults = {"actor_restarts": 0, "learner_restarts": 0, "segments_dropped": 0,
                        "updates_skipped": 0}  # this process only
-        self.learner_restart_times: deque[float] = deque()
         self.actor_spawns = 0
         self.stop_signal: int | None = None
         self.tensorboard: TensorBoardLog | None = None  # opened by run(): nothing is written before
@@ -209,13 +230,7 @@ class Learner:
         """Replace the whole group (its process group is broken) within the restart budget, then retry the
         iteration on the same segments: weights from the driver's copy of the last update (what a surviving
         learner holds), optimizer state from the last checkpoint (the driver's own before the first)."""
-        now, window = time.monotonic(), self.config.faults.restart_window_s
-        self.learner_restart_times.append(now)
-        while self.learner_restart_times and now - self.learner_restart_times[0] > window:
-            self.learner_restart_times.popleft()
-        if len(self.learner_restart_times) > self.config.faults.max_learner_restarts:
-            raise RunFailure(f"{len(self.learner_restart_times)} learner restarts within {window:g}s exceeds "
-                             f"faults.max_learner_restarts={self.config.faults.max_learner_restarts}; last: {err}")
+        self.learner_restart_budget.spend(err)
         self.output.message(f"{err}; restarting the {self.config.run.learners} learners")
         intact = self.store.newest_intact()
         trainer_state = intact[1]["trainer"] if intact is not None else self.trainer.state_dict()
@@ -289,14 +304,7 @@ class Learner:
 
     def _replace(self, index: int, err: Exception) -> None:
         """A dead actor (killed, OOM, node lost): start a fresh one in its slot, within the restart budget."""
-        now = time.monotonic()
-        window = self.config.faults.restart_window_s
-        self.restart_times.append(now)
-        while self.restart_times and now - self.restart_times[0] > window:
-            self.restart_times.popleft()
-        if len(self.restart_times) > self.config.faults.max_actor_restarts:
-            raise RunFailure(f"{len(self.restart_times)} actor restarts within {window:g}s exceeds "
-                             f"faults.max_actor_restarts={self.config.faults.max_actor_restarts}; last: {err}")
+        self.actor_restart_budget.spend(err)
         why = str(err).strip().splitlines()[0] if str(err).strip() else ""
         self.output.message(f"actor {index} died ({type(err).__name__}: {why}); starting a replacement")
         self.metrics.actor_restarts.labels(actor=str(index)).inc()
