@@ -316,12 +316,15 @@ def run_train(argv: list[str], run_dir: Path, timeout_s: float) -> Row:
             proc.kill()
             proc.communicate()
             raise UsageError(f"`{shlex.join(cmd)}` ran past --timeout {timeout_s:g}s") from None
-    wall = time.perf_counter() - start
+    wall, ended_at = time.perf_counter() - start, time.time()
     if proc.returncode != 0:
         last = (stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"`{shlex.join(cmd)}` exited {proc.returncode}: {last}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"wall_s": round(wall, 2), "train_s": summary["wall_s"], "startup_s": round(wall - summary["wall_s"], 2),
+    phases = summary.get("startup_s") or {}
+    return {"wall_s": round(wall, 2), "train_s": summary["wall_s"], "startup_s": round(sum(phases.values()), 2),
+            "phases": phases, "first_iteration_s": summary.get("first_iteration_s"),
+            "exit_s": round(ended_at - summary["finished_at"], 2) if "finished_at" in summary else None,
             "env_steps": summary["env_steps"], "iterations": summary["iterations"], "solved": summary["solved"],
             "episode_return_mean": summary["episode_return_mean"], "peak_rss_mib": memory.peak["rss_mib"],
             "peak_pss_mib": memory.peak["pss_mib"], "processes": memory.peak["processes"], "run_dir": str(run_dir)}
@@ -349,6 +352,11 @@ def bench_solve(actor_counts: list[int], env_id: str = "CartPole-v1", repeats: i
         rows.append({
             "env": env_id, "actors": count, "repeats": repeats, "solved": sum(r["solved"] for r in runs),
             "wall_s": _spread([r["wall_s"] for r in runs]), "train_s": _spread([r["train_s"] for r in runs]),
+            "startup_s": _spread([r["startup_s"] for r in runs]),
+            "first_iteration_s": _spread([r["first_iteration_s"] or 0.0 for r in runs]),
+            "exit_s": _spread([r["exit_s"] or 0.0 for r in runs]),
+            "phases": {k: round(statistics.median(r["phases"].get(k, 0.0) for r in runs), 3)
+                       for k in runs[0]["phases"]},
             "env_steps": _spread([r["env_steps"] for r in runs]),
             "peak_rss_mib": _spread([r["peak_rss_mib"] for r in runs]),
             "peak_pss_mib": _spread([r["peak_pss_mib"] for r in runs]), "runs": runs,
@@ -784,7 +792,15 @@ def cmd_solve(args: argparse.Namespace) -> int:
             "median (min-max) over the seeds. Peak memory: summed RSS / PSS over the run's whole process tree "
             "(learner, actors, Ray's own processes), sampled every 0.5 s. The figure shows the first seed of "
             "each actor count.")
-    columns = ["actors", "repeats", "solved", "wall_s", "train_s", "env_steps", "peak_rss_mib", "peak_pss_mib"]
+    columns = ["actors", "repeats", "solved", "wall_s", "startup_s", "train_s", "first_iteration_s", "exit_s",
+               "env_steps", "peak_rss_mib", "peak_pss_mib"]
+    phase_names = list(rows[0]["phases"])
+    note += ("\n\nStart-up, phase by phase (median seconds; `launch`: interpreter and CLI load until `dppo train` "
+             "runs, `config`: config and preset, `imports`: torch, Ray and the learner, `ray_init`: the local Ray "
+             "start or the join, `learner`: model, optimizer and env spaces, `actors`: spawn every actor and wait "
+             "until it has made its envs; then `first_iteration_s` of training, the first weights and segments, and "
+             "`exit_s` from summary.json to the process's end):\n\n"
+             + table([{"actors": r["actors"], **r["phases"]} for r in rows], ["actors", *phase_names]))
     actors = " vs ".join(str(c) for c in counts) + (" actor" if counts == [1] else " actors")
     emit(args, rows, columns, key, f"Time to solve {env_id}, {actors}", note, info, figure)
     return 0

@@ -222,19 +222,28 @@ def connect_ray(config: Any) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from dppo.ops.startup import PhaseClock
+
+    clock = PhaseClock()  # start-up phases, reported in summary.json
     import_from_cwd()
     warnings.filterwarnings("ignore", module="gymnasium")  # env-checker chatter; errors still surface
     config, run_dir, resume_state = prepare_train(args)
+    clock.mark("config")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     from dppo.dist.learner import Learner, RunFailure
 
+    clock.mark("imports")
     connect_ray(config)
+    clock.mark("ray_init")
     learner = Learner(config, run_dir, resume_state)
+    clock.mark("learner")
     try:
         learner.start_actors()  # every actor made its envs: a module missing on a worker is bad input
     except RunFailure as err:
         print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
         return 1
+    clock.mark("actors")
+    learner.startup_s = clock.phases
     run_dir.mkdir(parents=True, exist_ok=True)
     from dppo.ops.checkpoint import atomic_write
 

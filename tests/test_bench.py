@@ -119,8 +119,13 @@ def test_solve_command_runs_train_and_draws_the_figure(ray_address: str, tmp_pat
     assert row["actors"] == 1 and row["repeats"] == 1 and row["solved"] == 0
     (run,) = row["runs"]
     assert run["env_steps"] == 64 and run["wall_s"] >= run["train_s"] > 0 and run["peak_rss_mib"] > 0
+    assert list(run["phases"]) == ["launch", "config", "imports", "ray_init", "learner", "actors"]
+    assert all(v >= 0 for v in run["phases"].values()) and run["phases"]["actors"] > 0
+    assert run["first_iteration_s"] > 0 and run["exit_s"] >= 0
+    assert run["startup_s"] + run["train_s"] + run["exit_s"] <= run["wall_s"] + 0.5  # the parts fit the whole
     assert (tmp_path / "bench-solve-CartPole-v1.png").stat().st_size > 0
     assert "![Time to solve CartPole-v1, 1 actor](bench-solve-CartPole-v1.png)" in docs.read_text()
+    assert "Start-up, phase by phase" in docs.read_text()
 
 
 def test_update_on_a_missing_gpu_is_a_usage_error(ray_address: str) -> None:

@@ -136,6 +136,8 @@ class Learner:
         self.stop_signal: int | None = None
         self.tensorboard: TensorBoardLog | None = None  # opened by run(): nothing is written before
         self.group: LearnerGroup | None = None  # run.learners > 1: the update runs there
+        self.first_iteration_s: float | None = None
+        self.startup_s: dict[str, float] = {}  # start-up phases (set by `dppo train`), into summary.json
         self.segment_refs: list[ray.ObjectRef] = []  # the last gathered segments, in order
         if resume_state is not None:
             self.restore(resume_state)
@@ -337,6 +339,8 @@ class Learner:
         self._merge_stats(segments)
         self.recent_returns.extend(returns.tolist())
         self.recent_lengths.extend(lengths.tolist())
+        if self.first_iteration_s is None:  # this process's first round: first weights, first segments
+            self.first_iteration_s = round(time.perf_counter() - iteration_start, 3)
         c.iteration += 1
         c.env_steps += steps
         c.episodes += len(returns)
@@ -402,6 +406,8 @@ class Learner:
             "actor_restarts": self.faults["actor_restarts"], "learner_restarts": self.faults["learner_restarts"],
             "segments_dropped": self.faults["segments_dropped"],
             "updates_skipped": self.faults["updates_skipped"],
+            "startup_s": self.startup_s, "first_iteration_s": self.first_iteration_s,
+            "finished_at": time.time(),  # epoch seconds: what follows (shutdown, exit) is the process's end
         })
         atomic_write(self.run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
         return summary
