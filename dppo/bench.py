@@ -330,15 +330,63 @@ def run_train(argv: list[str], run_dir: Path, timeout_s: float) -> Row:
             "peak_pss_mib": memory.peak["pss_mib"], "processes": memory.peak["processes"], "run_dir": str(run_dir)}
 
 
+def run_reference(env_id: str, seed: int, envs: int, out_dir: Path, timeout_s: float,
+                  sets: list[str] | None = None) -> Row:
+    """Stable-Baselines3's PPO on the same preset in one process (dppo.bench_reference), timed as run_train."""
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        raise UsageError("--reference needs Stable-Baselines3 in this environment: pip install 'dppo[bench]'") from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"reference-seed{seed}.json"
+    cmd = [sys.executable, "-m", "dppo.bench_reference", "--env", env_id, "--seed", str(seed), "--envs", str(envs),
+           "--out", str(out), *(arg for item in sets or [] for arg in ("--set", item))]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with PeakMemory(lambda: [proc.pid]) as memory:
+        try:
+            _, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise UsageError(f"`{shlex.join(cmd)}` ran past --timeout {timeout_s:g}s") from None
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"`{shlex.join(cmd)}` exited {proc.returncode}: {last}")
+    summary = json.loads(out.read_text())
+    return {"wall_s": round(wall, 2), "train_s": summary["train_s"], "startup_s": summary["startup_s"],
+            "env_steps": summary["env_steps"], "solved": summary["solved"],
+            "episode_return_mean": summary["episode_return_mean"], "peak_rss_mib": memory.peak["rss_mib"],
+            "peak_pss_mib": memory.peak["pss_mib"], "processes": memory.peak["processes"]}
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
 
 
 def bench_solve(actor_counts: list[int], env_id: str = "CartPole-v1", repeats: int = 3, seed: int = 1,
                 out_dir: Path = Path("runs/bench-solve"), address: str | None = None,
-                train_args: list[str] | None = None, timeout_s: float = 600.0) -> list[Row]:
-    """Rows per actor count: wall time (launch to exit) and env steps to the target, median and range."""
+                train_args: list[str] | None = None, timeout_s: float = 600.0, reference: bool = False) -> list[Row]:
+    """Rows per actor count: wall time (launch to exit) and env steps to the target, median and range. With
+    ``reference``, first a row of Stable-Baselines3's single-process PPO on the same preset and seeds, and
+    every row's ``vs_reference`` = its median wall time over the reference's (the same run, same machine)."""
+    from dppo.config import load_config
+
     rows = []
+    if reference:
+        args = train_args or []
+        sets = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--set"]  # the same overrides
+        preset = load_config(overrides={"env.id": env_id}, sets=sets)
+        envs = preset.run.actors * preset.env.num_envs
+        runs = [run_reference(env_id, seed + r, envs, out_dir, timeout_s, sets) for r in range(repeats)]
+        rows.append({"env": env_id, "actors": f"SB3 PPO, 1 process, {envs} envs", "repeats": repeats,
+                     "solved": sum(r["solved"] for r in runs), "wall_s": _spread([r["wall_s"] for r in runs]),
+                     "train_s": _spread([r["train_s"] for r in runs]),
+                     "startup_s": _spread([r["startup_s"] for r in runs]),
+                     "env_steps": _spread([r["env_steps"] for r in runs]),
+                     "peak_rss_mib": _spread([r["peak_rss_mib"] for r in runs]),
+                     "peak_pss_mib": _spread([r["peak_pss_mib"] for r in runs]), "runs": runs, "vs_reference": 1.0})
     for count in actor_counts:
         runs = []
         for r in range(repeats):
@@ -361,6 +409,8 @@ def bench_solve(actor_counts: list[int], env_id: str = "CartPole-v1", repeats: i
             "peak_rss_mib": _spread([r["peak_rss_mib"] for r in runs]),
             "peak_pss_mib": _spread([r["peak_pss_mib"] for r in runs]), "runs": runs,
         })
+        if reference:
+            rows[-1]["vs_reference"] = round(rows[-1]["wall_s"]["median"] / rows[0]["wall_s"]["median"], 3)
     return rows
 
 
@@ -685,6 +735,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     solve.add_argument("--figure", type=Path, help="the return-vs-time figure (default: docs/bench-<section>.png "
                        "with --write-docs, else <out-dir>/solve.png)")
     solve.add_argument("--timeout", type=_positive(float, "--timeout"), default=600.0, help="seconds per run")
+    solve.add_argument("--reference", action="store_true",
+                       help="also time Stable-Baselines3's single-process PPO on the same preset and seeds "
+                       "(pip install 'dppo[bench]')")
     solve.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                        help="config override passed to every `dppo train` (repeatable)")
     _common(solve)
@@ -779,13 +832,14 @@ def cmd_solve(args: argparse.Namespace) -> int:
     out_dir = args.out_dir or Path("runs") / f"bench-solve-{stamp}"
     info = machine()
     rows = bench_solve(counts, env_id, args.repeats, args.seed, out_dir, args.address,
-                       [arg for item in args.sets for arg in ("--set", item)], args.timeout)
+                       [arg for item in args.sets for arg in ("--set", item)], args.timeout, args.reference)
+    ours = [row for row in rows if "phases" in row]  # dppo's rows (not the reference's)
     key = args.section or f"solve-{env_id}"
     figure = args.figure or (Path(args.write_docs).parent / f"bench-{key}.png" if args.write_docs
                              else out_dir / "solve.png")
     from dppo.plot import plot_runs
 
-    plot_runs([Path(row["runs"][0]["run_dir"]) for row in rows], figure)  # the first seed of each actor count
+    plot_runs([Path(row["runs"][0]["run_dir"]) for row in ours], figure)  # the first seed of each actor count
     print(f"figure: {figure}", flush=True)
     note = ("Each run is a `dppo train` subprocess: `wall_s` is from launch to exit (imports, Ray start-up, "
             "actor start and shutdown included), `train_s` the training loop alone (summary.json). Cells: "
@@ -794,13 +848,19 @@ def cmd_solve(args: argparse.Namespace) -> int:
             "each actor count.")
     columns = ["actors", "repeats", "solved", "wall_s", "startup_s", "train_s", "first_iteration_s", "exit_s",
                "env_steps", "peak_rss_mib", "peak_pss_mib"]
-    phase_names = list(rows[0]["phases"])
+    phase_names = list(ours[0]["phases"])
     note += ("\n\nStart-up, phase by phase (median seconds; `launch`: interpreter and CLI load until `dppo train` "
              "runs, `config`: config and preset, `imports`: torch, Ray and the learner, `ray_init`: the local Ray "
              "start or the join, `learner`: model, optimizer and env spaces, `actors`: spawn every actor and wait "
              "until it has made its envs; then `first_iteration_s` of training, the first weights and segments, and "
              "`exit_s` from summary.json to the process's end):\n\n"
-             + table([{"actors": r["actors"], **r["phases"]} for r in rows], ["actors", *phase_names]))
+             + table([{"actors": r["actors"], **r["phases"]} for r in ours], ["actors", *phase_names]))
+    if args.reference:
+        columns.insert(4, "vs_reference")
+        note += ("\n\nThe first row is the reference: Stable-Baselines3's PPO in one process with the same preset "
+                 "(same envs in all, segment length, epochs, minibatch, learning-rate schedule, gamma, lambda, clip, "
+                 "coefficients, network; SB3's own target-KL rule) until the same target over its last 100 "
+                 "episodes (dppo/bench_reference.py); `vs_reference` = median wall time over the reference's.")
     actors = " vs ".join(str(c) for c in counts) + (" actor" if counts == [1] else " actors")
     emit(args, rows, columns, key, f"Time to solve {env_id}, {actors}", note, info, figure)
     return 0

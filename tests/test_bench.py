@@ -140,6 +140,23 @@ def test_update_on_a_missing_gpu_is_a_usage_error(ray_address: str) -> None:
             run_bench(argv)
 
 
+def test_solve_with_the_reference_times_sb3_on_the_same_preset(ray_address: str, tmp_path: Path) -> None:
+    """--reference: a first row of Stable-Baselines3's PPO in one process with the same preset and overrides,
+    and every row's wall time over the reference's."""
+    out = tmp_path / "solve.json"
+    argv = ["solve", "--actors", "1", "--repeats", "1", "--out-dir", str(tmp_path / "runs"), "--reference",
+            "--set", "run.total_steps=256", "--set", "env.num_envs=2", "--set", "ppo.segment_length=16",
+            "--set", "ppo.minibatch_size=16", "--json", str(out), "--address", ray_address]
+    assert run_bench(argv) == 0
+    reference, ours = json.loads(out.read_text())
+    # the preset's run.actors (2) x env.num_envs (2): the envs of `make demo`'s run
+    assert reference["actors"] == "SB3 PPO, 1 process, 4 envs" and reference["vs_reference"] == 1.0
+    (run,) = reference["runs"]
+    assert run["env_steps"] == 256 and run["wall_s"] > run["train_s"] > 0 and not run["solved"]
+    assert ours["actors"] == 1 and ours["runs"][0]["env_steps"] == 256
+    assert ours["vs_reference"] == round(ours["wall_s"]["median"] / reference["wall_s"]["median"], 3)
+
+
 def test_update_uses_the_preset_minibatch(ray_address: str) -> None:
     (row,) = bench_update([[8]], actors=1, envs_per_actor=8, segment_length=64, iterations=1, address=ray_address)
     assert row["minibatch_size"] == load_config().ppo.minibatch_size
