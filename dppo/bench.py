@@ -851,9 +851,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
     phase_names = list(ours[0]["phases"])
     note += ("\n\nStart-up, phase by phase (median seconds; `launch`: interpreter and CLI load until `dppo train` "
              "runs, `config`: config and preset, `imports`: torch, Ray and the learner, `ray_init`: the local Ray "
-             "start or the join, `learner`: model, optimizer and env spaces, `actors`: spawn every actor and wait "
-             "until it has made its envs; then `first_iteration_s` of training, the first weights and segments, and "
-             "`exit_s` from summary.json to the process's end):\n\n"
+             "start or the join, `learner`: model, optimizer and env spaces, `actors_ready`: spawn every actor and "
+             "wait until it has made its envs; then `first_iteration_s` of training, the first weights and "
+             "segments, and `exit_s` from summary.json to the process's end):\n\n"
              + table([{"actors": r["actors"], **r["phases"]} for r in ours], ["actors", *phase_names]))
     if args.reference:
         columns.insert(4, "vs_reference")
