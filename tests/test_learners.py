@@ -80,6 +80,22 @@ def test_learners_use_gpus_only_with_one_per_learner(ray_address: str) -> None:
             group_device(config(2, **{"run.device": "cuda"}))
 
 
+def test_cuda_learners_without_gpus_are_bad_input(tmp_path: Path, ray_address: str) -> None:
+    """`dppo train --set run.learners=2 --set run.device=cuda` on a cluster without 2 GPUs: exit 2, one line,
+    nothing written."""
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run_dir),
+                           "--set", "run.learners=2", "--set", "run.device=cuda", "--total-steps", "1024"],
+                          capture_output=True, text=True, timeout=300)
+    if gpus >= 2:
+        assert done.returncode == 0, done.stderr
+        return
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"needs a GPU per learner, but the Ray cluster has {gpus}" in done.stderr
+    assert not run_dir.exists()
+
+
 def test_minibatch_must_split_over_the_learners() -> None:
     from dppo.config import ConfigError
 
