@@ -304,9 +304,8 @@ def bench_sampling(actor_counts: list[int], env_id: str = "CartPole-v1", envs_pe
 
 
 # ---- solve -------------------------------------------------------------------------------------------
-def run_train(argv: list[str], run_dir: Path, timeout_s: float) -> Row:
-    """One `dppo train` subprocess: wall time from launch to exit (start-up included) and peak memory."""
-    cmd = [sys.executable, "-m", "dppo", "train", *argv, "--run-dir", str(run_dir)]
+def _timed_subprocess(cmd: list[str], timeout_s: float) -> tuple[float, float, PeakMemory]:
+    """Run ``cmd`` to its end: wall seconds from launch to exit, the epoch time it ended, its tree's peak memory."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     with PeakMemory(lambda: [proc.pid]) as memory:
@@ -320,14 +319,25 @@ def run_train(argv: list[str], run_dir: Path, timeout_s: float) -> Row:
     if proc.returncode != 0:
         last = (stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"`{shlex.join(cmd)}` exited {proc.returncode}: {last}")
+    return wall, ended_at, memory
+
+
+def _memory_cells(memory: PeakMemory) -> Row:
+    return {"peak_rss_mib": memory.peak["rss_mib"], "peak_pss_mib": memory.peak["pss_mib"],
+            "processes": memory.peak["processes"]}
+
+
+def run_train(argv: list[str], run_dir: Path, timeout_s: float) -> Row:
+    """One `dppo train` subprocess: wall time from launch to exit (start-up included) and peak memory."""
+    cmd = [sys.executable, "-m", "dppo", "train", *argv, "--run-dir", str(run_dir)]
+    wall, ended_at, memory = _timed_subprocess(cmd, timeout_s)
     summary = json.loads((run_dir / "summary.json").read_text())
-    phases = summary.get("startup_s") or {}
+    phases = summary["startup_s"]
     return {"wall_s": round(wall, 2), "train_s": summary["wall_s"], "startup_s": round(sum(phases.values()), 2),
-            "phases": phases, "first_iteration_s": summary.get("first_iteration_s"),
-            "exit_s": round(ended_at - summary["finished_at"], 2) if "finished_at" in summary else None,
+            "phases": phases, "first_iteration_s": summary["first_iteration_s"],
+            "exit_s": round(ended_at - summary["finished_at"], 2),
             "env_steps": summary["env_steps"], "iterations": summary["iterations"], "solved": summary["solved"],
-            "episode_return_mean": summary["episode_return_mean"], "peak_rss_mib": memory.peak["rss_mib"],
-            "peak_pss_mib": memory.peak["pss_mib"], "processes": memory.peak["processes"], "run_dir": str(run_dir)}
+            "episode_return_mean": summary["episode_return_mean"], **_memory_cells(memory), "run_dir": str(run_dir)}
 
 
 def run_reference(env_id: str, seed: int, envs: int, out_dir: Path, timeout_s: float,
@@ -341,76 +351,55 @@ def run_reference(env_id: str, seed: int, envs: int, out_dir: Path, timeout_s: f
     out = out_dir / f"reference-seed{seed}.json"
     cmd = [sys.executable, "-m", "dppo.bench_reference", "--env", env_id, "--seed", str(seed), "--envs", str(envs),
            "--out", str(out), *(arg for item in sets or [] for arg in ("--set", item))]
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    with PeakMemory(lambda: [proc.pid]) as memory:
-        try:
-            _, stderr = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise UsageError(f"`{shlex.join(cmd)}` ran past --timeout {timeout_s:g}s") from None
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        last = (stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"`{shlex.join(cmd)}` exited {proc.returncode}: {last}")
+    wall, _ended_at, memory = _timed_subprocess(cmd, timeout_s)
     summary = json.loads(out.read_text())
     return {"wall_s": round(wall, 2), "train_s": summary["train_s"], "startup_s": summary["startup_s"],
             "env_steps": summary["env_steps"], "solved": summary["solved"],
-            "episode_return_mean": summary["episode_return_mean"], "peak_rss_mib": memory.peak["rss_mib"],
-            "peak_pss_mib": memory.peak["pss_mib"], "processes": memory.peak["processes"]}
+            "episode_return_mean": summary["episode_return_mean"], **_memory_cells(memory)}
 
 
 def _spread(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
 
 
+def _solve_row(env_id: str, actors: int | str, runs: list[Row], keys: tuple[str, ...]) -> Row:
+    """Median (min-max) over the seeds of each key, the solved count, and the runs themselves."""
+    return {"env": env_id, "actors": actors, "repeats": len(runs), "solved": sum(r["solved"] for r in runs),
+            **{key: _spread([r[key] for r in runs]) for key in keys}, "runs": runs}
+
+
 def bench_solve(actor_counts: list[int], env_id: str = "CartPole-v1", repeats: int = 3, seed: int = 1,
                 out_dir: Path = Path("runs/bench-solve"), address: str | None = None,
-                train_args: list[str] | None = None, timeout_s: float = 600.0, reference: bool = False) -> list[Row]:
+                sets: list[str] | None = None, timeout_s: float = 600.0, reference: bool = False) -> list[Row]:
     """Rows per actor count: wall time (launch to exit) and env steps to the target, median and range. With
-    ``reference``, first a row of Stable-Baselines3's single-process PPO on the same preset and seeds, and
-    every row's ``vs_reference`` = its median wall time over the reference's (the same run, same machine)."""
+    ``reference``, first a row of Stable-Baselines3's single-process PPO on the same preset, overrides and
+    seeds, and every row's ``vs_reference`` = its median wall time over the reference's (same run, same machine)."""
     from dppo.config import load_config
 
+    common = ("wall_s", "train_s", "startup_s", "env_steps", "peak_rss_mib", "peak_pss_mib")
     rows = []
     if reference:
-        args = train_args or []
-        sets = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--set"]  # the same overrides
         preset = load_config(overrides={"env.id": env_id}, sets=sets)
         envs = preset.run.actors * preset.env.num_envs
         runs = [run_reference(env_id, seed + r, envs, out_dir, timeout_s, sets) for r in range(repeats)]
-        rows.append({"env": env_id, "actors": f"SB3 PPO, 1 process, {envs} envs", "repeats": repeats,
-                     "solved": sum(r["solved"] for r in runs), "wall_s": _spread([r["wall_s"] for r in runs]),
-                     "train_s": _spread([r["train_s"] for r in runs]),
-                     "startup_s": _spread([r["startup_s"] for r in runs]),
-                     "env_steps": _spread([r["env_steps"] for r in runs]),
-                     "peak_rss_mib": _spread([r["peak_rss_mib"] for r in runs]),
-                     "peak_pss_mib": _spread([r["peak_pss_mib"] for r in runs]), "runs": runs, "vs_reference": 1.0})
+        rows.append({**_solve_row(env_id, f"SB3 PPO, 1 process, {envs} envs", runs, common), "vs_reference": 1.0})
     for count in actor_counts:
         runs = []
         for r in range(repeats):
             run_dir = out_dir / f"actors{count}-seed{seed + r}"
             if run_dir.exists():
                 raise UsageError(f"{run_dir} already exists; pass another --out-dir or remove it")
-            argv = ["--env", env_id, "--actors", str(count), "--seed", str(seed + r), *(train_args or [])]
+            argv = ["--env", env_id, "--actors", str(count), "--seed", str(seed + r),
+                    *(arg for item in sets or [] for arg in ("--set", item))]
             if address:
                 argv += ["--address", address]
             runs.append(run_train(argv, run_dir, timeout_s))
-        rows.append({
-            "env": env_id, "actors": count, "repeats": repeats, "solved": sum(r["solved"] for r in runs),
-            "wall_s": _spread([r["wall_s"] for r in runs]), "train_s": _spread([r["train_s"] for r in runs]),
-            "startup_s": _spread([r["startup_s"] for r in runs]),
-            "first_iteration_s": _spread([r["first_iteration_s"] or 0.0 for r in runs]),
-            "exit_s": _spread([r["exit_s"] or 0.0 for r in runs]),
-            "phases": {k: round(statistics.median(r["phases"].get(k, 0.0) for r in runs), 3)
-                       for k in runs[0]["phases"]},
-            "env_steps": _spread([r["env_steps"] for r in runs]),
-            "peak_rss_mib": _spread([r["peak_rss_mib"] for r in runs]),
-            "peak_pss_mib": _spread([r["peak_pss_mib"] for r in runs]), "runs": runs,
-        })
+        row = _solve_row(env_id, count, runs, (*common, "exit_s"))
+        row["first_iteration_s"] = _spread([r["first_iteration_s"] or 0.0 for r in runs])  # None: no iteration ran
+        row["phases"] = {k: round(statistics.median(r["phases"][k] for r in runs), 3) for k in runs[0]["phases"]}
         if reference:
-            rows[-1]["vs_reference"] = round(rows[-1]["wall_s"]["median"] / rows[0]["wall_s"]["median"], 3)
+            row["vs_reference"] = round(row["wall_s"]["median"] / rows[0]["wall_s"]["median"], 3)
+        rows.append(row)
     return rows
 
 
@@ -451,7 +440,7 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
     config.run.actors = actors
     config.run.actor_num_cpus = actor_cpus(actors)
     env = make_env(config.env)
-    model = ActorCritic(env.observation_space, env.action_space, config.model).to(learner_device)
+    model = ActorCritic(env.observation_space, env.action_space, config.model)
     env.close()
     trainer = Trainer(model, config.ppo, 1_000_000, config.run.seed, learner_device)
     cpus = config.run.actor_num_cpus
@@ -831,9 +820,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out_dir = args.out_dir or Path("runs") / f"bench-solve-{stamp}"
     info = machine()
-    rows = bench_solve(counts, env_id, args.repeats, args.seed, out_dir, args.address,
-                       [arg for item in args.sets for arg in ("--set", item)], args.timeout, args.reference)
-    ours = [row for row in rows if "phases" in row]  # dppo's rows (not the reference's)
+    rows = bench_solve(counts, env_id, args.repeats, args.seed, out_dir, args.address, args.sets, args.timeout,
+                       args.reference)
+    ours = rows[1:] if args.reference else rows  # dppo's rows
     key = args.section or f"solve-{env_id}"
     figure = args.figure or (Path(args.write_docs).parent / f"bench-{key}.png" if args.write_docs
                              else out_dir / "solve.png")

@@ -236,10 +236,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     clock.mark("imports")
     connect_ray(config)
     clock.mark("ray_init")
-    if config.run.learners > 1:
-        from dppo.dist.learner_group import group_device
-
-        group_device(config)  # run.device=cuda without a GPU per learner: bad input, before anything is written
     learner = Learner(config, run_dir, resume_state)
     clock.mark("learner")
     try:

@@ -77,12 +77,12 @@ def flags(params: dict[str, str]) -> list[str]:
 
 
 def group_resource_flags(resources: dict[str, str]) -> list[str]:
-    """KubeRay's translation of a group's `resources` map: CPU and GPU become --num-cpus and --num-gpus,
-    the rest one --resources JSON object."""
-    args = [f"--num-cpus={resources['CPU']}"] if "CPU" in resources else []
-    args += [f"--num-gpus={resources['GPU']}"] if "GPU" in resources else []
-    custom = {k: float(v) for k, v in resources.items() if k not in ("CPU", "GPU", "memory")}
-    return args + ([f"--resources={json.dumps(custom)}"] if custom else [])
+    """KubeRay's translation of a group's `resources` map (the keys the chart sets): CPU and GPU become
+    --num-cpus and --num-gpus, the rest one --resources JSON object."""
+    named = {"CPU": "--num-cpus", "GPU": "--num-gpus"}
+    custom = {k: float(v) for k, v in resources.items() if k not in named}
+    return ([f"{flag}={resources[key]}" for key, flag in named.items() if key in resources]
+            + ([f"--resources={json.dumps(custom)}"] if custom else []))
 
 
 def container_env(container: dict[str, Any]) -> dict[str, str]:
@@ -230,6 +230,21 @@ def start_rendered_cluster(local: LocalCluster, cluster: dict[str, Any], cluster
             local.wait_for_log(f"worker-{i}.log", "Ray runtime started", timeout=120)
             i += 1
     return address, env, token
+
+
+def local_job(objects: list[dict[str, Any]], cluster_root: Path) -> tuple[dict[str, Any], dict[str, Any], Path, str]:
+    """The rendered RayJob's spec; the ConfigMap's config (metrics on 127.0.0.1, run dir under cluster_root)
+    written where the local head reads it; that run dir; the entrypoint pointed at the written config."""
+    spec = next(o for o in objects if o["kind"] == "RayJob")["spec"]
+    config = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap")["data"]["config.yaml"])
+    config["metrics"]["host"] = "127.0.0.1"
+    run_dir = cluster_root / "run"
+    config["run"]["run_dir"] = str(run_dir)
+    config_file = cluster_root / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    head_container = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    config_mount = next(m for m in head_container["volumeMounts"] if m["name"] == "config")["mountPath"]
+    return spec, config, run_dir, spec["entrypoint"].replace(f"{config_mount}/config.yaml", str(config_file))
 
 
 def ray_list(address: str, env: dict[str, str], what: str) -> list[dict[str, Any]]:
@@ -401,19 +416,10 @@ def test_chart_trains_the_example_env_shipped_by_runtime_env(helm_bin: str, clus
         objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "-f", str(example / "values.yaml"),
                          "--set", f"runtimeEnv.working_dir={url}", "--set", f"metrics.port={metrics}",
                          "--set", "metrics.lingerSeconds=0")
-        spec = next(o for o in objects if o["kind"] == "RayJob")["spec"]
+        spec, config, run_dir, entrypoint = local_job(objects, cluster_root)
         runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
         assert runtime_env == {"working_dir": url}
-        config = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap")["data"]["config.yaml"])
         assert config["env"]["id"] == "dppo_example_env:DppoExample/Corridor-v0"
-        config["metrics"]["host"] = "127.0.0.1"
-        run_dir = cluster_root / "run"
-        config["run"]["run_dir"] = str(run_dir)
-        config_file = cluster_root / "config.yaml"
-        config_file.write_text(yaml.safe_dump(config))
-        head_container = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-        config_mount = next(m for m in head_container["volumeMounts"] if m["name"] == "config")["mountPath"]
-        entrypoint = spec["entrypoint"].replace(f"{config_mount}/config.yaml", str(config_file))
         local = LocalCluster(cluster_root)
         try:
             address, env, token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash,
@@ -449,18 +455,9 @@ def test_chart_runs_two_learner_pods(helm_bin: str, cluster_root: Path) -> None:
                      "--set", "metrics.lingerSeconds=0", "--set", "totalSteps=2048", "--set", "actors=2",
                      "--set", "envsPerActor=4", "--set", "segmentLength=64", "--set", "learners.replicas=2",
                      "--set", "learners.cpus=1", "--set", "config.ppo.minibatch_size=128")
-    spec = next(o for o in objects if o["kind"] == "RayJob")["spec"]
+    spec, config, run_dir, entrypoint = local_job(objects, cluster_root)
     actor_group, learner_group = spec["rayClusterSpec"]["workerGroupSpecs"]
-    config = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap")["data"]["config.yaml"])
     assert config["run"]["learners"] == 2
-    config["metrics"]["host"] = "127.0.0.1"
-    run_dir = cluster_root / "run"
-    config["run"]["run_dir"] = str(run_dir)
-    config_file = cluster_root / "config.yaml"
-    config_file.write_text(yaml.safe_dump(config))
-    head_container = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    config_mount = next(m for m in head_container["volumeMounts"] if m["name"] == "config")["mountPath"]
-    entrypoint = spec["entrypoint"].replace(f"{config_mount}/config.yaml", str(config_file))
     local = LocalCluster(cluster_root)
     try:
         address, env, _token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash,

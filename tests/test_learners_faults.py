@@ -88,7 +88,7 @@ def test_restart_budget_slides_its_window() -> None:
 
     from dppo.dist.learner import RestartBudget, RunFailure
 
-    budget = RestartBudget("learner", 2, "faults.max_learner_restarts", window_s=0.3)
+    budget = RestartBudget("learner", 2, window_s=0.3)
     budget.spend(RuntimeError("one"))
     budget.spend(RuntimeError("two"))
     with pytest.raises(RunFailure, match=r"3 learner restarts within 0.3s exceeds faults.max_learner_restarts=2; "

@@ -21,16 +21,16 @@ import numpy as np
 import ray
 import torch
 
+from dppo.config import Config
 from dppo.dist.actor import Broadcast, start_actor
-from dppo.dist.learner_group import LearnerDied, LearnerGroup
+from dppo.dist.learner_group import LearnerDied, LearnerGroup, group_device
 from dppo.envs.make import EnvLoadError, env_spaces
 from dppo.errors import UsageError
-from dppo.rl.agent import export_weights
 from dppo.ops.checkpoint import CheckpointError, CheckpointStore, atomic_write
-from dppo.config import Config
 from dppo.ops.logs import IterationLog
 from dppo.ops.metrics import Metrics
 from dppo.ops.tensorboard import TensorBoardLog
+from dppo.rl.agent import export_weights
 from dppo.rl.model import ActorCritic
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.sampler import EnvFailure
@@ -52,8 +52,8 @@ class Stop(Exception):
 class RestartBudget:
     """At most ``limit`` restarts within a sliding window of ``window_s`` seconds: a crash loop ends the run."""
 
-    def __init__(self, what: str, limit: int, limit_key: str, window_s: float) -> None:
-        self.what, self.limit, self.limit_key, self.window_s = what, limit, limit_key, window_s
+    def __init__(self, what: str, limit: int, window_s: float) -> None:
+        self.what, self.limit, self.window_s = what, limit, window_s  # what: "actor" or "learner"
         self.times: deque[float] = deque()
 
     def spend(self, err: Exception) -> None:
@@ -64,7 +64,7 @@ class RestartBudget:
             self.times.popleft()
         if len(self.times) > self.limit:
             raise RunFailure(f"{len(self.times)} {self.what} restarts within {self.window_s:g}s exceeds "
-                             f"{self.limit_key}={self.limit}; last: {err}")
+                             f"faults.max_{self.what}_restarts={self.limit}; last: {err}")
 
 
 @dataclass
@@ -112,7 +112,10 @@ class Learner:
         torch.manual_seed(config.run.seed)
         torch.set_num_threads(config.run.learner_threads)
         np.random.seed(config.run.seed)
-        self.device = resolve_device(config.run.device)
+        # With run.learners > 1 the group trains (its device decided, bad input refused, before anything is
+        # written) and the driver only holds the weights it broadcasts, on the CPU.
+        self.learner_device = group_device(config) if config.run.learners > 1 else None
+        self.device = resolve_device(config.run.device) if self.learner_device is None else torch.device("cpu")
         self.obs_space, self.action_space = env_spaces(config)
         self.model = ActorCritic(self.obs_space, self.action_space, config.model)
         self.trainer = Trainer(self.model, config.ppo, config.num_iterations, config.run.seed, self.device)
@@ -126,10 +129,8 @@ class Learner:
         self.metrics = Metrics(config.env.name, self.name)
         self.actors: list[ray.actor.ActorHandle] = []
         faults = config.faults
-        self.actor_restart_budget = RestartBudget("actor", faults.max_actor_restarts, "faults.max_actor_restarts",
-                                                  faults.restart_window_s)
-        self.learner_restart_budget = RestartBudget("learner", faults.max_learner_restarts,
-                                                    "faults.max_learner_restarts", faults.restart_window_s)
+        self.actor_restart_budget = RestartBudget("actor", faults.max_actor_restarts, faults.restart_window_s)
+        self.learner_restart_budget = RestartBudget("learner", faults.max_learner_restarts, faults.restart_window_s)
         self.faults = {"actor_restarts": 0, "learner_restarts": 0, "segments_dropped": 0,
                        "updates_skipped": 0}  # this process only
         self.actor_spawns = 0
@@ -154,7 +155,7 @@ class Learner:
         if not self.actors:
             self.start_actors()
         if cfg.run.learners > 1:
-            self.group = LearnerGroup(cfg, self.obs_space, self.action_space)
+            self.group = LearnerGroup(cfg, self.obs_space, self.action_space, self.learner_device)
             self.group.load(self.model.state_dict(), self.trainer.state_dict())
         if cfg.run.tensorboard:
             resumed = self.counters.iteration > 0

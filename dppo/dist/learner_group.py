@@ -112,21 +112,21 @@ def group_device(config: Config) -> str:
 class LearnerGroup:
     """The driver's handle on L learners: start, join, load, update, read weights and state."""
 
-    def __init__(self, config: Config, obs_space: Any, action_space: Any) -> None:
+    def __init__(self, config: Config, obs_space: Any, action_space: Any, device: str | None = None) -> None:
         self.config, self.obs_space, self.action_space = config, obs_space, action_space
+        self.device = device or group_device(config)
         self.actors: list[ray.actor.ActorHandle] = []
         self.timings: list[tuple[float, float]] = []  # per rank: (update s, all-reduce s) of the last update
         self._start()
 
     def _start(self) -> None:
         world = self.config.run.learners
-        device = group_device(self.config)
-        gpus = 1 if device == "cuda" else 0
+        gpus = 1 if self.device == "cuda" else 0
         resource = self.config.run.learner_resource
         placement = ({"num_cpus": 0, "resources": {resource: 1}} if resource
                      else {"num_cpus": self.config.run.learner_cpus})
         self.actors = [LearnerActor.options(num_gpus=gpus, **placement).remote(
-            self.config, self.obs_space, self.action_space, rank, world, device) for rank in range(world)]
+            self.config, self.obs_space, self.action_space, rank, world, self.device) for rank in range(world)]
         address = ray.get(self.actors[0].rendezvous.remote())
         ray.get([a.join.remote(address) for a in self.actors])
 
@@ -159,7 +159,8 @@ class LearnerGroup:
         try:
             return ray.get(self.actors[0].weights.remote())
         except ray.exceptions.RayActorError as err:
-            raise LearnerDied(f"learner 0 died before exporting its weights: {str(err).strip().splitlines()[0]}") from err
+            why = str(err).strip().splitlines()[0]
+            raise LearnerDied(f"learner 0 died before exporting its weights: {why}") from err
 
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         return ray.get(self.actors[0].state.remote())
