@@ -752,8 +752,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     update.set_defaults(func=cmd_update)
 
     from dppo.bench_learn import register_learn
+    from dppo.bench_round import register_round
 
     register_learn(sub)
+    register_round(sub)
 
 
 def _argv(args: argparse.Namespace) -> None:

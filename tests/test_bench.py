@@ -169,3 +169,23 @@ def test_bad_input_is_a_usage_error(tmp_path: Path) -> None:
         run_bench(["sampling", "--env", "NoSuchEnv-v0"])
     with pytest.raises(SystemExit):
         run_bench(["sampling", "--iterations", "0"])
+
+
+def test_round_command_breaks_the_round_down(ray_address: str, tmp_path: Path) -> None:
+    out, docs = tmp_path / "round.json", tmp_path / "benchmarks.md"
+    argv = ["round", "--segment-lengths", "1,16", "--envs-per-actor", "2", "--iterations", "3", "--json", str(out),
+            "--write-docs", str(docs), "--address", ray_address]
+    assert run_bench(argv) == 0
+    short, long_ = json.loads(out.read_text())
+    for row in (short, long_):
+        assert row["round_ms"] >= row["sample_ms"] > 0 and row["overhead_ms"] > 0
+        assert row["round_ms"] >= row["broadcast_ms"] + row["submit_ms"]
+        assert row["actor_call_ms"] > 0 and row["weight_load_ms"] > 0
+        assert row["segment_buffers"] >= 1 and row["broadcast_buffers"] >= 1
+    # a Segment of CartPole holds 4 float32 observations per step and env: 16 steps carry at least 16x2x16 bytes
+    assert long_["segment_kib"] > short["segment_kib"] and long_["segment_kib"] * 1024 >= 16 * 2 * 16
+    assert long_["sample_ms"] > short["sample_ms"]
+    assert short["broadcast_kib"] == long_["broadcast_kib"]  # the same model
+    assert "dppo bench round" in docs.read_text() and "round-CartPole-v1" in docs.read_text()
+    with pytest.raises(UsageError, match="--segment-lengths"):
+        run_bench(["round", "--segment-lengths", "0"])

@@ -26,6 +26,11 @@ class Broadcast:
     return_stats: RunningStats | None
 
 
+def broadcast_arg(broadcast: Broadcast) -> ray.ObjectRef:
+    """What the learner hands every actor's ``sample`` call for this round's broadcast."""
+    return ray.put(broadcast)
+
+
 class RolloutWorker:
     """Plain class behind the Ray actor (tests and benchmarks use it directly)."""
 

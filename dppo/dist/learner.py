@@ -22,7 +22,7 @@ import ray
 import torch
 
 from dppo.config import Config
-from dppo.dist.actor import Broadcast, start_actor
+from dppo.dist.actor import Broadcast, broadcast_arg, start_actor
 from dppo.dist.learner_group import LearnerDied, LearnerGroup, group_device
 from dppo.envs.make import EnvLoadError, env_spaces
 from dppo.errors import UsageError
@@ -169,7 +169,7 @@ class Learner:
         try:
             while (reason := self._finished()) is None:
                 t0 = time.perf_counter()
-                ref = ray.put(self._broadcast())  # weights + normalizer stats, once per iteration
+                ref = broadcast_arg(self._broadcast())  # weights + normalizer stats, once per iteration
                 t1 = time.perf_counter()
                 segments = self._gather(ahead or self._dispatch(ref))  # ray.wait; failed actors replaced
                 ahead = self._dispatch(ref) if cfg.run.overlap_sampling else None

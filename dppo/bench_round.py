@@ -1,0 +1,158 @@
+"""`dppo bench round`: where one sampling round's time goes, with one actor and in-process.
+
+A round is what the learner does per iteration before its update: export the weights and hand them to
+the actor (``broadcast_arg``), call ``sample``, wait for the Segment and read it. The part that is not the
+actor's own sampling (``Segment.sample_seconds``) is the round's overhead; only segments long enough to
+dwarf it hide it. Beside the per-round timings the command measures the pieces the overhead is made of:
+an actor call that does nothing (Ray's floor here), the serialization of a Segment and of a broadcast
+(bytes and out-of-band buffers, which Ray ships one by one), and an actor's weight load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dppo.bench import Row, _argv, _common, _env_id, _positive, bench_config, emit, machine, parse_counts, ray_session
+
+
+def _median_ms(values: list[float]) -> float:
+    return round(statistics.median(values) * 1e3, 3)
+
+
+def _timed_ms(fn: Callable[[int], Any], repeats: int) -> float:
+    """Median milliseconds of ``fn(i)`` over ``repeats`` calls (after one untimed call)."""
+    fn(-1)
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - start)
+    return _median_ms(times)
+
+
+def wire_cost(value: Any, repeats: int = 200) -> Row:
+    """Bytes, out-of-band buffers and serialize + deserialize time of ``value`` as Ray pickles it
+    (cloudpickle, protocol 5: every contiguous numpy array becomes its own buffer)."""
+    from ray import cloudpickle
+
+    buffers: list[Any] = []
+    data = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+
+    def round_trip(_: int) -> None:
+        found: list[Any] = []
+        cloudpickle.loads(cloudpickle.dumps(value, protocol=5, buffer_callback=found.append), buffers=found)
+
+    size = len(data) + sum(memoryview(b).nbytes for b in buffers)
+    return {"bytes": size, "buffers": len(buffers), "serde_ms": _timed_ms(round_trip, repeats)}
+
+
+def _ray_rounds(config, iterations: int) -> tuple[Row, Any, Any]:
+    """Per-round timings of one actor sampling as the learner drives it; also a Segment and a broadcast."""
+    import ray
+
+    from dppo.dist.actor import Broadcast, broadcast_arg, start_actor
+    from dppo.envs.make import make_env
+    from dppo.rl.agent import export_weights
+    from dppo.rl.model import ActorCritic
+
+    env = make_env(config.env)
+    model = ActorCritic(env.observation_space, env.action_space, config.model)
+    env.close()
+    actor = start_actor(config, 0, config.run.seed)
+    try:
+        ray.get(actor.ready.remote())
+        call_ms = _timed_ms(lambda _: ray.get(actor.ready.remote()), max(iterations, 50))
+        timings: dict[str, list[float]] = {k: [] for k in ("broadcast", "submit", "round", "sample", "overhead")}
+        segment = broadcast = None
+        for version in range(-1, iterations):  # version -1: the warm-up round, not timed
+            t0 = time.perf_counter()
+            broadcast = Broadcast(export_weights(model), version + 1, None, None)
+            arg = broadcast_arg(broadcast)
+            t1 = time.perf_counter()
+            ref = actor.sample.remote(arg)
+            t2 = time.perf_counter()
+            ray.wait([ref], num_returns=1)
+            segment = ray.get(ref)
+            t3 = time.perf_counter()
+            if version >= 0:
+                for key, value in (("broadcast", t1 - t0), ("submit", t2 - t1), ("round", t3 - t0),
+                                   ("sample", segment.sample_seconds), ("overhead", t3 - t0 - segment.sample_seconds)):
+                    timings[key].append(value)
+    finally:
+        ray.kill(actor, no_restart=True)
+    row = {f"{key}_ms": _median_ms(values) for key, values in timings.items()}
+    row["actor_call_ms"] = call_ms
+    return row, segment, broadcast
+
+
+def _in_process_ms(config, iterations: int) -> tuple[float, float]:
+    """Median ms of one Sampler.sample() without Ray, and of loading a new weight version."""
+    from dppo.rl.agent import export_weights
+    from dppo.rl.sampler import Sampler
+
+    sampler = Sampler(config)
+    sampler.sample()
+    sample_ms = _timed_ms(lambda _: sampler.sample(), iterations)
+    weights = export_weights(sampler.agent.model)
+    load_ms = _timed_ms(lambda i: sampler.set_weights(weights, 1_000 + i), max(iterations, 50))
+    sampler.close()
+    return sample_ms, load_ms
+
+
+def bench_round(segment_lengths: list[int], env_id: str = "CartPole-v1", envs_per_actor: int = 8,
+                iterations: int = 50, address: str | None = None) -> list[Row]:
+    """One row per segment length T: the in-process round, the Ray round and its overhead with its pieces."""
+    from dppo.bench import torch_threads
+
+    rows: list[Row] = []
+    with ray_session(address, 1), torch_threads(1):
+        for steps in segment_lengths:
+            config = bench_config(env_id, envs_per_actor, steps, 0.0, "sync")
+            in_process_ms, load_ms = _in_process_ms(config, iterations)
+            timings, segment, broadcast = _ray_rounds(config, iterations)
+            seg_wire, cast_wire = wire_cost(segment), wire_cost(broadcast)
+            rows.append({
+                "segment_length": steps, "envs_per_actor": envs_per_actor, "in_process_ms": in_process_ms,
+                **timings, "efficiency": round(in_process_ms / timings["round_ms"], 3), "weight_load_ms": load_ms,
+                "segment_kib": round(seg_wire["bytes"] / 1024, 1), "segment_buffers": seg_wire["buffers"],
+                "segment_serde_ms": seg_wire["serde_ms"], "broadcast_kib": round(cast_wire["bytes"] / 1024, 1),
+                "broadcast_buffers": cast_wire["buffers"], "broadcast_serde_ms": cast_wire["serde_ms"],
+            })
+    return rows
+
+
+def register_round(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("round", help="where a sampling round's time goes (1 actor against in-process)")
+    parser.add_argument("--segment-lengths", default="1,64,128", help="comma-separated T values (default 1,64,128)")
+    parser.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default CartPole-v1)")
+    parser.add_argument("--envs-per-actor", type=_positive(int, "--envs-per-actor"), default=8, help="E (default 8)")
+    parser.add_argument("--iterations", type=_positive(int, "--iterations"), default=50,
+                        help="timed rounds per row, after one warm-up round (default 50)")
+    _common(parser)
+    parser.set_defaults(func=cmd_round)
+
+
+def cmd_round(args: argparse.Namespace) -> int:
+    _argv(args)
+    lengths = parse_counts(args.segment_lengths, "--segment-lengths")
+    info = machine()
+    rows = bench_round(lengths, _env_id(args.env), args.envs_per_actor, args.iterations, args.address)
+    note = ("One actor, CPU-bound, medians over the timed rounds (ms). `in_process_ms`: dppo's Sampler without "
+            "Ray; `round_ms`: the learner's round with one Ray actor, from exporting the weights to the Segment "
+            "in hand, made of `broadcast_ms` (export the weights, hand them over with `broadcast_arg`), "
+            "`submit_ms` (the `sample` call) and the wait; `sample_ms`: the actor's own sampling "
+            "(Segment.sample_seconds); `overhead_ms` = round - sample; `efficiency` = in_process / round. "
+            "The pieces: `actor_call_ms` is an actor call that does nothing (Ray's floor here); "
+            "`weight_load_ms` an actor loading a new weight version; `*_kib`, `*_buffers`, `*_serde_ms`: size, "
+            "out-of-band buffers (Ray ships each one separately) and serialize + deserialize time of the Segment "
+            "and of the broadcast, pickled as Ray pickles them.")
+    columns = ["segment_length", "envs_per_actor", "in_process_ms", "round_ms", "efficiency", "sample_ms",
+               "overhead_ms", "broadcast_ms", "submit_ms", "actor_call_ms", "weight_load_ms", "segment_kib",
+               "segment_buffers", "segment_serde_ms", "broadcast_kib", "broadcast_buffers", "broadcast_serde_ms"]
+    key = args.section or f"round-{args.env.split('/')[-1]}"
+    emit(args, rows, columns, key, f"Sampling round breakdown, {args.env}, 1 actor", note, info)
+    return 0
