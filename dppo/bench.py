@@ -234,7 +234,7 @@ def _ray_sampling(config, actors: int, iterations: int) -> tuple[float, dict[str
     """Steps/s of ``actors`` Ray actors sampling one broadcast per round, and the tree memory meanwhile."""
     import ray
 
-    from dppo.dist.actor import Broadcast, start_actor
+    from dppo.dist.actor import Broadcast, broadcast_arg, start_actor
     from dppo.envs.make import make_env
     from dppo.rl.agent import export_weights
     from dppo.rl.model import ActorCritic
@@ -247,11 +247,11 @@ def _ray_sampling(config, actors: int, iterations: int) -> tuple[float, dict[str
     handles = [start_actor(config, i, config.run.seed + 10_000 * i) for i in range(actors)]
     try:
         pids = ray.get([h.pid.remote() for h in handles])
-        ref = ray.put(Broadcast(export_weights(model), 0, None, None))
+        ref = broadcast_arg(Broadcast(export_weights(model), 0, None, None))
         ray.get([h.sample.remote(ref) for h in handles])  # warm-up: first weights, first segment
         start = time.perf_counter()
         for version in range(1, iterations + 1):
-            ref = ray.put(Broadcast(export_weights(model), version, None, None))
+            ref = broadcast_arg(Broadcast(export_weights(model), version, None, None))
             ray.get([h.sample.remote(ref) for h in handles])
         elapsed = time.perf_counter() - start
         memory = tree_memory_mib([os.getpid(), *pids])
@@ -428,7 +428,7 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
     import ray
     import torch
 
-    from dppo.dist.actor import Broadcast, start_actor
+    from dppo.dist.actor import Broadcast, broadcast_arg, payload_bytes, start_actor
     from dppo.dist.learner import resolve_device
     from dppo.envs.make import make_env
     from dppo.rl.agent import export_weights
@@ -451,7 +451,7 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
         broadcast_s = []
         for version in range(iterations):
             start = time.perf_counter()
-            ref = ray.put(Broadcast(export_weights(model), version, None, None))
+            ref = broadcast_arg(Broadcast(export_weights(model), version, None, None))
             ray.get([p.load.remote(ref) for p in probes])
             broadcast_s.append(time.perf_counter() - start)
     finally:
@@ -459,14 +459,14 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
             ray.kill(p, no_restart=True)
     handles = [start_actor(config, i, config.run.seed + 10_000 * i) for i in range(actors)]
     try:
-        ref = ray.put(Broadcast(export_weights(model), 0, None, None))
+        ref = broadcast_arg(Broadcast(export_weights(model), 0, None, None))
         ray.get([h.sample.remote(ref) for h in handles])  # warm-up
         iteration_s, update_s, moved = [], [], []
         reset_peak_rss()
         with torch_threads(learner_threads):
             for version in range(1, iterations + 1):
                 start = time.perf_counter()
-                ref = ray.put(Broadcast(export_weights(model), version, None, None))
+                ref = broadcast_arg(Broadcast(export_weights(model), version, None, None))
                 segments = ray.get([h.sample.remote(ref) for h in handles])
                 moved.append(sum(payload_bytes(seg) for seg in segments))
                 t_update = time.perf_counter()  # the batch's copy to the device counts as update time
@@ -498,21 +498,6 @@ def reset_peak_rss() -> None:
     """Restart this process's peak-RSS count (VmHWM), so a row reports its own peak (Linux >= 4.0)."""
     with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")
-
-
-def payload_bytes(value: Any) -> int:
-    """Bytes of the numpy arrays in a Segment, an Obs or a weights dict: what crosses the object store."""
-    import dataclasses
-
-    import numpy as np
-
-    if isinstance(value, np.ndarray):
-        return value.nbytes
-    if isinstance(value, dict):
-        return sum(payload_bytes(v) for v in value.values())
-    if dataclasses.is_dataclass(value):
-        return sum(payload_bytes(getattr(value, f.name)) for f in dataclasses.fields(value))
-    return 0
 
 
 def bench_update(models: list[list[int]], actors: int = 8, env_id: str = "CartPole-v1", envs_per_actor: int = 8,
@@ -880,8 +865,9 @@ def cmd_update(args: argparse.Namespace) -> int:
     rows = bench_update(models, args.actors, _env_id(args.env), args.envs_per_actor, args.segment_length,
                         args.minibatch_size, args.iterations, args.learner_threads, args.address, args.device)
     note = ("`samples_per_s`: batch size over the time of one PPO update (all epochs); `sgd_samples_per_s` "
-            "counts every epoch's pass. `broadcast_s`: `ray.put` of the weights plus every actor loading them "
-            "(median); `iteration_s`: put + sample + gather + update with this many actors; "
+            "counts every epoch's pass. `broadcast_s`: handing the weights over (`broadcast_arg`: inside each "
+            "call when small, else one `ray.put`) plus every actor loading them (median); `iteration_s`: "
+            "broadcast + sample + gather + update with this many actors; "
             "`broadcast_fraction` = broadcast_s / iteration_s. Data path: `segments_mib` is what the actors' "
             "segments hold per iteration (read zero-copy from the object store), `broadcast_mib` the weights "
             "every actor reads, `learner_peak_rss_mib` the learner process's peak RSS over the timed iterations.")

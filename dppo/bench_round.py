@@ -90,14 +90,17 @@ def _ray_rounds(config, iterations: int) -> tuple[Row, Any, Any]:
 
 
 def _in_process_ms(config, iterations: int) -> tuple[float, float]:
-    """Median ms of one Sampler.sample() without Ray, and of loading a new weight version."""
+    """Median ms of one Sampler.sample() without Ray, and of loading a new weight version (as an actor does:
+    the sampler's own torch model, which an MLP actor never builds, is left alone)."""
     from dppo.rl.agent import export_weights
+    from dppo.rl.model import ActorCritic
     from dppo.rl.sampler import Sampler
 
     sampler = Sampler(config)
-    sampler.sample()
+    spaces = sampler.envs.single_observation_space, sampler.envs.single_action_space
+    weights = export_weights(ActorCritic(*spaces, config.model))
+    sampler.set_weights(weights, 0)  # weights before the first step, as in an actor
     sample_ms = _timed_ms(lambda _: sampler.sample(), iterations)
-    weights = export_weights(sampler.agent.model)
     load_ms = _timed_ms(lambda i: sampler.set_weights(weights, 1_000 + i), max(iterations, 50))
     sampler.close()
     return sample_ms, load_ms

@@ -146,7 +146,6 @@ def import_from_cwd() -> None:
 def prepare_train(args: argparse.Namespace) -> tuple[Any, Path, dict[str, Any] | None]:
     """Validate everything (config, run dir, checkpoint) before anything is written."""
     from dppo.config import load_config
-    from dppo.ops.checkpoint import newest_intact
 
     overrides = {key: getattr(args, dest) for dest, key in TRAIN_FLAGS.items()}
     config_path = args.config
@@ -161,7 +160,11 @@ def prepare_train(args: argparse.Namespace) -> tuple[Any, Path, dict[str, Any] |
         path = Path(run_dir_arg)
         if path.exists() and not path.is_dir():
             fail(f"run dir {str(path)!r} is a file; pass a directory to --run-dir")
-        found = newest_intact(path / "checkpoints") if (args.resume or args.auto_resume) and path.is_dir() else None
+        found = None
+        if (args.resume or args.auto_resume) and path.is_dir():
+            from dppo.ops.checkpoint import newest_intact  # imports torch: only when resuming
+
+            found = newest_intact(path / "checkpoints")
         if args.resume and found is None:
             fail(f"--resume: no intact checkpoint in {str(path / 'checkpoints')!r}; "
                  "start a new run without --resume or pass the right --run-dir")
@@ -222,6 +225,34 @@ def connect_ray(config: Any) -> None:
         fail(f"cannot connect to Ray at {address!r}: {first}; check --address / RAY_ADDRESS")
 
 
+def start_learner(config: Any, run_dir: Path, resume_state: dict[str, Any] | None, clock: Any) -> Any:
+    """Start (or join) Ray and build the Learner at the same time: a local Ray start is mostly waiting on
+    the processes it launches, the build mostly torch's import and the model, so the build runs in a
+    helper thread meanwhile. With several learners the build asks the cluster for GPUs: it waits for Ray.
+    Phases: ``ray_init`` (with the build running beside it), then ``learner``, what is left of the build."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def build() -> Any:
+        from dppo.dist.learner import Learner
+
+        return Learner(config, run_dir, resume_state)
+
+    if config.run.learners > 1:
+        connect_ray(config)
+        clock.mark("ray_init")
+        learner = build()
+        clock.mark("learner")
+        return learner
+    pool = ThreadPoolExecutor(1, thread_name_prefix="learner-build")
+    building = pool.submit(build)
+    connect_ray(config)
+    clock.mark("ray_init")
+    learner = building.result()  # a UsageError (e.g. a checkpoint that does not fit) is raised here
+    clock.mark("learner")
+    pool.shutdown(wait=False)
+    return learner
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from dppo.ops.startup import PhaseClock
 
@@ -231,13 +262,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     config, run_dir, resume_state = prepare_train(args)
     clock.mark("config")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    from dppo.dist.learner import Learner, RunFailure
+    learner = start_learner(config, run_dir, resume_state, clock)
+    from dppo.dist.learner import RunFailure
 
-    clock.mark("imports")
-    connect_ray(config)
-    clock.mark("ray_init")
-    learner = Learner(config, run_dir, resume_state)
-    clock.mark("learner")
     try:
         learner.start_actors()  # every actor made its envs: a module missing on a worker is bad input
     except RunFailure as err:
@@ -321,18 +348,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def stop_ray(ray: Any) -> None:
+    """Leave a joined cluster with ray.shutdown (its job ends cleanly); stop a local Ray this process
+    started by killing its processes, all of them this process's descendants (GCS, raylet, its agents and
+    workers). ray.shutdown would stop them one by one, about 1.4 s here, protecting nothing: the actors are
+    stopped and every file of the run is closed by now."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    if node is None or not getattr(node, "head", False):
+        ray.shutdown()
+        return
+    import psutil
+
+    for process in psutil.Process().children(recursive=True):  # SIGKILL lands at once; no need to wait
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
 def entry() -> NoReturn:
     """The `dppo` console script and `python -m dppo`: main(), then an exit without the interpreter's
     teardown of torch, Ray and their threads (about 1.8 s here). By then everything that protects data is
     done: checkpoints and summary.json written atomically, logs written and closed, TensorBoard closed,
-    and a local Ray shut down here. Crashes (a traceback) take the ordinary way out."""
+    the actors stopped; a joined cluster is left here, a local Ray goes with this process. Crashes (a
+    traceback) take the ordinary way out."""
     try:
         code = main()
     except SystemExit as stop:  # fail(): exit 2 after its one line
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
-        ray.shutdown()  # stops the Ray processes a local run started; a joined cluster is only left
+        stop_ray(ray)
     import logging
 
     logging.shutdown()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import ray
 
 from dppo.config import Config
@@ -15,10 +17,12 @@ from dppo.rl.agent import Weights
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.segment import Segment
 
+INLINE_LIMIT = 64 * 1024  # bytes of weights and stats sent inside each call; Ray inlines up to 100 KiB
+
 
 @dataclass
 class Broadcast:
-    """What the learner puts in the object store once per iteration; every actor reads the same copy."""
+    """What every actor gets from the learner once per iteration: weights and normalizer statistics."""
 
     weights: Weights
     version: int
@@ -26,8 +30,25 @@ class Broadcast:
     return_stats: RunningStats | None
 
 
-def broadcast_arg(broadcast: Broadcast) -> ray.ObjectRef:
-    """What the learner hands every actor's ``sample`` call for this round's broadcast."""
+def payload_bytes(value: object) -> int:
+    """Bytes of the numpy arrays in a Segment, a Broadcast or a weights dict: what crosses processes."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, dict):
+        return sum(payload_bytes(v) for v in value.values())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(payload_bytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return 0
+
+
+def broadcast_arg(broadcast: Broadcast) -> Broadcast | ray.ObjectRef:
+    """What the learner hands every actor's ``sample`` call for this round's broadcast.
+
+    A small broadcast goes by value, inside each call (no object-store round trip for the actor to
+    resolve); a large one is put in the object store once and every actor reads that copy.
+    """
+    if payload_bytes(broadcast) <= INLINE_LIMIT:
+        return broadcast
     return ray.put(broadcast)
 
 

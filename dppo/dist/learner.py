@@ -83,7 +83,7 @@ class Counters:
 class Round:
     """One sampling round in flight: the broadcast it uses and the pending sample calls (ref -> actor)."""
 
-    broadcast: ray.ObjectRef
+    broadcast: Broadcast | ray.ObjectRef  # see broadcast_arg
     pending: dict[ray.ObjectRef, int]
 
 
@@ -246,7 +246,7 @@ class Learner:
     def _broadcast(self) -> Broadcast:
         return Broadcast(export_weights(self.model), self.counters.policy_version, self.obs_stats, self.return_stats)
 
-    def _dispatch(self, ref: ray.ObjectRef) -> Round:
+    def _dispatch(self, ref: Broadcast | ray.ObjectRef) -> Round:
         """Ask every actor for a segment sampled with the broadcast in ``ref``."""
         return Round(ref, {self.actors[i].sample.remote(ref): i for i in range(len(self.actors))})
 
