@@ -632,8 +632,11 @@ def replace_section(text: str, key: str, body: str) -> str:
 
 def write_docs(path: Path, key: str, title: str, note: str, command: str, table_md: str, info: dict[str, Any],
                figure: Path | None = None) -> None:
+    import fcntl
+
+    from dppo.ops.checkpoint import atomic_write
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = path.read_text() if path.exists() else DOCS_TITLE
     gpu = f", GPU {info['gpu']}" if info.get("gpu") else ", no GPU"
     box = (f"{info['cpu']}, {info['cpus']} CPUs, {info['memory_gib']} GiB{gpu}; {info['os']}; Python {info['python']}, "
            f"torch {info['torch']}, Ray {info['ray']}, gymnasium {info['gymnasium']}, numpy {info['numpy']}; "
@@ -641,7 +644,13 @@ def write_docs(path: Path, key: str, title: str, note: str, command: str, table_
     body = [f"## {title}", "", note, "", f"Machine: {box}.", "", "```", command, "```", "", table_md]
     if figure is not None:
         body += ["", f"![{title}]({os.path.relpath(figure, path.parent)})"]
-    path.write_text(replace_section(text, key, "\n".join(body)))
+    lock = os.open(path.parent, os.O_RDONLY)  # benchmarks run side by side (bench learn per env): one writer
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        text = path.read_text() if path.exists() else DOCS_TITLE
+        atomic_write(path, replace_section(text, key, "\n".join(body)).encode())
+    finally:
+        os.close(lock)
 
 
 def emit(args: argparse.Namespace, rows: list[Row], columns: list[str], key: str, title: str, note: str,
@@ -826,8 +835,10 @@ def cmd_solve(args: argparse.Namespace) -> int:
                "env_steps", "peak_rss_mib", "peak_pss_mib"]
     phase_names = list(ours[0]["phases"])
     note += ("\n\nStart-up, phase by phase (median seconds; `launch`: interpreter and CLI load until `dppo train` "
-             "runs, `config`: config and preset, `imports`: torch, Ray and the learner, `ray_init`: the local Ray "
-             "start or the join, `learner`: model, optimizer and env spaces, `actors_ready`: spawn every actor and "
+             "runs, `config`: config, preset and env check, `ray_init`: the local Ray start or the join, with the "
+             "learner built beside it in a helper thread (torch's import, model, optimizer), `learner`: what was "
+             "left of that build once Ray was up (with several learners, which need Ray, all of it), "
+             "`actors_ready`: spawn every actor and "
              "wait until it has made its envs; then `first_iteration_s` of training, the first weights and "
              "segments, and `exit_s` from summary.json to the process's end):\n\n"
              + table([{"actors": r["actors"], **r["phases"]} for r in ours], ["actors", *phase_names]))
