@@ -178,8 +178,9 @@ def test_round_command_breaks_the_round_down(ray_address: str, tmp_path: Path) -
     assert run_bench(argv) == 0
     short, long_ = json.loads(out.read_text())
     for row in (short, long_):
-        assert row["round_ms"] >= row["sample_ms"] > 0 and row["overhead_ms"] > 0
-        assert row["round_ms"] >= row["broadcast_ms"] + row["submit_ms"]
+        # each holds round by round, so for the medians too: round = broadcast + submit + wait >= sample
+        assert row["round_ms"] >= row["sample_ms"] > 0 and 0 < row["overhead_ms"] <= row["round_ms"]
+        assert row["round_ms"] >= max(row["broadcast_ms"], row["submit_ms"]) > 0
         assert row["actor_call_ms"] > 0 and row["weight_load_ms"] > 0
         assert row["segment_buffers"] >= 1 and row["broadcast_buffers"] >= 1
     # a Segment of CartPole holds 4 float32 observations per step and env: 16 steps carry at least 16x2x16 bytes
