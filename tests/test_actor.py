@@ -32,7 +32,12 @@ def test_small_broadcasts_go_by_value_large_ones_through_the_object_store(ray_ad
     small, config = broadcast_for([64, 64], 3)
     large, large_config = broadcast_for([1024, 1024], 5)
     assert payload_bytes(small) <= INLINE_LIMIT < payload_bytes(large)
-    assert broadcast_arg(small) is small
+    by_value = broadcast_arg(small)
+    assert isinstance(by_value, Broadcast) and by_value.version == 3
+    before = {k: v.copy() for k, v in by_value.weights.items()}
+    for array in small.weights.values():
+        array += 1.0  # what an update does to the parameters the exported weights are views of
+    assert all((by_value.weights[k] == before[k]).all() for k in before)  # the round keeps its own copy
     assert isinstance(broadcast_arg(large), ray.ObjectRef)
     for broadcast, cfg in ((small, config), (large, large_config)):
         actor = start_actor(cfg, 0, seed=1)
