@@ -16,7 +16,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dppo.bench import Row, _argv, _common, _env_id, _positive, bench_config, emit, machine, parse_counts, ray_session
+from dppo.bench import (
+    Row,
+    _argv,
+    _common,
+    _env_id,
+    _positive,
+    bench_config,
+    emit,
+    machine,
+    parse_counts,
+    ray_session,
+    torch_threads,
+)
 
 
 def _median_ms(values: list[float]) -> float:
@@ -109,8 +121,6 @@ def _in_process_ms(config, iterations: int) -> tuple[float, float]:
 def bench_round(segment_lengths: list[int], env_id: str = "CartPole-v1", envs_per_actor: int = 8,
                 iterations: int = 50, address: str | None = None) -> list[Row]:
     """One row per segment length T: the in-process round, the Ray round and its overhead with its pieces."""
-    from dppo.bench import torch_threads
-
     rows: list[Row] = []
     with ray_session(address, 1), torch_threads(1):
         for steps in segment_lengths:

@@ -18,9 +18,12 @@ import warnings
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from dppo.errors import UsageError
+
+if TYPE_CHECKING:
+    from dppo.ops.startup import PhaseClock
 
 # Subcommands that live in their own modules; each exposes register(subparsers).
 COMMAND_MODULES = ("dppo.plot", "dppo.bench", "dppo.ops.status")
@@ -225,7 +228,7 @@ def connect_ray(config: Any) -> None:
         fail(f"cannot connect to Ray at {address!r}: {first}; check --address / RAY_ADDRESS")
 
 
-def start_learner(config: Any, run_dir: Path, resume_state: dict[str, Any] | None, clock: Any) -> Any:
+def start_learner(config: Any, run_dir: Path, resume_state: dict[str, Any] | None, clock: PhaseClock) -> Any:
     """Start (or join) Ray and build the Learner at the same time: a local Ray start is mostly waiting on
     the processes it launches, the build mostly torch's import and the model, so the build runs in a
     helper thread meanwhile. With several learners the build asks the cluster for GPUs: it waits for Ray.
@@ -237,17 +240,11 @@ def start_learner(config: Any, run_dir: Path, resume_state: dict[str, Any] | Non
 
         return Learner(config, run_dir, resume_state)
 
-    if config.run.learners > 1:
-        connect_ray(config)
-        clock.mark("ray_init")
-        learner = build()
-        clock.mark("learner")
-        return learner
     pool = ThreadPoolExecutor(1, thread_name_prefix="learner-build")
-    building = pool.submit(build)
+    building = pool.submit(build) if config.run.learners == 1 else None
     connect_ray(config)
     clock.mark("ray_init")
-    learner = building.result()  # a UsageError (e.g. a checkpoint that does not fit) is raised here
+    learner = building.result() if building else build()  # a UsageError in the build is raised here
     clock.mark("learner")
     pool.shutdown(wait=False)
     return learner
