@@ -304,6 +304,32 @@ def bench_sampling(actor_counts: list[int], env_id: str = "CartPole-v1", envs_pe
 
 
 # ---- solve -------------------------------------------------------------------------------------------
+def stop_process_tree(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """End a run that overran: SIGTERM first (a learner checkpoints and stops its local Ray), then SIGKILL to
+    whatever is left of its process tree, found while the run was alive (a bare SIGKILL of the run leaves
+    Ray's dashboard and runtime-env agents running)."""
+    import psutil
+
+    def tree() -> list[psutil.Process]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return psutil.Process(proc.pid).children(recursive=True)
+        return []
+
+    seen = {p.pid: p for p in tree()}
+    proc.terminate()
+    deadline = time.monotonic() + grace_s
+    while proc.returncode is None and time.monotonic() < deadline:
+        seen.update({p.pid: p for p in tree()})  # processes started since (Ray's agents, if it was starting)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=0.2)  # reads the pipes, so a chatty run cannot block on them
+    if proc.returncode is None:
+        proc.kill()
+        proc.communicate()
+    for child in seen.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()  # psutil checks the start time: a reused pid is left alone
+
+
 def _timed_subprocess(cmd: list[str], timeout_s: float) -> tuple[float, float, PeakMemory]:
     """Run ``cmd`` to its end: wall seconds from launch to exit, the epoch time it ended, its tree's peak memory."""
     start = time.perf_counter()
@@ -312,9 +338,9 @@ def _timed_subprocess(cmd: list[str], timeout_s: float) -> tuple[float, float, P
         try:
             _, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise UsageError(f"`{shlex.join(cmd)}` ran past --timeout {timeout_s:g}s") from None
+            stop_process_tree(proc)
+            raise UsageError(f"`{shlex.join(cmd)}` ran past --timeout {timeout_s:g}s; "
+                             "raise --timeout (seconds per run)") from None
     wall, ended_at = time.perf_counter() - start, time.time()
     if proc.returncode != 0:
         last = (stderr.strip().splitlines() or ["no output"])[-1]

@@ -14,6 +14,19 @@ REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
+def processes_with(marker: str) -> list[int]:
+    """Pids whose environment holds ``marker`` (a run's processes and every Ray process it started inherit it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def require(condition: bool, reason: str) -> None:
     """Skip when a prerequisite is missing on a user's machine; fail under CI, where it must exist."""
     if condition:

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import ray
+from conftest import processes_with
 
 from dppo.config import load_config
 from dppo.dist.actor import INLINE_LIMIT, Broadcast, broadcast_arg, payload_bytes, start_actor
@@ -47,19 +48,6 @@ def test_small_broadcasts_go_by_value_large_ones_through_the_object_store(ray_ad
             ray.kill(actor, no_restart=True)
         assert segment.policy_version == broadcast.version  # the actor acted with the weights it was handed
         assert segment.num_steps == 2 * 4
-
-
-def processes_with(marker: str) -> list[int]:
-    """Pids whose environment holds ``marker`` (a run's processes and every Ray process it started inherit it)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def test_a_local_run_starts_ray_beside_the_learner_and_leaves_no_process(dppo_cmd: list[str], tmp_path: Path) -> None:

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
+from conftest import processes_with
+
+from dppo.bench import stop_process_tree
 
 
 @pytest.mark.slow
@@ -40,3 +46,26 @@ def test_learn_rejects_an_unknown_env(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "NoSuchEnv-v0" in done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_past_its_timeout_is_stopped_with_its_whole_process_tree(tmp_path: Path) -> None:
+    """What bench learn and bench solve do at --timeout: SIGTERM (the learner checkpoints), then SIGKILL to
+    every process the run started (a bare SIGKILL of the run leaves its local Ray's agents running)."""
+    marker = f"DPPO_TEST_RUN={uuid.uuid4().hex}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | dict([marker.split("=")])
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "dppo", "train", "--run-dir", str(run_dir), "--total-steps",
+                             "10000000", "--set", "run.target_return=null"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not (run_dir / "progress.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None and (run_dir / "progress.jsonl").exists(), "the run did not reach training"
+    assert len(processes_with(marker)) > 3  # the learner, its local Ray (GCS, raylet, agents) and the actors
+    stop_process_tree(proc)
+    assert proc.returncode == 143  # dppo train's exit after a signal, with its final checkpoint
+    assert json.loads((run_dir / "summary.json").read_text())["reason"] == "signal"
+    deadline = time.monotonic() + 3
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(marker) == []
