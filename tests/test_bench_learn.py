@@ -56,13 +56,15 @@ def test_a_run_past_its_timeout_is_stopped_with_its_whole_process_tree(tmp_path:
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "dppo", "train", "--run-dir", str(run_dir), "--total-steps",
                              "10000000", "--set", "run.target_return=null"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while not (run_dir / "progress.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert proc.poll() is None and (run_dir / "progress.jsonl").exists(), "the run did not reach training"
-    assert len(processes_with(marker)) > 3  # the learner, its local Ray (GCS, raylet, agents) and the actors
-    stop_process_tree(proc)
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while not (run_dir / "progress.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None and (run_dir / "progress.jsonl").exists(), "the run did not reach training"
+        assert len(processes_with(marker)) > 3  # the learner, its local Ray (GCS, raylet, agents) and the actors
+    finally:
+        stop_process_tree(proc)
     assert proc.returncode == 143  # dppo train's exit after a signal, with its final checkpoint
     assert json.loads((run_dir / "summary.json").read_text())["reason"] == "signal"
     deadline = time.monotonic() + 3
