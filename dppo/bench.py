@@ -311,7 +311,7 @@ def stop_process_tree(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     import psutil
 
     def tree() -> list[psutil.Process]:
-        with contextlib.suppress(psutil.NoSuchProcess):
+        with contextlib.suppress(psutil.Error):
             return psutil.Process(proc.pid).children(recursive=True)
         return []
 
@@ -326,7 +326,7 @@ def stop_process_tree(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
         proc.kill()
         proc.communicate()
     for child in seen.values():
-        with contextlib.suppress(psutil.NoSuchProcess):
+        with contextlib.suppress(psutil.Error):
             child.kill()  # psutil checks the start time: a reused pid is left alone
 
 
