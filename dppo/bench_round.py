@@ -5,7 +5,8 @@ the actor (``broadcast_arg``), call ``sample``, wait for the Segment and read it
 actor's own sampling (``Segment.sample_seconds``) is the round's overhead; only segments long enough to
 dwarf it hide it. Beside the per-round timings the command measures the pieces the overhead is made of:
 an actor call that does nothing (Ray's floor here), the serialization of a Segment and of a broadcast
-(bytes and out-of-band buffers, which Ray ships one by one), and an actor's weight load.
+(bytes and out-of-band buffers, which Ray ships one by one), and an actor's weight load. Every Ray round
+is paired with an in-process sample just before it, so the efficiency compares the two under one load.
 """
 
 from __future__ import annotations
@@ -62,25 +63,31 @@ def wire_cost(value: Any, repeats: int = 200) -> Row:
     return {"bytes": size, "buffers": len(buffers), "serde_ms": _timed_ms(round_trip, repeats)}
 
 
-def _ray_rounds(config, iterations: int) -> tuple[Row, Any, Any]:
-    """Per-round timings of one actor sampling as the learner drives it; also a Segment and a broadcast."""
+def _paired_rounds(config, iterations: int) -> tuple[Row, Any, Any]:
+    """Per-round timings of one actor sampling as the learner drives it, each round paired with one
+    in-process sample just before it, so both halves of the ratio see the same neighbour load (this machine
+    is shared; measured one after the other, a load that came or went between them moved the ratio by
+    0.1-0.3). Also returns a Segment and a broadcast for their wire costs."""
     import ray
 
     from dppo.dist.actor import Broadcast, broadcast_arg, start_actor
-    from dppo.envs.make import make_env
     from dppo.rl.agent import export_weights
     from dppo.rl.model import ActorCritic
+    from dppo.rl.sampler import Sampler
 
-    env = make_env(config.env)
-    model = ActorCritic(env.observation_space, env.action_space, config.model)
-    env.close()
+    sampler = Sampler(config)
+    model = ActorCritic(sampler.envs.single_observation_space, sampler.envs.single_action_space, config.model)
+    sampler.set_weights(export_weights(model), 0)  # weights before the first step, as in an actor
     actor = start_actor(config, 0, config.run.seed)
     try:
         ray.get(actor.ready.remote())
         call_ms = _timed_ms(lambda _: ray.get(actor.ready.remote()), max(iterations, 50))
-        timings: dict[str, list[float]] = {k: [] for k in ("broadcast", "submit", "round", "sample", "overhead")}
+        timings: dict[str, list[float]] = {
+            k: [] for k in ("in_process", "broadcast", "submit", "round", "sample", "overhead")}
         segment = broadcast = None
         for version in range(-1, iterations):  # version -1: the warm-up round, not timed
+            t_in = time.perf_counter()
+            sampler.sample()
             t0 = time.perf_counter()
             broadcast = Broadcast(export_weights(model), version + 1, None, None)
             arg = broadcast_arg(broadcast)
@@ -91,31 +98,19 @@ def _ray_rounds(config, iterations: int) -> tuple[Row, Any, Any]:
             segment = ray.get(ref)
             t3 = time.perf_counter()
             if version >= 0:
-                for key, value in (("broadcast", t1 - t0), ("submit", t2 - t1), ("round", t3 - t0),
-                                   ("sample", segment.sample_seconds), ("overhead", t3 - t0 - segment.sample_seconds)):
+                for key, value in (("in_process", t0 - t_in), ("broadcast", t1 - t0), ("submit", t2 - t1),
+                                   ("round", t3 - t0), ("sample", segment.sample_seconds),
+                                   ("overhead", t3 - t0 - segment.sample_seconds)):
                     timings[key].append(value)
+        # an actor's weight load (its sampler's torch model, which an MLP actor never builds, left alone)
+        weights = export_weights(model)
+        load_ms = _timed_ms(lambda i: sampler.set_weights(weights, 1_000 + i), max(iterations, 50))
     finally:
         ray.kill(actor, no_restart=True)
+        sampler.close()
     row = {f"{key}_ms": _median_ms(values) for key, values in timings.items()}
-    row["actor_call_ms"] = call_ms
+    row["actor_call_ms"], row["weight_load_ms"] = call_ms, load_ms
     return row, segment, broadcast
-
-
-def _in_process_ms(config, iterations: int) -> tuple[float, float]:
-    """Median ms of one Sampler.sample() without Ray, and of loading a new weight version (as an actor does:
-    the sampler's own torch model, which an MLP actor never builds, is left alone)."""
-    from dppo.rl.agent import export_weights
-    from dppo.rl.model import ActorCritic
-    from dppo.rl.sampler import Sampler
-
-    sampler = Sampler(config)
-    spaces = sampler.envs.single_observation_space, sampler.envs.single_action_space
-    weights = export_weights(ActorCritic(*spaces, config.model))
-    sampler.set_weights(weights, 0)  # weights before the first step, as in an actor
-    sample_ms = _timed_ms(lambda _: sampler.sample(), iterations)
-    load_ms = _timed_ms(lambda i: sampler.set_weights(weights, 1_000 + i), max(iterations, 50))
-    sampler.close()
-    return sample_ms, load_ms
 
 
 def bench_round(segment_lengths: list[int], env_id: str = "CartPole-v1", envs_per_actor: int = 8,
@@ -125,12 +120,11 @@ def bench_round(segment_lengths: list[int], env_id: str = "CartPole-v1", envs_pe
     with ray_session(address, 1), torch_threads(1):
         for steps in segment_lengths:
             config = bench_config(env_id, envs_per_actor, steps, 0.0, "sync")
-            in_process_ms, load_ms = _in_process_ms(config, iterations)
-            timings, segment, broadcast = _ray_rounds(config, iterations)
+            timings, segment, broadcast = _paired_rounds(config, iterations)
             seg_wire, cast_wire = wire_cost(segment), wire_cost(broadcast)
             rows.append({
-                "segment_length": steps, "envs_per_actor": envs_per_actor, "in_process_ms": in_process_ms,
-                **timings, "efficiency": round(in_process_ms / timings["round_ms"], 3), "weight_load_ms": load_ms,
+                "segment_length": steps, "envs_per_actor": envs_per_actor, **timings,
+                "efficiency": round(timings["in_process_ms"] / timings["round_ms"], 3),
                 "segment_kib": round(seg_wire["bytes"] / 1024, 1), "segment_buffers": seg_wire["buffers"],
                 "segment_serde_ms": seg_wire["serde_ms"], "broadcast_kib": round(cast_wire["bytes"] / 1024, 1),
                 "broadcast_buffers": cast_wire["buffers"], "broadcast_serde_ms": cast_wire["serde_ms"],
@@ -155,8 +149,9 @@ def cmd_round(args: argparse.Namespace) -> int:
     info = machine()
     rows = bench_round(lengths, _env_id(args.env), args.envs_per_actor, args.iterations, args.address)
     note = ("One actor, CPU-bound, medians over the timed rounds (ms). `in_process_ms`: dppo's Sampler without "
-            "Ray; `round_ms`: the learner's round with one Ray actor, from exporting the weights to the Segment "
-            "in hand, made of `broadcast_ms` (export the weights, hand them over with `broadcast_arg`), "
+            "Ray, one sample just before each Ray round (paired, so both see the same load); `round_ms`: the "
+            "learner's round with one Ray actor, from exporting the weights to the Segment in hand, made of "
+            "`broadcast_ms` (export the weights, hand them over with `broadcast_arg`), "
             "`submit_ms` (the `sample` call) and the wait; `sample_ms`: the actor's own sampling "
             "(Segment.sample_seconds); `overhead_ms` = round - sample; `efficiency` = in_process / round. "
             "The pieces: `actor_call_ms` is an actor call that does nothing (Ray's floor here); "
