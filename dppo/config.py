@@ -85,7 +85,8 @@ class EnvConfig(_Section):
     reward_clip: float = Field(10.0, gt=0)
     """Scaled rewards are clipped to [-reward_clip, reward_clip]."""
     latency_ms: float = Field(0.0, ge=0)
-    """Artificial per-step latency that releases the CPU (a stand-in for a remote simulator). Benchmarks."""
+    """Artificial per-step latency that releases the CPU (a stand-in for a remote simulator): each step takes
+    this long in all, the env's own work included, the rest slept. Benchmarks."""
 
     @model_validator(mode="before")
     @classmethod

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 from dppo.config import Config, load_config
-from dppo.rl.sampler import Sampler
+from dppo.rl.sampler import LatencyWrapper, Sampler
 
 
 def counter_config(num_envs: int = 3, steps: int = 25, **env_kwargs: object) -> Config:
@@ -107,3 +110,32 @@ def test_vectorization_modes_agree(mode: str) -> None:
     finally:
         sampler.close()
     np.testing.assert_array_equal(seg.obs.vector[:12, 0, 0], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1])
+
+
+class SlowEnv(gym.Env):
+    """An env whose own step takes ``work_s`` (sleeping): what LatencyWrapper must count, not add to."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, work_s: float) -> None:
+        self.work_s = work_s
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        time.sleep(self.work_s)
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+def test_latency_wrapper_holds_the_whole_step_to_its_latency() -> None:
+    """4 ms a step in all, the env's own 3 ms included: 40 steps take 160 ms, not 280 ms (latency on top)."""
+    env = LatencyWrapper(SlowEnv(work_s=0.003), latency_ms=4.0)
+    env.reset(seed=0)
+    start = time.perf_counter()
+    for _ in range(40):
+        env.step(0)
+    elapsed = time.perf_counter() - start
+    assert 0.160 <= elapsed < 0.220, elapsed  # never less than the latency; far below the 0.280 of adding it

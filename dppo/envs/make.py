@@ -37,20 +37,25 @@ class EnvLoadError(UsageError):
 
 
 class LatencyWrapper(gym.Wrapper):
-    """Sleeps a fixed time per step, releasing the CPU like a remote simulator or a robot would."""
+    """Makes each step take latency_ms in all, sleeping out what the wrapped env's own step leaves, so the
+    CPU is released as a remote simulator or a robot would release it. The step as a whole is timed, not
+    the sleep alone: a sleep's overshoot and the env's own work would otherwise add to every step."""
 
     def __init__(self, env: gym.Env, latency_ms: float) -> None:
         super().__init__(env)
         self.delay = latency_ms / 1000.0
-        self.debt = 0.0  # how much the last sleep overshot: taken off the next, so the mean latency is exact
+        self.debt = 0.0  # how much the last step overran: taken off the next, so the mean latency is exact
 
     def step(self, action):
-        wait = self.delay - self.debt
         start = time.perf_counter()
+        result = self.env.step(action)
+        target = self.delay - self.debt
+        wait = target - (time.perf_counter() - start)
         if wait > 0:
             time.sleep(wait)
-        self.debt = time.perf_counter() - start - wait
-        return self.env.step(action)
+        # bounded: one long stall must not turn the following steps into a burst without latency
+        self.debt = min(time.perf_counter() - start - target, self.delay)
+        return result
 
 
 def driver_import_paths() -> list[str]:
