@@ -65,9 +65,9 @@ def wire_cost(value: Any, repeats: int = 200) -> Row:
 
 def _paired_rounds(config, iterations: int) -> tuple[Row, Any, Any]:
     """Per-round timings of one actor sampling as the learner drives it, each round paired with one
-    in-process sample just before it, so both halves of the ratio see the same neighbour load (this machine
-    is shared; measured one after the other, a load that came or went between them moved the ratio by
-    0.1-0.3). Also returns a Segment and a broadcast for their wire costs."""
+    in-process sample just before it, so both halves of the ratio see the same load of this shared machine
+    (measured one after the other, they need not). Also returns a Segment and a broadcast for their wire
+    costs."""
     import ray
 
     from dppo.dist.actor import Broadcast, broadcast_arg, start_actor
@@ -77,7 +77,8 @@ def _paired_rounds(config, iterations: int) -> tuple[Row, Any, Any]:
 
     sampler = Sampler(config)
     model = ActorCritic(sampler.envs.single_observation_space, sampler.envs.single_action_space, config.model)
-    sampler.set_weights(export_weights(model), 0)  # weights before the first step, as in an actor
+    weights = export_weights(model)  # the model is never updated here: one export serves every load below
+    sampler.set_weights(weights, 0)  # weights before the first step, as in an actor
     actor = start_actor(config, 0, config.run.seed)
     try:
         ray.get(actor.ready.remote())
@@ -103,7 +104,6 @@ def _paired_rounds(config, iterations: int) -> tuple[Row, Any, Any]:
                                    ("overhead", t3 - t0 - segment.sample_seconds)):
                     timings[key].append(value)
         # an actor's weight load (its sampler's torch model, which an MLP actor never builds, left alone)
-        weights = export_weights(model)
         load_ms = _timed_ms(lambda i: sampler.set_weights(weights, 1_000 + i), max(iterations, 50))
     finally:
         ray.kill(actor, no_restart=True)
