@@ -1,5 +1,5 @@
 """``python -m dppo`` is the same as the ``dppo`` command."""
 
-from dppo.cli import entry
+from dppo.commands.parser import entry
 
 entry()

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def load_module(path: Path) -> ModuleType:
+    """A Python file that is not part of the package (the dashboard generator beside the chart), as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def processes_with(marker: str) -> list[int]:

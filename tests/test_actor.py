@@ -13,7 +13,7 @@ import ray
 from conftest import processes_with
 
 from dppo.config import load_config
-from dppo.dist.actor import INLINE_LIMIT, Broadcast, broadcast_arg, payload_bytes, start_actor
+from dppo.distributed.actor import INLINE_LIMIT, Broadcast, broadcast_arg, payload_bytes, start_actor
 from dppo.envs.make import make_env
 from dppo.rl.agent import export_weights
 from dppo.rl.model import ActorCritic

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from dppo.config import load_config
-from dppo.dist.learner import resolve_device
 from dppo.envs.atari import game, make_atari_env
 from dppo.envs.make import make_vector_env
 from dppo.errors import UsageError
 from dppo.rl.agent import export_weights
 from dppo.rl.model import ActorCritic
+from dppo.rl.ppo import build_batch
 from dppo.rl.sampler import Sampler
-from dppo.rl.trainer import build_batch
+from dppo.run.coordinator import resolve_device
 
 
 def breakout(**overrides: object):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dppo.bench import (
+from dppo.bench.suite import (
     bench_sampling,
     bench_update,
     parse_counts,
@@ -22,7 +22,7 @@ from dppo.bench import (
     table,
     tree_memory_mib,
 )
-from dppo.cli import Parser
+from dppo.commands.parser import Parser
 from dppo.config import load_config
 from dppo.errors import UsageError
 

@@ -379,7 +379,7 @@ def test_old_ray_with_token_auth_fails_at_render_time(helm_bin: str) -> None:
 
 def test_name_label_is_fixed_for_dppo_status(helm_bin: str) -> None:
     """`dppo status` selects RayJobs by app.kubernetes.io/name=dppo; nameOverride must not break that."""
-    from dppo.ops.status import LABEL_SELECTOR
+    from dppo.commands.status import LABEL_SELECTOR
 
     key, _, value = LABEL_SELECTOR.partition("=")
     for args in ([], ["--set", "nameOverride=trainer"]):

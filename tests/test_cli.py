@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dppo.cli import main
+from dppo.commands.parser import main
 from dppo.config import load_config
-from dppo.dist.learner import Learner
-from dppo.ops.checkpoint import CheckpointStore
+from dppo.run.checkpoint import CheckpointStore
+from dppo.run.coordinator import Learner
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ CASES = [
 
 def test_step_budgets_in_e_notation_are_integers(tmp_path: Path) -> None:
     """`--total-steps 1e6` and `--set run.total_steps=2e6` (and 1e6 in a YAML file) mean those integers."""
-    from dppo.cli import build_parser
+    from dppo.commands.parser import build_parser
 
     args = build_parser().parse_args(["train", "--total-steps", "1e6", "--actors", "4.0"])
     assert (args.total_steps, args.actors) == (1_000_000, 4)
@@ -125,7 +125,7 @@ def test_help_lists_every_config_key(dppo_cmd: list[str]) -> None:
 
 def test_auto_resume_without_checkpoint_starts_fresh(tmp_path: Path) -> None:
     """A retried job that died before its first checkpoint must start over, not refuse."""
-    from dppo.cli import build_parser, prepare_train
+    from dppo.commands.parser import build_parser, prepare_train
 
     run = tmp_path / "run"
     run.mkdir()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from dppo.cli import main
+from dppo.commands.parser import main
 from dppo.config import load_config
 from dppo.envs.make import EnvLoadError, env_spaces, make_env
 
@@ -125,7 +125,7 @@ def test_module_only_the_driver_can_import_stops_with_exit_2_then_runtime_env_sh
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     driver = elsewhere / "driver.py"  # puts the module on the driver's sys.path only
-    driver.write_text(f"import sys\nsys.path.insert(0, {str(user_dir)!r})\nfrom dppo.cli import main\n"
+    driver.write_text(f"import sys\nsys.path.insert(0, {str(user_dir)!r})\nfrom dppo.commands.parser import main\n"
                       "raise SystemExit(main(sys.argv[1:]))\n")
     run_dir = elsewhere / "run"
     args = ["train", "--env", "corridor_env:Corridor-v0", "--actors", "2", "--total-steps", "256",
@@ -254,7 +254,7 @@ def test_import_error_says_it_must_be_importable_on_every_worker(monkeypatch: py
 
 
 def test_run_dir_name_has_no_path_separators(user_dir: Path) -> None:
-    from dppo.cli import resolve_run_dir
+    from dppo.commands.parser import resolve_run_dir
 
     assert resolve_run_dir(None, "corridor_env:Corridor-v0").name.startswith("Corridor-v0-")
     assert resolve_run_dir(None, "dppo/Counter-v0").parent == Path("runs")

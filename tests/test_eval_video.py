@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from dppo.config import load_config
-from dppo.dist.learner import Learner
-from dppo.ops.checkpoint import CheckpointStore
+from dppo.run.checkpoint import CheckpointStore
+from dppo.run.coordinator import Learner
 
 
 def test_eval_writes_one_video_per_episode(tmp_path: Path) -> None:

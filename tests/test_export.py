@@ -12,13 +12,13 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from dppo.commands.export import DeterministicPolicy, export
 from dppo.config import ModelConfig, load_config
-from dppo.dist.learner import Learner
-from dppo.ops.checkpoint import CheckpointStore
-from dppo.ops.export import DeterministicPolicy, export
 from dppo.rl.agent import Agent, export_weights
 from dppo.rl.model import ActorCritic
 from dppo.rl.normalizer import RunningStats
+from dppo.run.checkpoint import CheckpointStore
+from dppo.run.coordinator import Learner
 
 SPACES = [
     (gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(3, start=-1)),

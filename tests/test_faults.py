@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from dppo.config import load_config
-from dppo.dist.learner import Learner, RunFailure
-from dppo.ops.checkpoint import CheckpointStore, load, newest_intact
+from dppo.run.checkpoint import CheckpointStore, load, newest_intact
+from dppo.run.coordinator import Learner, RunFailure
 
 
 def start_train(dppo_cmd: list[str], address: str, run_dir: Path, *args: str) -> subprocess.Popen:

@@ -12,11 +12,11 @@ import ray
 import torch
 
 from dppo.config import load_config
-from dppo.dist.learner_group import LearnerGroup
+from dppo.distributed.learner_group import LearnerGroup
 from dppo.envs.make import env_spaces
 from dppo.rl.model import ActorCritic
+from dppo.rl.ppo import Trainer, build_batch
 from dppo.rl.sampler import Sampler
-from dppo.rl.trainer import Trainer, build_batch
 
 
 def config(learners: int, **extra: object):
@@ -69,7 +69,7 @@ def test_train_with_two_learners_then_resume_with_one(tmp_path: Path, ray_addres
 
 def test_learners_use_gpus_only_with_one_per_learner(ray_address: str) -> None:
     """NCCL refuses two ranks on one GPU, so cuda needs a GPU per learner; auto falls back to gloo on CPUs."""
-    from dppo.dist.learner_group import group_device
+    from dppo.distributed.learner_group import group_device
     from dppo.errors import UsageError
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -106,7 +106,7 @@ def test_minibatch_must_split_over_the_learners() -> None:
 @pytest.mark.slow
 def test_bench_learners_rows(ray_address: str) -> None:
     """`dppo bench update --learners 1,2`: one learner with 1 and 2 threads, then 2 learners, same batch."""
-    from dppo.bench import bench_learners
+    from dppo.bench.suite import bench_learners
 
     rows = bench_learners([[32]], [1, 2], actors=2, envs_per_actor=2, segment_length=32, minibatch_size=64,
                           iterations=1)

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dppo.ops.checkpoint import newest_intact
+from dppo.run.checkpoint import newest_intact
 
 BATCH = 2 * 4 * 64  # actors x envs x segment length
 
@@ -86,7 +86,7 @@ def test_restart_budget_slides_its_window() -> None:
     """Restarts older than the window no longer count; one over the limit inside it ends the run."""
     import time
 
-    from dppo.dist.learner import RestartBudget, RunFailure
+    from dppo.run.coordinator import RestartBudget, RunFailure
 
     budget = RestartBudget("learner", 2, window_s=0.3)
     budget.spend(RuntimeError("one"))

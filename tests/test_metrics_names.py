@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from dppo.ops.metrics import Metrics
+from dppo.run.metrics import Metrics
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 NAME = re.compile(r"^dppo_[a-z][a-z0-9]*(_[a-z0-9]+)*$")
@@ -89,7 +89,7 @@ def test_labels_are_low_cardinality() -> None:
 
 
 def test_phase_and_duration_histograms_are_in_seconds() -> None:
-    from dppo.ops.metrics import PHASE_BUCKETS, PHASES
+    from dppo.run.metrics import PHASE_BUCKETS, PHASES
 
     assert set(PHASES) >= {"sample", "wait", "update", "sync"}
     assert min(PHASE_BUCKETS) > 0 and max(PHASE_BUCKETS) <= 3600, "bucket bounds are seconds"

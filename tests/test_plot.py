@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dppo.commands.plot import plot_runs, register
 from dppo.errors import UsageError
-from dppo.plot import plot_runs, register
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -96,7 +96,7 @@ def test_register_adds_the_plot_subcommand(tmp_path: Path) -> None:
 
 
 def test_importing_the_module_does_not_import_matplotlib() -> None:
-    code = "import sys, dppo.plot; assert 'matplotlib' not in sys.modules"
+    code = "import sys, dppo.commands.plot; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

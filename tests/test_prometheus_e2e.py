@@ -21,13 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO, load_module
 
-from dppo.ops import dashboard
-from dppo.ops.metrics import Metrics
+from dppo.run.metrics import Metrics
 
 SCRAPE_INTERVAL_S = 1
 # What Grafana substitutes: $__rate_interval is max(4 x scrape interval, step + scrape interval).
 RATE_INTERVAL = f"{4 * SCRAPE_INTERVAL_S}s"
+
+dashboard = load_module(REPO / "helm" / "dashboard.py")
 
 
 def free_port() -> int:

@@ -17,9 +17,9 @@ from urllib.parse import parse_qs, unquote, urlparse
 import pytest
 import yaml
 from conftest import require
+from dppo.ops import status
 
 from dppo.errors import UsageError
-from dppo.ops import status
 
 METRICS = """\
 # HELP dppo_env_steps_total Env steps collected by all actors.
@@ -187,7 +187,7 @@ def test_cli(kubeconfig: Path, api_server: StandIn) -> None:
     """The real CLI: `dppo status` is wired in, and bad input exits 2 with one line."""
     help_out = subprocess.run([sys.executable, "-m", "dppo", "--help"], capture_output=True, text=True, timeout=60,
                               check=False)
-    require("status" in help_out.stdout, "dppo.cli does not register the status command yet")
+    require("status" in help_out.stdout, "dppo.commands.parser does not register the status command yet")
     out = subprocess.run([sys.executable, "-m", "dppo", "status", "--kubeconfig", str(kubeconfig)],
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
@@ -200,6 +200,6 @@ def test_cli(kubeconfig: Path, api_server: StandIn) -> None:
 
 
 def test_no_kubernetes_import_at_startup() -> None:
-    code = "import sys, dppo.ops.status; print('kubernetes' in sys.modules)"
+    code = "import sys, dppo.commands.status; print('kubernetes' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

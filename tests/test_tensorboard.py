@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from dppo.ops.tensorboard import tag
+from dppo.run.tensorboard import tag
 
 
 def train(address: str, run_dir: Path, *args: str) -> None:

@@ -11,8 +11,8 @@ import torch
 from dppo.config import PPOConfig, load_config
 from dppo.envs.make import env_spaces
 from dppo.rl.model import ActorCritic
+from dppo.rl.ppo import Batch, Trainer, explained_variance, ppo_loss
 from dppo.rl.spaces import Obs
-from dppo.rl.trainer import Batch, Trainer, explained_variance, ppo_loss
 
 
 def test_identical_policies_give_ratio_one() -> None:

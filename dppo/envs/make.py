@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
-import dppo.envs.testing  # noqa: F401 - registers the dppo/ test envs in every process that makes envs
+import dppo.envs.toy  # noqa: F401 - registers the dppo/ test envs in every process that makes envs
 from dppo.envs.atari import make_ale_vector_env, make_atari_env, require_ale
 from dppo.errors import UsageError
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dppo.bench import (
+from dppo.bench.suite import (
     Row,
     _argv,
     _common,
@@ -70,7 +70,7 @@ def _paired_rounds(config, iterations: int) -> tuple[Row, Any, Any]:
     costs."""
     import ray
 
-    from dppo.dist.actor import Broadcast, broadcast_arg, start_actor
+    from dppo.distributed.actor import Broadcast, broadcast_arg, start_actor
     from dppo.rl.agent import export_weights
     from dppo.rl.model import ActorCritic
     from dppo.rl.sampler import Sampler

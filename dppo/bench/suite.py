@@ -135,7 +135,7 @@ def ray_session(address: str | None, cpus: int) -> Iterator[None]:
     """Join ``address`` or start a local Ray the way ``dppo train`` does; shut it down if we started it."""
     import ray
 
-    from dppo.cli import connect_ray
+    from dppo.commands.parser import connect_ray
 
     if ray.is_initialized():
         yield
@@ -234,7 +234,7 @@ def _ray_sampling(config, actors: int, iterations: int) -> tuple[float, dict[str
     """Steps/s of ``actors`` Ray actors sampling one broadcast per round, and the tree memory meanwhile."""
     import ray
 
-    from dppo.dist.actor import Broadcast, broadcast_arg, start_actor
+    from dppo.distributed.actor import Broadcast, broadcast_arg, start_actor
     from dppo.envs.make import make_env
     from dppo.rl.agent import export_weights
     from dppo.rl.model import ActorCritic
@@ -368,14 +368,14 @@ def run_train(argv: list[str], run_dir: Path, timeout_s: float) -> Row:
 
 def run_reference(env_id: str, seed: int, envs: int, out_dir: Path, timeout_s: float,
                   sets: list[str] | None = None) -> Row:
-    """Stable-Baselines3's PPO on the same preset in one process (dppo.bench_reference), timed as run_train."""
+    """Stable-Baselines3's PPO on the same preset in one process (dppo.bench.reference), timed as run_train."""
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
         raise UsageError("--reference needs Stable-Baselines3 in this environment: pip install 'dppo[bench]'") from None
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"reference-seed{seed}.json"
-    cmd = [sys.executable, "-m", "dppo.bench_reference", "--env", env_id, "--seed", str(seed), "--envs", str(envs),
+    cmd = [sys.executable, "-m", "dppo.bench.reference", "--env", env_id, "--seed", str(seed), "--envs", str(envs),
            "--out", str(out), *(arg for item in sets or [] for arg in ("--set", item))]
     wall, _ended_at, memory = _timed_subprocess(cmd, timeout_s)
     summary = json.loads(out.read_text())
@@ -454,12 +454,12 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
     import ray
     import torch
 
-    from dppo.dist.actor import Broadcast, broadcast_arg, payload_bytes, start_actor
-    from dppo.dist.learner import resolve_device
+    from dppo.distributed.actor import Broadcast, broadcast_arg, payload_bytes, start_actor
     from dppo.envs.make import make_env
     from dppo.rl.agent import export_weights
     from dppo.rl.model import ActorCritic, num_parameters
-    from dppo.rl.trainer import Trainer, build_batch
+    from dppo.rl.ppo import Trainer, build_batch
+    from dppo.run.coordinator import resolve_device
 
     learner_device = resolve_device(device)
     config.model.hidden_sizes = hidden
@@ -560,11 +560,11 @@ def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: s
     import torch
 
     from dppo.config import load_config
-    from dppo.dist.learner_group import LearnerGroup
+    from dppo.distributed.learner_group import LearnerGroup
     from dppo.envs.make import env_spaces
     from dppo.rl.model import ActorCritic, num_parameters
+    from dppo.rl.ppo import Trainer, build_batch
     from dppo.rl.sampler import Sampler
-    from dppo.rl.trainer import Trainer, build_batch
 
     preset_minibatch = load_config(overrides={"env.id": env_id}).ppo.minibatch_size
     rows: list[Row] = []
@@ -660,7 +660,7 @@ def write_docs(path: Path, key: str, title: str, note: str, command: str, table_
                figure: Path | None = None) -> None:
     import fcntl
 
-    from dppo.ops.checkpoint import atomic_write
+    from dppo.run.checkpoint import atomic_write
 
     path.parent.mkdir(parents=True, exist_ok=True)
     gpu = f", GPU {info['gpu']}" if info.get("gpu") else ", no GPU"
@@ -771,8 +771,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(update)
     update.set_defaults(func=cmd_update)
 
-    from dppo.bench_learn import register_learn
-    from dppo.bench_round import register_round
+    from dppo.bench.learn import register_learn
+    from dppo.bench.round import register_round
 
     register_learn(sub)
     register_round(sub)
@@ -848,7 +848,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     key = args.section or f"solve-{env_id}"
     figure = args.figure or (Path(args.write_docs).parent / f"bench-{key}.png" if args.write_docs
                              else out_dir / "solve.png")
-    from dppo.plot import plot_runs
+    from dppo.commands.plot import plot_runs
 
     plot_runs([Path(row["runs"][0]["run_dir"]) for row in ours], figure)  # the first seed of each actor count
     print(f"figure: {figure}", flush=True)

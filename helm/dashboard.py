@@ -2,7 +2,7 @@
 
 The JSON that ships is the committed file ``helm/dppo/dashboards/dppo.json`` (the chart reads it with
 ``.Files.Get``); this module is how it is made, and a test checks the two agree. Regenerate after a
-change with ``python -m dppo.ops.dashboard`` (``--check`` only compares).
+change with ``python helm/dashboard.py`` (``--check`` only compares).
 
 Plain dicts rather than grafanalib: grafanalib 0.7.1 (its latest release) writes schemaVersion 12 and
 the legacy heatmap, which current Grafana has to migrate on load; a dict is the schema Grafana reads.
@@ -22,7 +22,7 @@ from typing import Any
 
 UID = "dppo-training"
 TITLE = "dppo: distributed PPO training"
-DASHBOARD_PATH = Path(__file__).resolve().parents[2] / "helm" / "dppo" / "dashboards" / "dppo.json"
+DASHBOARD_PATH = Path(__file__).resolve().parent / "dppo" / "dashboards" / "dppo.json"
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 RUN_SELECTOR = 'dppo_run_info{run=~"$run"}'
@@ -307,7 +307,7 @@ def queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dppo.ops.dashboard", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python helm/dashboard.py", description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--output", type=Path, default=DASHBOARD_PATH, help="where to write the JSON")
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when the file differs")
     args = parser.parse_args(argv)
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.output.read_text() if args.output.exists() else ""
         if current != text:
-            print(f"{args.output} is out of date; run: python -m dppo.ops.dashboard", file=sys.stderr)
+            print(f"{args.output} is out of date; run: python helm/dashboard.py", file=sys.stderr)
             return 1
         return 0
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from dppo.errors import UsageError
 
 if TYPE_CHECKING:
-    from dppo.ops.startup import PhaseClock
+    from dppo.run.startup import PhaseClock
 
 # Subcommands that live in their own modules; each exposes register(subparsers).
-COMMAND_MODULES = ("dppo.plot", "dppo.bench", "dppo.ops.status")
+COMMAND_MODULES = ("dppo.commands.plot", "dppo.bench.suite", "dppo.commands.status")
 
 # Flags of `dppo train` that set a config key (dest -> dotted key).
 TRAIN_FLAGS = {
@@ -165,7 +165,7 @@ def prepare_train(args: argparse.Namespace) -> tuple[Any, Path, dict[str, Any] |
             fail(f"run dir {str(path)!r} is a file; pass a directory to --run-dir")
         found = None
         if (args.resume or args.auto_resume) and path.is_dir():
-            from dppo.ops.checkpoint import newest_intact  # imports torch: only when resuming
+            from dppo.run.checkpoint import newest_intact  # imports torch: only when resuming
 
             found = newest_intact(path / "checkpoints")
         if args.resume and found is None:
@@ -193,7 +193,7 @@ def prepare_train(args: argparse.Namespace) -> tuple[Any, Path, dict[str, Any] |
 
 def check_compatible(state: dict[str, Any], config: Any) -> None:
     """A checkpoint resumes only into the same env and network shape (checked before anything is written)."""
-    from dppo.ops.checkpoint import CheckpointError
+    from dppo.run.checkpoint import CheckpointError
 
     if state.get("env_id") != config.env.name:
         raise CheckpointError(f"the checkpoint is for env {state.get('env_id')!r}, not {config.env.name!r}; "
@@ -236,7 +236,7 @@ def start_learner(config: Any, run_dir: Path, resume_state: dict[str, Any] | Non
     from concurrent.futures import ThreadPoolExecutor
 
     def build() -> Any:
-        from dppo.dist.learner import Learner
+        from dppo.run.coordinator import Learner
 
         return Learner(config, run_dir, resume_state)
 
@@ -251,7 +251,7 @@ def start_learner(config: Any, run_dir: Path, resume_state: dict[str, Any] | Non
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from dppo.ops.startup import PhaseClock
+    from dppo.run.startup import PhaseClock
 
     clock = PhaseClock()  # start-up phases, reported in summary.json
     import_from_cwd()
@@ -260,7 +260,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     clock.mark("config")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     learner = start_learner(config, run_dir, resume_state, clock)
-    from dppo.dist.learner import RunFailure
+    from dppo.run.coordinator import RunFailure
 
     try:
         learner.start_actors()  # every actor made its envs: a module missing on a worker is bad input
@@ -270,7 +270,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     clock.mark("actors_ready")
     learner.startup_s = clock.phases
     run_dir.mkdir(parents=True, exist_ok=True)
-    from dppo.ops.checkpoint import atomic_write
+    from dppo.run.checkpoint import atomic_write
 
     atomic_write(run_dir / "config.yaml", config.to_yaml().encode())
     if resume_state is not None:
@@ -303,12 +303,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         fail("--episodes must be >= 1")
     from dppo.config import validate
-    from dppo.ops.checkpoint import load
+    from dppo.run.checkpoint import load
 
     state = load(args.checkpoint)
     import_from_cwd()
     config = validate(state["config"])
-    from dppo.ops.evaluate import evaluate
+    from dppo.commands.evaluate import evaluate
 
     returns = evaluate(config, state, args.episodes, args.seed, args.video)
     mean = sum(returns) / len(returns)
@@ -318,12 +318,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 # ---- export --------------------------------------------------------------------------------------
 def cmd_export(args: argparse.Namespace) -> int:
-    from dppo.ops.checkpoint import load
+    from dppo.run.checkpoint import load
 
     state = load(args.checkpoint)
     import_from_cwd()
     try:
-        from dppo.ops.export import export, format_for, policy_from_checkpoint
+        from dppo.commands.export import export, format_for, policy_from_checkpoint
     except ImportError as err:
         fail(f"dppo export needs {err.name}: pip install 'dppo[export]'")
     policy, config = policy_from_checkpoint(state)

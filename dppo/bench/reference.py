@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dppo.bench_reference")
+    parser = argparse.ArgumentParser(prog="python -m dppo.bench.reference")
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--envs", type=int, required=True, help="total envs (dppo's actors x env.num_envs)")

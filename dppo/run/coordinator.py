@@ -22,20 +22,20 @@ import ray
 import torch
 
 from dppo.config import Config
-from dppo.dist.actor import Broadcast, broadcast_arg, start_actor
-from dppo.dist.learner_group import LearnerDied, LearnerGroup, group_device
+from dppo.distributed.actor import Broadcast, broadcast_arg, start_actor
+from dppo.distributed.learner_group import LearnerDied, LearnerGroup, group_device
 from dppo.envs.make import EnvLoadError, env_spaces
 from dppo.errors import UsageError
-from dppo.ops.checkpoint import CheckpointError, CheckpointStore, atomic_write
-from dppo.ops.logs import IterationLog
-from dppo.ops.metrics import Metrics
-from dppo.ops.tensorboard import TensorBoardLog
 from dppo.rl.agent import export_weights
 from dppo.rl.model import ActorCritic
 from dppo.rl.normalizer import RunningStats
+from dppo.rl.ppo import Trainer, TrainStats, build_batch
 from dppo.rl.sampler import EnvFailure
 from dppo.rl.segment import Segment
-from dppo.rl.trainer import Trainer, TrainStats, build_batch
+from dppo.run.checkpoint import CheckpointError, CheckpointStore, atomic_write
+from dppo.run.logs import IterationLog
+from dppo.run.metrics import Metrics
+from dppo.run.tensorboard import TensorBoardLog
 
 log = logging.getLogger(__name__)
 RETURN_WINDOW = 100

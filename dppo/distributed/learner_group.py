@@ -21,7 +21,7 @@ from dppo.config import Config
 from dppo.errors import UsageError
 from dppo.rl.agent import Weights, export_weights
 from dppo.rl.model import ActorCritic
-from dppo.rl.trainer import Trainer, TrainStats, build_batch
+from dppo.rl.ppo import Trainer, TrainStats, build_batch
 
 
 class LearnerDied(RuntimeError):

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dppo.bench import Row, _argv, _common, _env_id, _positive, emit, machine, parse_counts, run_train
+from dppo.bench.suite import Row, _argv, _common, _env_id, _positive, emit, machine, parse_counts, run_train
 from dppo.errors import UsageError
 
 STAGGER_S = 20.0  # seconds between the starts of concurrent runs
@@ -114,7 +114,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
     out_dir = args.out_dir or Path("runs") / f"bench-learn-{stamp}"
     info = machine()
     rows = bench_learn(envs, seeds, out_dir, args.total_steps, args.episodes, args.parallel, args.timeout, args.sets)
-    from dppo.plot import plot_runs
+    from dppo.commands.plot import plot_runs
 
     for row in rows:
         key = args.section or f"learn-{row['env'].replace('/', '_')}"

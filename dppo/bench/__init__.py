@@ -1,0 +1,1 @@
+"""`dppo bench`: one module per benchmark; the helpers they share are public."""

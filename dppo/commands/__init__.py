@@ -1,0 +1,1 @@
+"""The `dppo` command: one module per subcommand, and the parser."""

@@ -1,1 +1,0 @@
-"""Running a run: checkpoints, metrics, logs, status, the dashboard and evaluation."""

@@ -1,0 +1,1 @@
+"""One training run on the driver: the coordinator loop, run state, run directory, reporting, checkpoints."""
