@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,23 @@ def load_module(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def new_checkpoint(config: Any, obs_stats: Any = None) -> tuple[dict[str, Any], Any]:
+    """A checkpoint of a fresh run of ``config`` (its initial weights) as a run writes it, and the model."""
+    import torch
+
+    from dppo.envs.make import env_spaces
+    from dppo.rl.model import ActorCritic
+    from dppo.rl.ppo import Trainer
+    from dppo.run.state import RunState
+
+    model = ActorCritic(*env_spaces(config), config.model)
+    state = RunState(config, model.obs_spec.vector_dim)
+    if obs_stats is not None:
+        state.obs_stats = obs_stats
+    trainer = Trainer(model, config.ppo, config.num_iterations, config.run.seed, torch.device("cpu"))
+    return state.to_checkpoint(model.state_dict(), trainer.state_dict()), model
 
 
 def processes_with(marker: str) -> list[int]:

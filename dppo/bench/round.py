@@ -70,7 +70,8 @@ def _paired_rounds(config, iterations: int) -> tuple[Row, Any, Any]:
     costs."""
     import ray
 
-    from dppo.distributed.actor import Broadcast, broadcast_arg, start_actor
+    from dppo.distributed.actor import start_actor
+    from dppo.distributed.broadcast import Broadcast, broadcast_arg
     from dppo.rl.agent import export_weights
     from dppo.rl.model import ActorCritic
     from dppo.rl.sampler import Sampler

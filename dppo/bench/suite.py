@@ -135,7 +135,7 @@ def ray_session(address: str | None, cpus: int) -> Iterator[None]:
     """Join ``address`` or start a local Ray the way ``dppo train`` does; shut it down if we started it."""
     import ray
 
-    from dppo.commands.parser import connect_ray
+    from dppo.distributed.cluster import connect_ray
 
     if ray.is_initialized():
         yield
@@ -199,8 +199,9 @@ def _in_process(config, iterations: int, raw: bool) -> float:
     """Steps/s of one process, no Ray: the Sampler (raw=False) or a plain vector env + torch MLP loop."""
     import torch
 
+    from dppo.envs.make import make_vector_env
     from dppo.rl.model import ActorCritic
-    from dppo.rl.sampler import Sampler, make_vector_env
+    from dppo.rl.sampler import Sampler
 
     steps = config.ppo.segment_length
     with torch_threads(1):
@@ -234,17 +235,19 @@ def _ray_sampling(config, actors: int, iterations: int) -> tuple[float, dict[str
     """Steps/s of ``actors`` Ray actors sampling one broadcast per round, and the tree memory meanwhile."""
     import ray
 
-    from dppo.distributed.actor import Broadcast, broadcast_arg, start_actor
+    from dppo.distributed.actor import start_actor
+    from dppo.distributed.broadcast import Broadcast, broadcast_arg
     from dppo.envs.make import make_env
     from dppo.rl.agent import export_weights
     from dppo.rl.model import ActorCritic
+    from dppo.rl.sampler import actor_seed
 
     config.run.actors = actors
-    config.run.actor_num_cpus = actor_cpus(actors)
+    config.run.actor_cpus = actor_cpus(actors)
     env = make_env(config.env)
     model = ActorCritic(env.observation_space, env.action_space, config.model)
     env.close()
-    handles = [start_actor(config, i, config.run.seed + 10_000 * i) for i in range(actors)]
+    handles = [start_actor(config, i, actor_seed(config.run.seed, i)) for i in range(actors)]
     try:
         pids = ray.get([h.pid.remote() for h in handles])
         ref = broadcast_arg(Broadcast(export_weights(model), 0, None, None))
@@ -454,22 +457,24 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
     import ray
     import torch
 
-    from dppo.distributed.actor import Broadcast, broadcast_arg, payload_bytes, start_actor
+    from dppo.distributed.actor import start_actor
+    from dppo.distributed.broadcast import Broadcast, broadcast_arg, payload_bytes
+    from dppo.distributed.learner_group import resolve_device
     from dppo.envs.make import make_env
     from dppo.rl.agent import export_weights
     from dppo.rl.model import ActorCritic, num_parameters
-    from dppo.rl.ppo import Trainer, build_batch
-    from dppo.run.coordinator import resolve_device
+    from dppo.rl.ppo import Trainer
+    from dppo.rl.sampler import actor_seed
 
     learner_device = resolve_device(device)
     config.model.hidden_sizes = hidden
     config.run.actors = actors
-    config.run.actor_num_cpus = actor_cpus(actors)
+    config.run.actor_cpus = actor_cpus(actors)
     env = make_env(config.env)
     model = ActorCritic(env.observation_space, env.action_space, config.model)
     env.close()
     trainer = Trainer(model, config.ppo, 1_000_000, config.run.seed, learner_device)
-    cpus = config.run.actor_num_cpus
+    cpus = config.run.actor_cpus
     probe_cls = ray.remote(num_cpus=cpus)(_WeightProbe)
     probes = [probe_cls.remote(config) for _ in range(actors)]
     try:
@@ -483,7 +488,7 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
     finally:
         for p in probes:
             ray.kill(p, no_restart=True)
-    handles = [start_actor(config, i, config.run.seed + 10_000 * i) for i in range(actors)]
+    handles = [start_actor(config, i, actor_seed(config.run.seed, i)) for i in range(actors)]
     try:
         ref = broadcast_arg(Broadcast(export_weights(model), 0, None, None))
         ray.get([h.sample.remote(ref) for h in handles])  # warm-up
@@ -496,8 +501,7 @@ def _update_row(config, hidden: list[int], actors: int, iterations: int, learner
                 segments = ray.get([h.sample.remote(ref) for h in handles])
                 moved.append(sum(payload_bytes(seg) for seg in segments))
                 t_update = time.perf_counter()  # the batch's copy to the device counts as update time
-                batch = build_batch(segments, config.ppo.gamma, config.ppo.gae_lambda, learner_device)
-                trainer.update(batch, version)
+                trainer.train_on(segments, version)
                 if learner_device.type == "cuda":
                     torch.cuda.synchronize()
                 now = time.perf_counter()
@@ -563,7 +567,7 @@ def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: s
     from dppo.distributed.learner_group import LearnerGroup
     from dppo.envs.make import env_spaces
     from dppo.rl.model import ActorCritic, num_parameters
-    from dppo.rl.ppo import Trainer, build_batch
+    from dppo.rl.ppo import Trainer
     from dppo.rl.sampler import Sampler
 
     preset_minibatch = load_config(overrides={"env.id": env_id}).ppo.minibatch_size
@@ -597,20 +601,18 @@ def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: s
                 with torch_threads(threads):
                     for i in range(iterations + 1):
                         start = time.perf_counter()
-                        trainer.update(build_batch(segments, config.ppo.gamma, config.ppo.gae_lambda,
-                                                   torch.device("cpu")), i)
+                        trainer.train_on(segments, i)
                         seconds.append(time.perf_counter() - start)
                 rows.append(_learners_row(shape, 1, threads, seconds[1:]))  # the first update warms up
             for learners in (n for n in learner_counts if n > 1):
                 config.run.learners, config.run.learner_threads = learners, 1
                 config.run.learner_cpus = actor_cpus(learners)
-                group = LearnerGroup(config, obs_space, action_space)
+                group = LearnerGroup(config, obs_space, action_space, model)
                 try:
-                    group.load(model.state_dict(), None)
                     seconds, shares = [], []
                     for i in range(iterations + 1):
                         start = time.perf_counter()
-                        group.update(refs, i)
+                        group.update(segments, refs, i)
                         seconds.append(time.perf_counter() - start)
                         shares.append(max(r / u for u, r in group.timings))  # the slowest-waiting learner
                 finally:
@@ -660,7 +662,7 @@ def write_docs(path: Path, key: str, title: str, note: str, command: str, table_
                figure: Path | None = None) -> None:
     import fcntl
 
-    from dppo.run.checkpoint import atomic_write
+    from dppo.run.run_dir import atomic_write
 
     path.parent.mkdir(parents=True, exist_ok=True)
     gpu = f", GPU {info['gpu']}" if info.get("gpu") else ", no GPU"

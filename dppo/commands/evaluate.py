@@ -1,19 +1,28 @@
-"""Greedy evaluation of a checkpoint: the policy's mode, normalized exactly as in training."""
+"""`dppo eval`: greedy episodes of a checkpoint's policy, normalized exactly as in training."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
-import gymnasium as gym
-
-from dppo.config import Config
-from dppo.envs.make import make_env
-from dppo.errors import UsageError
-from dppo.rl.agent import Agent, export_weights
-from dppo.rl.normalizer import RunningStats
+from dppo.commands.args import fail, import_from_cwd
 
 
-def make_eval_env(config: Config, video_dir: str | None) -> gym.Env:
+def register(sub: argparse._SubParsersAction) -> None:
+    ev = sub.add_parser("eval", help="run greedy episodes from a checkpoint and print the mean return")
+    ev.add_argument("--checkpoint", required=True, help="a ckpt-*.pt file or a run directory")
+    ev.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the first episode")
+    ev.add_argument("--video", help="record videos of the episodes into this directory (needs moviepy)")
+    ev.set_defaults(func=cmd_eval)
+
+
+def make_eval_env(config: Any, video_dir: str | None) -> Any:
+    import gymnasium as gym
+
+    from dppo.envs.make import make_env
+    from dppo.errors import UsageError
+
     if video_dir is None:
         return make_env(config.env)
     try:
@@ -24,32 +33,45 @@ def make_eval_env(config: Config, video_dir: str | None) -> gym.Env:
     return gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True, disable_logger=True)
 
 
-def evaluate(config: Config, state: dict[str, Any], episodes: int, seed: int, video_dir: str | None = None
-             ) -> list[float]:
+def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: str | None = None) -> list[float]:
     """Raw returns of ``episodes`` greedy episodes, seeds ``seed``, ``seed + 1``, ..."""
-    env = make_eval_env(config, video_dir)
-    agent = Agent(env.observation_space, env.action_space, config.model)
+    from dppo.config import validate
+    from dppo.rl.agent import Agent, export_weights
+    from dppo.rl.transforms import ObsNormalizer
+    from dppo.run.trained import trained_model
+
+    env = make_eval_env(validate(checkpoint["config"], warn=False), video_dir)
     try:
-        agent.model.load_state_dict(state["model"])
-    except RuntimeError as err:
-        raise UsageError(f"checkpoint does not match env {config.env.name} ({str(err).splitlines()[0]})") from None
-    agent.load(export_weights(agent.model), 0)
-    obs_stats = RunningStats.from_state(state["obs_stats"]) if state.get("obs_stats") else None
-    returns = []
-    try:
+        trained = trained_model(checkpoint, (env.observation_space, env.action_space))
+        config = trained.config
+        agent = Agent(env.observation_space, env.action_space, config.model)
+        agent.load(export_weights(trained.model), 0)
+        normalize = ObsNormalizer(trained.obs_stats is not None, config.env.obs_clip, agent.obs_spec.vector_dim)
+        if trained.obs_stats is not None:
+            normalize.stats = trained.obs_stats
+        returns = []
         for episode in range(episodes):
             obs, _ = env.reset(seed=seed + episode)
             total, done = 0.0, False
             while not done:
-                policy_obs = agent.obs_spec.encode_one(obs)
-                if obs_stats is not None and policy_obs.vector is not None:
-                    policy_obs.vector[:] = obs_stats.normalize(policy_obs.vector, config.env.obs_clip)
-                action, _, _ = agent.act(policy_obs, greedy=True)
-                action = agent.action_spec.to_env(action)[0]
-                obs, reward, terminated, truncated, _ = env.step(action)
+                action, _, _ = agent.act(normalize(agent.obs_spec.encode_one(obs)), greedy=True)
+                obs, reward, terminated, truncated, _ = env.step(agent.action_spec.to_env(action)[0])
                 total += float(reward)
                 done = terminated or truncated
             returns.append(total)
     finally:
         env.close()
     return returns
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    if args.episodes < 1:
+        fail("--episodes must be >= 1")
+    from dppo.run.checkpoint import load
+
+    checkpoint = load(args.checkpoint)
+    import_from_cwd()
+    returns = evaluate(checkpoint, args.episodes, args.seed, args.video)
+    mean = sum(returns) / len(returns)
+    print(f"mean return {mean:.2f} over {len(returns)} episodes (min {min(returns):.2f}, max {max(returns):.2f})")
+    return 0

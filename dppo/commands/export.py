@@ -1,14 +1,9 @@
-"""Export a checkpoint's deterministic policy for deployment: ONNX (onnxruntime) or TorchScript.
-
-The exported graph takes the env's raw observation and returns the env's action, for every space dppo
-supports: inputs are the observation's leaves in gymnasium's flatten order (named ``obs`` for a plain
-space, else by their Dict keys / Tuple indices, e.g. ``obs.image``, ``obs.1``), each with a dynamic
-batch dimension; the encoding (one-hot, flattening), the checkpoint's observation normalization and the
-policy's mode (argmax, p > 0.5, the Gaussian mean clipped to the bounds) are inside the graph.
-"""
+"""`dppo export`: a checkpoint's deterministic policy (:mod:`dppo.rl.deterministic`) as ONNX (onnxruntime) or
+TorchScript, with a dynamic batch dimension, written atomically."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import logging
@@ -16,119 +11,25 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-import gymnasium as gym
-import numpy as np
-import torch
-from torch import nn
-
-from dppo.config import Config
+from dppo.commands.args import fail, import_from_cwd
 from dppo.errors import UsageError
-from dppo.rl.model import ActorCritic
-from dppo.rl.normalizer import RunningStats
-from dppo.rl.spaces import Obs
+
+if TYPE_CHECKING:
+    from dppo.rl.deterministic import DeterministicPolicy
 
 FORMATS = ("onnx", "torchscript")
-
-
-def leaf_name(path: tuple[Any, ...]) -> str:
-    return ".".join(["obs", *(str(p) for p in path)])
-
-
-class DeterministicPolicy(nn.Module):
-    """Raw observation leaves in (the image first when there is one), the env's action out."""
-
-    def __init__(self, model: ActorCritic, obs_stats: RunningStats | None, obs_clip: float) -> None:
-        super().__init__()
-        self.model = model.eval()
-        self.obs_spec, self.action_spec = model.obs_spec, model.action_spec
-        self.leaves = [leaf.space for _, leaf in self.obs_spec.leaves]
-        for i, space in enumerate(self.leaves):  # the values each one-hot block compares against
-            if isinstance(space, gym.spaces.Discrete):
-                self.register_buffer(f"values_{i}", torch.arange(int(space.n)) + int(space.start))
-            elif isinstance(space, gym.spaces.MultiDiscrete):
-                self.register_buffer(f"values_{i}", torch.as_tensor(np.concatenate(
-                    [np.arange(n) + s for n, s in zip(space.nvec.reshape(-1), space.start.reshape(-1), strict=True)])))
-                self.register_buffer(f"columns_{i}", torch.as_tensor(np.repeat(
-                    np.arange(space.nvec.size), space.nvec.reshape(-1))))
-        self.normalize = obs_stats is not None
-        if obs_stats is not None:
-            self.register_buffer("mean", torch.as_tensor(obs_stats.mean, dtype=torch.float32))
-            self.register_buffer("std", torch.as_tensor(np.sqrt(obs_stats.var + 1e-8), dtype=torch.float32))
-        self.obs_clip = float(obs_clip)
-        space = self.action_spec.space
-        if self.action_spec.kind == "gaussian":
-            self.register_buffer("low", torch.as_tensor(space.low.reshape(-1), dtype=torch.float32))
-            self.register_buffer("high", torch.as_tensor(space.high.reshape(-1), dtype=torch.float32))
-        elif self.action_spec.kind == "categorical":
-            self.register_buffer("start", torch.as_tensor(np.asarray(space.start).reshape(-1), dtype=torch.int64))
-
-    def input_names(self) -> list[str]:
-        names = [leaf_name(self.obs_spec.image_path)] if self.obs_spec.has_image else []
-        return names + [leaf_name(path) for path, _ in self.obs_spec.leaves]
-
-    def _encode(self, i: int, space: gym.Space, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        if isinstance(space, gym.spaces.Discrete):
-            return (x.reshape(rows, 1) == getattr(self, f"values_{i}")).float()
-        if isinstance(space, gym.spaces.MultiDiscrete):
-            picked = x.reshape(rows, -1)[:, getattr(self, f"columns_{i}")]  # each column's value, per block
-            return (picked == getattr(self, f"values_{i}")).float()
-        return x.reshape(rows, -1).float()
-
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        image = inputs[0] if self.obs_spec.has_image else None
-        leaves = inputs[1:] if self.obs_spec.has_image else inputs
-        vector = None
-        if leaves:
-            vector = torch.cat([self._encode(i, s, x) for i, (s, x) in enumerate(zip(self.leaves, leaves,
-                                                                                      strict=True))], -1)
-            if self.normalize:
-                vector = ((vector - self.mean) / self.std).clamp(-self.obs_clip, self.obs_clip)
-        out = self.model.policy_head(self.model.features(Obs(image=image, vector=vector)))
-        spec = self.action_spec
-        rows = out.shape[0]
-        if spec.kind == "categorical":
-            choice = torch.stack([part.argmax(-1) for part in out.split(spec.nvec, -1)], -1) + self.start
-            return choice.reshape(rows, *spec.stored_shape)
-        if spec.kind == "bernoulli":
-            return (out > 0).to(torch.int8).reshape(rows, *spec.stored_shape)
-        return torch.minimum(torch.maximum(out, self.low), self.high).reshape(rows, *spec.stored_shape)
-
-
-def policy_from_checkpoint(state: dict[str, Any]) -> tuple[DeterministicPolicy, Config]:
-    """The exportable policy of a checkpoint (its env is made once, for the spaces)."""
-    from dppo.config import validate
-    from dppo.envs.make import env_spaces
-
-    config = validate(state["config"])
-    obs_space, action_space = env_spaces(config)
-    model = ActorCritic(obs_space, action_space, config.model)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as err:
-        raise UsageError(f"checkpoint does not match env {config.env.name} ({str(err).splitlines()[0]})") from None
-    obs_stats = RunningStats.from_state(state["obs_stats"]) if state.get("obs_stats") else None
-    return DeterministicPolicy(model, obs_stats, config.env.obs_clip), config
-
-
-def example_inputs(policy: DeterministicPolicy, rows: int = 2, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """Random observations of the env's space, one tensor per input (for tracing and for tests)."""
-    from dppo.rl.spaces import _at, _stack
-
-    space = policy.obs_spec.space
-    space.seed(seed)
-    batch = _stack([space.sample() for _ in range(rows)], space)
-    paths = ([policy.obs_spec.image_path] if policy.obs_spec.has_image else []) + [
-        p for p, _ in policy.obs_spec.leaves]
-    return tuple(torch.as_tensor(np.asarray(_at(batch, p))) for p in paths)
 
 
 def export(policy: DeterministicPolicy, output: Path, fmt: str) -> None:
     """Write the graph atomically (a temp file in the target directory, then a rename)."""
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    import torch
+
+    from dppo.rl.deterministic import example_inputs
+
     policy.requires_grad_(False)
     inputs = example_inputs(policy)
     output = output.resolve()
@@ -165,3 +66,36 @@ def format_for(output: Path, fmt: str | None) -> str:
         return fmt
     return "torchscript" if output.suffix in {".pt", ".ts", ".torchscript"} else "onnx"
 
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    ex = sub.add_parser("export", help="export the deterministic policy for deployment (ONNX or TorchScript)",
+                        description="The checkpoint's deterministic policy, observation normalization included: "
+                        "raw observation in, env action out, dynamic batch dimension.")
+    ex.add_argument("--checkpoint", required=True, help="a ckpt-*.pt file or a run directory")
+    ex.add_argument("-o", "--output", required=True, type=Path, help="file to write, e.g. policy.onnx")
+    ex.add_argument("--format", choices=FORMATS, help="default: from the file name (.pt/.ts: torchscript, else onnx)")
+    ex.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from dppo.run.checkpoint import load
+
+    checkpoint = load(args.checkpoint)
+    import_from_cwd()
+    fmt = format_for(args.output, args.format)
+    if fmt == "onnx":
+        try:
+            import onnx  # noqa: F401 - torch's exporter needs onnx and onnxscript
+            import onnxscript  # noqa: F401
+        except ImportError as err:
+            fail(f"dppo export needs {err.name}: pip install 'dppo[export]'")
+    from dppo.rl.deterministic import DeterministicPolicy
+    from dppo.run.trained import trained_model
+
+    trained = trained_model(checkpoint)
+    policy = DeterministicPolicy(trained.model, trained.obs_stats, trained.config.env.obs_clip)
+    export(policy, args.output, fmt)
+    print(f"wrote {args.output} ({fmt}; env {trained.config.env.name}; inputs {', '.join(policy.input_names())}; "
+          "output action)")
+    return 0

@@ -8,15 +8,15 @@ same learning curve per env step, reached sooner in wall-clock time.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 
 from dppo.errors import UsageError
+from dppo.run.run_dir import RunDir
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -36,29 +36,14 @@ class Curve:
     env_id: str | None
 
 
-def read_progress(path: Path) -> list[dict[str, Any]]:
-    """Records of a progress.jsonl; a torn last line (the run is still writing) is ignored."""
-    lines = path.read_text().splitlines()
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines):
-                break
-            raise UsageError(f"{path}:{number} is not valid JSON; is this a dppo progress file?") from None
-    return records
-
-
 def load_curve(run_dir: Path) -> Curve:
     if not run_dir.is_dir():
         raise UsageError(f"run directory {run_dir} does not exist; pass directories made by `dppo train`")
-    progress = run_dir / "progress.jsonl"
+    files = RunDir(run_dir)
+    progress = files.progress
     if not progress.is_file():
         raise UsageError(f"{run_dir} has no progress.jsonl; pass a run directory made by `dppo train`")
-    records = read_progress(progress)
+    records = files.read_progress()
     points = [r for r in records if isinstance(r.get("episode_return_mean"), (int, float))
               and math.isfinite(r["episode_return_mean"])]
     if not points:
@@ -66,7 +51,7 @@ def load_curve(run_dir: Path) -> Curve:
     missing = {"wall_s", "env_steps"} - points[0].keys()
     if missing:
         raise UsageError(f"{progress} lacks {', '.join(sorted(missing))}; is this a dppo progress file?")
-    summary = _read_json(run_dir / "summary.json") or {}
+    summary = files.read_summary() or {}
     target = summary.get("target_return")
     return Curve(
         label=_label(run_dir),
@@ -78,18 +63,10 @@ def load_curve(run_dir: Path) -> Curve:
     )
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _label(run_dir: Path) -> str:
     """The run's name, with its actor count when config.yaml says it."""
     try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        config = yaml.safe_load(RunDir(run_dir).config.read_text()) or {}
         actors = config["run"]["actors"]
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return run_dir.resolve().name

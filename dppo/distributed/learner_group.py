@@ -1,97 +1,41 @@
-"""Learner group: L data-parallel Trainers as Ray actors in one torch.distributed process group.
+"""The learner group: L data-parallel learners behind one interface, so the driver never branches on L.
 
-Each learner holds a model replica and the same optimizer state, gets the iteration's segments by object
-reference (the driver never concatenates the batch), builds the batch, and takes every L-th row of each
-global minibatch; advantage statistics, gradients and diagnostics are summed over the group (gloo on CPU,
-NCCL on GPUs), so every learner takes the same step as one learner would on the whole minibatch. Learner 0
-exports the weights the driver broadcasts and checkpoints. The process group's rendezvous address is
-learner 0's node IP and a free port, handed out through Ray.
+L = 1 is one :class:`Learner` in the driver's process, updating on the segments themselves. L > 1 are Ray
+actors in one torch.distributed process group: each gets the iteration's segments by object reference (the
+driver never concatenates the batch), builds the batch and takes every L-th row of each global minibatch;
+advantage statistics, gradients and diagnostics are summed over the group, so every learner takes the step
+one learner would take on the whole minibatch. Learner 0 exports the weights that are broadcast and
+checkpointed. A learner that dies breaks the process group: the whole group is replaced.
 """
 
 from __future__ import annotations
 
-import socket
-import time
 from typing import Any
 
 import ray
 import torch
 
 from dppo.config import Config
+from dppo.distributed.learner import Learner, RemoteLearner
 from dppo.errors import UsageError
-from dppo.rl.agent import Weights, export_weights
+from dppo.rl.agent import Weights
 from dppo.rl.model import ActorCritic
-from dppo.rl.ppo import Trainer, TrainStats, build_batch
+from dppo.rl.ppo import TrainStats
+from dppo.rl.segment import Segment
 
 
 class LearnerDied(RuntimeError):
     """A learner of the group is gone; its replicas can no longer agree."""
 
 
-class AllReduce:
-    """torch.distributed's all-reduce (sum) as the Trainer's reducer."""
-
-    def __init__(self, world: int) -> None:
-        self.world = world
-        self.seconds = 0.0  # time spent in all-reduce (waiting for peers included), for the metrics
-
-    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        tensor = tensor.detach().clone()
-        start = time.perf_counter()
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        self.seconds += time.perf_counter() - start
-        return tensor
-
-
-class LearnerWorker:
-    """One replica: model, Trainer, and its rank in the process group."""
-
-    def __init__(self, config: Config, obs_space: Any, action_space: Any, rank: int, world: int,
-                 device: str = "cpu") -> None:
-        torch.set_num_threads(config.run.learner_threads)
-        self.config, self.rank, self.world = config, rank, world
-        self.device = torch.device(device)  # the driver decided (group_device): cuda only with a GPU per rank
-        self.model = ActorCritic(obs_space, action_space, config.model)
-        self.reducer = AllReduce(world)
-        self.trainer = Trainer(self.model, config.ppo, config.num_iterations, config.run.seed, self.device,
-                               self.reducer, rank)
-
-    def rendezvous(self) -> str:
-        """``tcp://ip:port`` of a free port on this node (learner 0's; the group meets there)."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
-
-    def join(self, address: str) -> None:
-        import torch.distributed as dist
-
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world)
-
-    def load(self, model_state: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
-        self.model.load_state_dict(model_state)
-        if trainer_state is not None:
-            self.trainer.load_state_dict(trainer_state)
-
-    def update(self, segment_refs: list[ray.ObjectRef], iteration: int) -> tuple[TrainStats, float, float]:
-        """The update's statistics, its seconds, and the seconds of those spent in all-reduce."""
-        start, self.reducer.seconds = time.perf_counter(), 0.0
-        segments = ray.get(segment_refs)  # zero-copy reads from the object store
-        batch = build_batch(segments, self.config.ppo.gamma, self.config.ppo.gae_lambda, self.device)
-        stats = self.trainer.update(batch, iteration)
-        return stats, time.perf_counter() - start, self.reducer.seconds
-
-    def weights(self) -> Weights:
-        return export_weights(self.model)
-
-    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        return self.model.state_dict(), self.trainer.state_dict()
-
-
-LearnerActor = ray.remote(LearnerWorker)
+def resolve_device(device: str) -> torch.device:
+    """The driver's learner device: ``auto`` is the GPU when this process sees one; actors stay on CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("run.device=cuda but the learner sees no CUDA device; use run.device=auto or cpu, "
+                         "or give the head a GPU (chart value head.gpus)")
+    return torch.device(device)
 
 
 def group_device(config: Config) -> str:
@@ -110,14 +54,23 @@ def group_device(config: Config) -> str:
 
 
 class LearnerGroup:
-    """The driver's handle on L learners: start, join, load, update, read weights and state."""
+    """Update, weights, state, load and restart of L learners. ``model`` holds the initial (or resumed) weights:
+    with L = 1 it is the learner's own model."""
 
-    def __init__(self, config: Config, obs_space: Any, action_space: Any, device: str | None = None) -> None:
+    def __init__(self, config: Config, obs_space: Any, action_space: Any, model: ActorCritic,
+                 trainer_state: dict[str, Any] | None = None) -> None:
         self.config, self.obs_space, self.action_space = config, obs_space, action_space
-        self.device = device or group_device(config)
-        self.actors: list[ray.actor.ActorHandle] = []
+        self.local: Learner | None = None
+        self.remote: list[ray.actor.ActorHandle] = []
         self.timings: list[tuple[float, float]] = []  # per rank: (update s, all-reduce s) of the last update
+        if config.run.learners == 1:
+            self.device = str(resolve_device(config.run.device))
+            self.local = Learner(config, obs_space, action_space, device=self.device, model=model)
+            self.local.load(None, trainer_state)
+            return
+        self.device = group_device(config)
         self._start()
+        self.load(model.state_dict(), trainer_state)
 
     def _start(self) -> None:
         world = self.config.run.learners
@@ -125,47 +78,71 @@ class LearnerGroup:
         resource = self.config.run.learner_resource
         placement = ({"num_cpus": 0, "resources": {resource: 1}} if resource
                      else {"num_cpus": self.config.run.learner_cpus})
-        self.actors = [LearnerActor.options(num_gpus=gpus, **placement).remote(
+        self.remote = [RemoteLearner.options(num_gpus=gpus, **placement).remote(
             self.config, self.obs_space, self.action_space, rank, world, self.device) for rank in range(world)]
-        address = ray.get(self.actors[0].rendezvous.remote())
-        ray.get([a.join.remote(address) for a in self.actors])
-
-    def restart(self, model_state: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
-        """A learner died: the survivors' process group is broken, so replace all L and load the given state."""
-        self.shutdown()
-        self._start()
-        self.load(model_state, trainer_state)
+        address = ray.get(self.remote[0].rendezvous.remote())
+        ray.get([learner.join.remote(address) for learner in self.remote])
 
     def load(self, model_state: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
+        if self.local is not None:
+            self.local.load(model_state, trainer_state)
+            return
+        # learner 0's weights as last seen (broadcast, and reloaded by a restart) and the trainer state loaded
+        self.last_weights: Weights = {k: v.detach().cpu().numpy() for k, v in model_state.items()}
+        self.trainer_state = trainer_state
         model_ref, trainer_ref = ray.put(model_state), ray.put(trainer_state)  # one copy, read by every learner
-        ray.get([a.load.remote(model_ref, trainer_ref) for a in self.actors])
+        ray.get([learner.load.remote(model_ref, trainer_ref) for learner in self.remote])
 
-    def update(self, segment_refs: list[ray.ObjectRef], iteration: int) -> TrainStats:
-        """Every learner updates; they agree, so learner 0's statistics are the group's. A learner that dies
-        stops the iteration (the driver restarts the group)."""
-        refs = [a.update.remote(segment_refs, iteration) for a in self.actors]
-        pending = list(refs)
+    def update(self, segments: list[Segment], refs: list[ray.ObjectRef], iteration: int) -> TrainStats:
+        """Every learner updates (remote ones read ``refs``); they agree, so learner 0's statistics are the
+        group's. A learner that dies stops the update: LearnerDied (restart the group and retry)."""
+        if self.local is not None:
+            stats, update_s, reduce_s = self.local.update(iteration, *segments)
+            self.timings = [(update_s, reduce_s)]
+            return stats
+        calls = [learner.update.remote(iteration, *refs) for learner in self.remote]
+        pending = list(calls)
         try:
             while pending:  # ray.wait, not ray.get in order: survivors block in the all-reduce of a dead peer
                 ready, pending = ray.wait(pending, num_returns=1)
                 ray.get(ready)
-            results = ray.get(refs)
+            results = ray.get(calls)
+            self.last_weights = ray.get(self.remote[0].weights.remote())
         except ray.exceptions.RayActorError as err:
             raise LearnerDied(f"a learner process died during the update: {str(err).strip().splitlines()[0]}") from err
         self.timings = [(update_s, reduce_s) for _stats, update_s, reduce_s in results]
         return results[0][0]
 
     def weights(self) -> Weights:
-        try:
-            return ray.get(self.actors[0].weights.remote())
-        except ray.exceptions.RayActorError as err:
-            why = str(err).strip().splitlines()[0]
-            raise LearnerDied(f"learner 0 died before exporting its weights: {why}") from err
+        """Learner 0's weights as numpy arrays (views of the local model's parameters with L = 1)."""
+        return self.local.weights() if self.local is not None else self.last_weights
 
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        return ray.get(self.actors[0].state.remote())
+        """Learner 0's model and trainer state, for a checkpoint. Without learner 0: the last update's weights and
+        the trainer state last loaded (the optimizer state falls back to the last checkpoint's), and LearnerDied."""
+        if self.local is not None:
+            return self.local.state()
+        try:
+            return ray.get(self.remote[0].state.remote())
+        except ray.exceptions.RayActorError as err:
+            raise LearnerDied("learner 0 is gone") from err
+
+    def fallback_state(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """What the driver holds when learner 0 is gone: the last update's weights, the last loaded trainer state."""
+        return self._model_state(), self.trainer_state
+
+    def _model_state(self) -> dict[str, Any]:
+        return {k: torch.tensor(v) for k, v in self.last_weights.items()}
+
+    def restart(self, trainer_state: dict[str, Any] | None) -> None:
+        """A learner died: the survivors' process group is broken, so replace all L and load the last update's
+        weights (what a surviving learner holds) with ``trainer_state``."""
+        model_state = self._model_state()
+        self.shutdown()
+        self._start()
+        self.load(model_state, trainer_state)
 
     def shutdown(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        self.actors = []
+        for learner in self.remote:
+            ray.kill(learner, no_restart=True)
+        self.remote = []

@@ -1,3 +1,19 @@
-"""Making envs from a config (registered ids, module:EnvId, entry points, wrappers) and the test envs."""
+"""Making envs from a config (ids, module:EnvId, entry points, wrappers), Atari, user-code loading, toy envs.
 
-import dppo.envs.toy  # noqa: F401 - registers the dppo/ test envs
+The toy envs of :mod:`dppo.envs.toy` are registered here by name, so ``dppo/Counter-v0`` and the others can
+be made in any process that imports this package, without importing their module until one is made.
+"""
+
+import gymnasium as gym
+
+TOY_ENVS = {
+    "dppo/Counter-v0": ("CounterEnv", {}, 10),
+    "dppo/Faulty-v0": ("FaultyEnv", {}, 500),
+    "dppo/MatchBits-v0": ("MatchEnv", {"kind": "bits"}, None),
+    "dppo/MatchDigits-v0": ("MatchEnv", {"kind": "digits"}, None),
+    "dppo/DictMatch-v0": ("MatchEnv", {"kind": "dict"}, None),
+}
+
+for _env_id, (_cls, _kwargs, _limit) in TOY_ENVS.items():
+    if _env_id not in gym.registry:
+        gym.register(_env_id, entry_point=f"dppo.envs.toy:{_cls}", kwargs=_kwargs, max_episode_steps=_limit)

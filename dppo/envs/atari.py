@@ -74,13 +74,13 @@ def make_atari_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
 
 
 def make_ale_vector_env(config: Config) -> VectorEnv:
-    """E preprocessed envs in ale-py's C++ vector env, stepped in ``actor_num_cpus`` threads."""
+    """E preprocessed envs in ale-py's C++ vector env, stepped in ``run.actor_cpus`` threads."""
     require_ale()
     from ale_py.vector_env import AtariVectorEnv
 
     cfg = config.env
     return AtariVectorEnv(
-        game(cfg.id or ""), cfg.num_envs, num_threads=max(1, round(config.run.actor_num_cpus)),
+        game(cfg.id or ""), cfg.num_envs, num_threads=max(1, round(config.run.actor_cpus)),
         autoreset_mode=AutoresetMode.SAME_STEP, noop_max=NOOP_MAX, frameskip=FRAME_SKIP, maxpool=True,
         img_height=SCREEN, img_width=SCREEN, grayscale=True, stack_num=STACK, repeat_action_probability=0.0,
         full_action_space=False, max_num_frames_per_episode=MAX_FRAMES, use_fire_reset=True,

@@ -10,91 +10,19 @@ Then the configured wrappers, in order. Every way a user's code can fail to load
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
-import dppo.envs.toy  # noqa: F401 - registers the dppo/ test envs in every process that makes envs
 from dppo.envs.atari import make_ale_vector_env, make_atari_env, require_ale
+from dppo.envs.latency import LatencyWrapper
+from dppo.envs.user_code import EnvLoadError, import_module, load_callable
 from dppo.errors import UsageError
 
 if TYPE_CHECKING:
     from dppo.config import Config, EnvConfig
-
-SHIP_HINT = ("it must be importable in the learner and in every Ray worker: locally, run from its directory or "
-             "put it on PYTHONPATH; on a cluster, install it in the image or ship it with run.runtime_env "
-             "(working_dir, py_modules or pip; chart value runtimeEnv)")
-
-
-class EnvLoadError(UsageError):
-    """The env (or a wrapper) named in the config cannot be imported, called or made."""
-
-
-class LatencyWrapper(gym.Wrapper):
-    """Makes each step take latency_ms in all, sleeping out what the wrapped env's own step leaves, so the
-    CPU is released as a remote simulator or a robot would release it. The step as a whole is timed, not
-    the sleep alone: a sleep's overshoot and the env's own work would otherwise add to every step."""
-
-    def __init__(self, env: gym.Env, latency_ms: float) -> None:
-        super().__init__(env)
-        self.delay = latency_ms / 1000.0
-        self.debt = 0.0  # how much the last step overran: taken off the next, so the mean latency is exact
-
-    def step(self, action):
-        start = time.perf_counter()
-        result = self.env.step(action)
-        target = self.delay - self.debt
-        wait = target - (time.perf_counter() - start)
-        if wait > 0:
-            time.sleep(wait)
-        # bounded: one long stall must not turn the following steps into a burst without latency
-        self.debt = min(time.perf_counter() - start - target, self.delay)
-        return result
-
-
-def driver_import_paths() -> list[str]:
-    """Where the driver finds user modules: its working directory and PYTHONPATH (handed to local actors)."""
-    paths = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    return [p for p in dict.fromkeys(paths) if p]
-
-
-def add_import_paths(paths: list[str]) -> None:
-    """Put the driver's paths on sys.path (those that exist here: on a cluster node they usually do not)."""
-    for path in reversed(paths):
-        if path not in sys.path and os.path.isdir(path):
-            sys.path.insert(0, path)
-
-
-def import_module(name: str, purpose: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ImportError as err:
-        raise EnvLoadError(f"cannot import module {name!r} for {purpose} ({err}); {SHIP_HINT}") from None
-    except Exception as err:  # the user's module raised while importing
-        raise EnvLoadError(f"importing module {name!r} for {purpose} raised {type(err).__name__}: {err}") from None
-
-
-def load_callable(ref: str, purpose: str) -> Callable[..., Any]:
-    """``module.path:name`` -> the object, which must be callable."""
-    module_name, sep, attr = ref.partition(":")
-    if not sep or not module_name or not attr:
-        raise EnvLoadError(f"{purpose} {ref!r} is not module.path:name; write e.g. mypackage.envs:MyEnv")
-    obj: Any = import_module(module_name, purpose)
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise EnvLoadError(f"module {module_name!r} has no {attr!r} ({purpose} {ref!r}); check the name") from None
-    if not callable(obj):
-        raise EnvLoadError(f"{purpose} {ref!r} is a {type(obj).__name__}, not a class or function; "
-                           "name an Env subclass or a function that returns an Env")
-    return obj
 
 
 def _wrapper_class(name: str) -> Callable[..., Any]:
@@ -199,13 +127,9 @@ def make_vector_env(config: Config) -> VectorEnv:
 
 
 def env_spaces(config: Config) -> tuple[gym.Space, gym.Space]:
-    """Observation and action space of one env, checked: the learner builds its model from these."""
-    from dppo.rl.spaces import check_spaces
-
+    """Observation and action space of one env (made and closed): what the model is built for."""
     env = make_env(config.env)
     try:
-        spaces = env.observation_space, env.action_space
+        return env.observation_space, env.action_space
     finally:
         env.close()
-    check_spaces(*spaces)
-    return spaces

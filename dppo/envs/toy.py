@@ -1,4 +1,5 @@
-"""Small envs registered under the ``dppo/`` namespace for tests and fault drills.
+"""Small envs for tests, fault drills and benchmarks, registered as ``dppo/...`` ids by :mod:`dppo.envs`
+(by name: this module is imported only when one of them is made).
 
 - ``dppo/Counter-v0``: observation = steps since reset, reward 1; ends by termination at
   ``terminate_at`` (if set) or by truncation at ``max_episode_steps``. Makes episode boundaries,
@@ -133,14 +134,3 @@ class MatchEnv(gym.Env):
         reward = float(np.mean(np.asarray(action) == self.target))
         self.t += 1
         return self._draw(), reward, self.t >= 10, False, {}
-
-
-def register() -> None:
-    if "dppo/Counter-v0" not in gym.registry:
-        gym.register("dppo/Counter-v0", entry_point=CounterEnv, max_episode_steps=10)
-        gym.register("dppo/Faulty-v0", entry_point=FaultyEnv, max_episode_steps=500)
-        for name, kind in (("MatchBits", "bits"), ("MatchDigits", "digits"), ("DictMatch", "dict")):
-            gym.register(f"dppo/{name}-v0", entry_point=MatchEnv, kwargs={"kind": kind})
-
-
-register()

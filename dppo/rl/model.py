@@ -10,7 +10,8 @@ from torch import nn
 from torch.distributions import Bernoulli, Categorical, Distribution, Normal
 
 from dppo.config import ModelConfig
-from dppo.rl.spaces import ActionSpec, Obs, check_spaces
+from dppo.rl.actions import ActionSpec
+from dppo.rl.spaces import Obs, check_spaces
 
 
 class Tanh(nn.Module):
@@ -72,7 +73,7 @@ class ActionDist:
     """The policy's distribution over one action: independent parts whose log-probs and entropies add.
 
     Categorical parts for Discrete/MultiDiscrete, Bernoullis for MultiBinary, a diagonal Gaussian for Box
-    (see :class:`dppo.rl.spaces.ActionSpec`). Argument validation is off: it costs more than the math here.
+    (see :class:`dppo.rl.actions.ActionSpec`). Argument validation is off: it costs more than the math here.
     """
 
     def __init__(self, spec: ActionSpec, out: torch.Tensor, log_std: torch.Tensor | None) -> None:

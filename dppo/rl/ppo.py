@@ -1,4 +1,4 @@
-"""Trainer: PPO math only. Owns the optimizer; K epochs x minibatches of clipped-objective SGD.
+"""PPO: the clipped-surrogate loss and the Trainer (the optimizer's owner; K epochs x minibatches of SGD).
 
 Schulman et al. 2017 (arXiv:1707.06347), with the implementation details of Huang et al. 2022:
 per-minibatch advantage normalization, clipped value loss, entropy bonus, global grad-norm clip,
@@ -15,21 +15,9 @@ import numpy as np
 import torch
 
 from dppo.config import PPOConfig
-from dppo.rl.advantages import gae
+from dppo.rl.batch import Batch, build_batch
 from dppo.rl.model import ActorCritic
 from dppo.rl.segment import Segment
-from dppo.rl.spaces import Obs
-
-
-class Batch(NamedTuple):
-    """Flattened samples of one iteration: N x T x E rows."""
-
-    obs: Obs  # of tensors
-    actions: torch.Tensor
-    log_probs: torch.Tensor
-    values: torch.Tensor
-    advantages: torch.Tensor
-    returns: torch.Tensor
 
 
 class LossTerms(NamedTuple):
@@ -61,25 +49,6 @@ class TrainStats:
         return asdict(self)
 
 
-def build_batch(segments: list[Segment], gamma: float, lam: float, device: torch.device) -> Batch:
-    """GAE per segment (each has its own time axis), then flatten and concatenate."""
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in Batch._fields if k != "obs"}
-    obs_parts: dict[str, list[np.ndarray]] = {}
-    for seg in segments:
-        advantages, returns = gae(seg.rewards, seg.values, seg.terminated, seg.truncated,
-                                  seg.final_values, seg.last_values, gamma, lam)
-        rows = seg.rewards.size
-        for name, part in seg.obs.parts().items():
-            obs_parts.setdefault(name, []).append(part.reshape(rows, *part.shape[2:]))
-        parts["actions"].append(seg.actions.reshape(rows, *seg.actions.shape[2:]))
-        parts["log_probs"].append(seg.log_probs.reshape(rows))
-        parts["values"].append(seg.values.reshape(rows))
-        parts["advantages"].append(advantages.reshape(rows))
-        parts["returns"].append(returns.reshape(rows))
-    obs = Obs(**{name: torch.as_tensor(np.concatenate(p), device=device) for name, p in obs_parts.items()})
-    return Batch(obs, *(torch.as_tensor(np.concatenate(parts[k]), device=device) for k in Batch._fields[1:]))
-
-
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
     """1 - Var[target - predicted] / Var[target]; NaN when the target is constant."""
     var = float(np.var(target))
@@ -94,7 +63,7 @@ class Reducer(Protocol):
     def sum(self, tensor: torch.Tensor) -> torch.Tensor: ...
 
 
-class SingleLearner:
+class LocalReducer:
     """The group of one: sums are the values themselves."""
 
     world = 1
@@ -126,7 +95,7 @@ def ppo_loss(
 ) -> LossTerms:
     """Clipped surrogate, (clipped) value loss and entropy of one minibatch (or of this learner's shard of it,
     with ``reducer`` the group: advantages are normalized over the whole minibatch); no side effects."""
-    reducer = reducer or SingleLearner()
+    reducer = reducer or LocalReducer()
     if config.normalize_advantages:
         advantages = normalized_advantages(advantages, reducer)
     log_ratio = new_log_probs - old_log_probs
@@ -134,7 +103,8 @@ def ppo_loss(
     clip = config.clip_coef
     policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip)).mean()
     if config.clip_value_loss:
-        clipped = old_values + (new_values - old_values).clamp(-clip, clip)
+        value_clip = config.value_clip_range
+        clipped = old_values + (new_values - old_values).clamp(-value_clip, value_clip)
         value_loss = 0.5 * torch.max((new_values - returns) ** 2, (clipped - returns) ** 2).mean()
     else:
         value_loss = 0.5 * ((new_values - returns) ** 2).mean()
@@ -150,7 +120,7 @@ class Trainer:
     def __init__(self, model: ActorCritic, config: PPOConfig, num_iterations: int, seed: int,
                  device: torch.device, reducer: Reducer | None = None, rank: int = 0) -> None:
         self.model = model.to(device)
-        self.reducer = reducer or SingleLearner()
+        self.reducer = reducer or LocalReducer()
         self.rank = rank  # with several learners each takes every world-th row of each global minibatch
         self.config = config
         self.num_iterations = num_iterations
@@ -165,6 +135,10 @@ class Trainer:
             return self.config.learning_rate
         frac = 1.0 - min(iteration, self.num_iterations - 1) / self.num_iterations
         return frac * self.config.learning_rate
+
+    def train_on(self, segments: list[Segment], iteration: int) -> TrainStats:
+        """The update on one iteration's segments (GAE and flattening first, :mod:`dppo.rl.batch`)."""
+        return self.update(build_batch(segments, self.config.gamma, self.config.gae_lambda, self.device), iteration)
 
     def update(self, batch: Batch, iteration: int) -> TrainStats:
         cfg = self.config

@@ -1,17 +1,14 @@
-"""Spaces: how every supported gymnasium space becomes network input, and network output becomes actions.
+"""Observation spaces: how every supported gymnasium space becomes network input.
 
-The one place that knows about spaces. Observations become an :class:`Obs`: at most one uint8 image
-(for the CNN) and one float32 vector holding everything else, flattened in gymnasium's ``flatten``
-order (Box as is, Discrete and MultiDiscrete one-hot, MultiBinary as 0/1), which is what
-Stable-Baselines3's MultiInputPolicy feeds its networks. Actions are one or more independent
-distributions over the policy head's output: categoricals (Discrete, MultiDiscrete), Bernoullis
-(MultiBinary) or a diagonal Gaussian (Box). The numpy functions here are the actors' fast path; the
-torch model in :mod:`dppo.rl.model` computes the same functions (tests compare them on every space).
+Observations become an :class:`Obs`: at most one uint8 image (for the CNN) and one float32 vector holding
+everything else, flattened in gymnasium's ``flatten`` order (Box as is, Discrete and MultiDiscrete one-hot,
+MultiBinary as 0/1), which is what Stable-Baselines3's MultiInputPolicy feeds its networks. The numpy
+encoding here is the actors' path; the torch model in :mod:`dppo.rl.model` reads the same description.
+Action spaces are :mod:`dppo.rl.actions`; :func:`check_spaces` checks both.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,15 +16,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from dppo.errors import UsageError
+from dppo.errors import UnsupportedSpace
+from dppo.rl.actions import ActionSpec
 
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 WRAPPER_HINT = ("wrap the env (env.wrappers) so it has Box, Discrete, MultiDiscrete or MultiBinary spaces, "
                 "or a Dict/Tuple of those, e.g. gymnasium.wrappers:FlattenObservation")
-
-
-class UnsupportedSpace(UsageError):
-    """An env space dppo cannot encode: bad input, with the fix in the message."""
 
 
 def is_image(space: gym.Space) -> bool:
@@ -91,12 +84,12 @@ def _encode_leaf(space: gym.Space, batch: np.ndarray, out: np.ndarray) -> None:
         out[:] = np.asarray(batch).reshape(rows, -1)
 
 
-def _stack(items: Sequence[Any], space: gym.Space) -> Any:
+def stack(items: Sequence[Any], space: gym.Space) -> Any:
     """Per-sample observations (a list, or an object array from a vector env's info) -> one batch."""
     if isinstance(space, gym.spaces.Dict):
-        return {key: _stack([item[key] for item in items], sub) for key, sub in space.spaces.items()}
+        return {key: stack([item[key] for item in items], sub) for key, sub in space.spaces.items()}
     if isinstance(space, gym.spaces.Tuple):
-        return tuple(_stack([item[i] for item in items], sub) for i, sub in enumerate(space.spaces))
+        return tuple(stack([item[i] for item in items], sub) for i, sub in enumerate(space.spaces))
     return np.stack([np.asarray(item) for item in items])
 
 
@@ -155,18 +148,18 @@ class ObsSpec:
         rows = len(_first_leaf(batch))
         out = out if out is not None else self.empty((rows,))
         if self.has_image:
-            out.image[:] = _at(batch, self.image_path)
+            out.image[:] = at_path(batch, self.image_path)
         if self.has_vector:
             out.vector[:] = 0.0
             start = 0
             for path, leaf in self.leaves:
-                _encode_leaf(leaf.space, _at(batch, path), out.vector[:, start:start + leaf.width])
+                _encode_leaf(leaf.space, at_path(batch, path), out.vector[:, start:start + leaf.width])
                 start += leaf.width
         return out
 
     def encode_many(self, items: Sequence[Any]) -> Obs:
         """Encode a list of single observations (e.g. the final observations of finished episodes)."""
-        return self.encode(_stack(list(items), self.space))
+        return self.encode(stack(list(items), self.space))
 
     def encode_one(self, obs: Any) -> Obs:
         """Encode one observation as a batch of one row."""
@@ -179,7 +172,7 @@ class ObsSpec:
         return self.encode(take(batch, rows))
 
 
-def _at(batch: Any, path: tuple[Any, ...]) -> Any:
+def at_path(batch: Any, path: tuple[Any, ...]) -> Any:
     for key in path:
         batch = batch[key]
     return batch
@@ -189,102 +182,6 @@ def _first_leaf(batch: Any) -> Any:
     while isinstance(batch, (dict, tuple)):
         batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
     return np.asarray(batch)
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
-def log_sigmoid(x: np.ndarray) -> np.ndarray:
-    """log(sigmoid(x)), stable for large |x|."""
-    return -np.logaddexp(0.0, -x)
-
-
-class ActionSpec:
-    """The action distribution of a space, its stored form, and the conversion to what the env takes.
-
-    - Discrete(n): one categorical, stored as int64 index (start subtracted);
-    - MultiDiscrete(nvec): independent categoricals, stored as int64 of shape nvec.shape;
-    - MultiBinary(shape): independent Bernoullis, stored as int64 0/1 of that shape;
-    - Box(shape): diagonal Gaussian with state-independent log-std, stored unclipped as float32, clipped
-      to the bounds only when sent to the env.
-    """
-
-    def __init__(self, space: gym.Space) -> None:
-        self.space = space
-        if isinstance(space, gym.spaces.Discrete):
-            self.kind, self.nvec, self.stored_shape = "categorical", [int(space.n)], ()
-        elif isinstance(space, gym.spaces.MultiDiscrete):
-            self.kind, self.nvec = "categorical", [int(n) for n in space.nvec.reshape(-1)]
-            self.stored_shape = tuple(space.nvec.shape)
-        elif isinstance(space, gym.spaces.MultiBinary):
-            self.kind, self.nvec, self.stored_shape = "bernoulli", [], tuple(space.shape)
-        elif isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.floating):
-            self.kind, self.nvec, self.stored_shape = "gaussian", [], tuple(space.shape)
-        else:
-            raise UnsupportedSpace(f"action space {space} is not supported; use Discrete, MultiDiscrete, "
-                                   "MultiBinary or a float Box (wrap the env's actions with an ActionWrapper)")
-        self.out_dim = sum(self.nvec) if self.kind == "categorical" else int(np.prod(self.stored_shape))
-        self.stored_dtype = np.float32 if self.kind == "gaussian" else np.int64
-
-    @property
-    def discrete(self) -> bool:
-        return self.kind != "gaussian"
-
-    def to_env(self, actions: np.ndarray) -> np.ndarray:
-        """Stored actions (B, ...) -> the values the env's action space holds."""
-        space = self.space
-        if self.kind == "gaussian":
-            return np.clip(actions, space.low, space.high)
-        if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
-            return (actions + space.start).astype(space.dtype)
-        return actions.astype(space.dtype)
-
-    def sample(self, out: np.ndarray, log_std: np.ndarray | None, rng: np.random.Generator,
-               greedy: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(actions, log-probs) from the policy head's output (B, out_dim), float64 math."""
-        rows = len(out)
-        if self.kind == "categorical":
-            actions = np.empty((rows, len(self.nvec)), np.int64)
-            log_prob = np.zeros(rows)
-            start = 0
-            for j, n in enumerate(self.nvec):
-                logp = log_softmax(out[:, start:start + n])
-                if greedy:
-                    choice = logp.argmax(axis=1)
-                else:  # inverse CDF: one uniform per row
-                    cdf = np.exp(logp).cumsum(axis=1)
-                    u = rng.random((rows, 1)) * cdf[:, -1:]
-                    choice = np.minimum((u >= cdf).sum(axis=1), n - 1)
-                actions[:, j] = choice
-                log_prob += logp[np.arange(rows), choice]
-                start += n
-            return actions.reshape(rows, *self.stored_shape), log_prob.astype(np.float32)
-        if self.kind == "bernoulli":
-            actions = (out > 0) if greedy else (rng.random(out.shape) < 1.0 / (1.0 + np.exp(-out)))
-            actions = actions.astype(np.int64)
-            return actions.reshape(rows, *self.stored_shape), self.log_prob(out, log_std, actions)
-        # the action is rounded to float32 first: the trainer scores exactly the action that was stored
-        noise = 0.0 if greedy else np.exp(log_std) * rng.standard_normal(out.shape)
-        actions = (out + noise).astype(np.float32)
-        return actions.reshape(rows, *self.stored_shape), self.log_prob(out, log_std, actions)
-
-    def log_prob(self, out: np.ndarray, log_std: np.ndarray | None, actions: np.ndarray) -> np.ndarray:
-        """log pi(actions) summed over the independent parts, float32."""
-        rows = len(out)
-        flat = np.asarray(actions).reshape(rows, -1)
-        if self.kind == "categorical":
-            total = np.zeros(rows)
-            start = 0
-            for j, n in enumerate(self.nvec):
-                total += log_softmax(out[:, start:start + n])[np.arange(rows), flat[:, j]]
-                start += n
-            return total.astype(np.float32)
-        if self.kind == "bernoulli":
-            return (flat * log_sigmoid(out) + (1 - flat) * log_sigmoid(-out)).sum(axis=1).astype(np.float32)
-        z = (flat - out) * np.exp(-log_std)
-        return (-0.5 * z * z - log_std - _LOG_SQRT_2PI).sum(axis=1).astype(np.float32)
 
 
 def check_spaces(obs_space: gym.Space, action_space: gym.Space) -> tuple[ObsSpec, ActionSpec]:

@@ -11,15 +11,14 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dppo.errors import UsageError
+from dppo.run.run_dir import atomic_write
 
 MAGIC = b"DPPO-CKPT-1\n"
 NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
@@ -28,26 +27,6 @@ log = logging.getLogger(__name__)
 
 class CheckpointError(UsageError):
     """A checkpoint that is missing, truncated, corrupt or not a dppo checkpoint."""
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write bytes so that ``path`` is either the old content or the new, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def encode(state: dict[str, Any]) -> bytes:
@@ -98,6 +77,11 @@ class CheckpointStore:
         for old in self.list()[: -self.keep]:
             old.unlink(missing_ok=True)
         return path
+
+    def has(self, iteration: int) -> bool:
+        """This iteration's checkpoint is the newest on disk."""
+        existing = self.list()
+        return bool(existing) and existing[-1].name == f"ckpt-{iteration:08d}.pt"
 
     def list(self) -> list[Path]:
         """Checkpoint files, oldest first."""

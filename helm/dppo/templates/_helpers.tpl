@@ -100,7 +100,7 @@ The full training config: the preset for .Values.env (as `dppo train --env` pick
 {{- end }}
 {{- $managed := dict
   "env" (dict "id" .Values.env)
-  "run" (dict "actors" (int .Values.actors) "actor_num_cpus" 1 "run_dir" (include "dppo.runDir" .) "name" (include "dppo.fullname" .))
+  "run" (dict "actors" (int .Values.actors) "actor_cpus" 1 "run_dir" (include "dppo.runDir" .) "name" (include "dppo.fullname" .))
   "metrics" (dict "port" (int .Values.metrics.port) "host" "0.0.0.0" "linger_s" .Values.metrics.lingerSeconds) }}
 {{- if not (kindIs "invalid" .Values.envsPerActor) }}{{ $_ := set $managed.env "num_envs" (int .Values.envsPerActor) }}{{ end }}
 {{- if not (kindIs "invalid" .Values.segmentLength) }}{{ $_ := set $managed "ppo" (dict "segment_length" (int .Values.segmentLength)) }}{{ end }}

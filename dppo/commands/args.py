@@ -1,0 +1,53 @@
+"""What every subcommand's arguments share: one-line errors (exit 2) and number types that say what is wrong."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """One line on stderr, then exit (2: bad input)."""
+    print(f"dppo: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit 2) instead of usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def whole_number(text: str) -> int:
+    """An integer flag that also takes 1e6 or 2.5e5, the way step budgets are written, when exact."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
+
+
+def positive(kind: type, name: str) -> Callable[[str], Any]:
+    """A flag type: an int >= 1 or a float >= 0, with the flag's name in the error."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} {text!r} is not a number") from None
+        if value < 0 or (kind is int and value < 1):
+            raise argparse.ArgumentTypeError(f"{name} must be {'>= 1' if kind is int else '>= 0'}, got {text}")
+        return value
+    return parse
+
+
+def import_from_cwd() -> None:
+    """Make modules in the working directory importable, as ``python -m`` would (the console script puts its
+    own bin directory first instead): a user's env module beside them works as is."""
+    from dppo.envs.user_code import add_import_paths, driver_import_paths
+
+    add_import_paths(driver_import_paths())

@@ -1,0 +1,208 @@
+"""`dppo train`: check everything, start Ray and the run's processes, train, report the outcome.
+
+Order matters for the contract "bad input: exit 2, nothing written": the config, the run directory, a
+checkpoint to resume and the env are checked first; Ray is started (or joined) while the coordinator is
+built beside it; the learners and every actor are started and each actor has made its envs; only then are
+the run directory's files written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dppo.commands.args import fail, import_from_cwd, whole_number
+
+if TYPE_CHECKING:
+    from dppo.config import Config
+    from dppo.run.coordinator import Coordinator
+    from dppo.run.timing import PhaseClock
+
+# Flags of `dppo train` that set a config key (dest -> dotted key).
+TRAIN_FLAGS = {
+    "env": "env.id", "actors": "run.actors", "envs_per_actor": "env.num_envs",
+    "segment_length": "ppo.segment_length", "total_steps": "run.total_steps", "target_return": "run.target_return",
+    "time_limit": "run.time_limit_s",
+    "seed": "run.seed", "run_dir": "run.run_dir", "metrics_port": "metrics.port", "address": "run.address",
+    "log_format": "run.log_format", "tensorboard": "run.tensorboard",
+}
+
+
+def config_reference() -> str:
+    """Every config key with its default and docstring, for ``dppo train --help``."""
+    from dppo.config import Config
+
+    lines = ["config keys (YAML sections, or --set section.key=value):"]
+    for section, field in Config.model_fields.items():
+        for key, sub in field.annotation.model_fields.items():  # type: ignore[union-attr]
+            default = sub.default if sub.default_factory is None else sub.default_factory()
+            doc = " ".join((sub.description or "").split())
+            lines.append(f"  {section}.{key} = {default!r}\n      {doc}")
+    return "\n".join(lines)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    train = sub.add_parser("train", help="train a policy", epilog=config_reference(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description="Train with PPO. No arguments: CartPole-v1 preset, 2 actors, local Ray.")
+    train.add_argument("--config", help="YAML config (default: the bundled preset for --env)")
+    train.add_argument("--env", help="registered gymnasium id (CartPole-v1; picks its preset when --config is not "
+                       "given), or module.path:EnvId-v0 to import your module first; for an unregistered env "
+                       "use --set env.entry_point=module.path:MyEnv (see the README, 'Your own environment')")
+    train.add_argument("--actors", type=whole_number, help="N: Ray actors collecting in parallel")
+    train.add_argument("--envs-per-actor", type=whole_number, help="E: envs in each actor's vector env")
+    train.add_argument("--segment-length", type=whole_number, help="T: steps per env per iteration")
+    train.add_argument("--total-steps", type=whole_number, help="stop after this many env steps")
+    train.add_argument("--target-return", type=float, help="stop when the 100-episode mean return reaches this")
+    train.add_argument("--time-limit", type=float, metavar="SECONDS",
+                       help="stop with a checkpoint after this many seconds of training")
+    train.add_argument("--seed", type=whole_number, help="seed for everything")
+    train.add_argument("--run-dir", help="output directory (default runs/<env>-<timestamp>)")
+    resume = train.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true",
+                        help="continue the run in --run-dir from its newest checkpoint")
+    resume.add_argument("--auto-resume", action="store_true",
+                        help="resume when --run-dir holds a checkpoint, else start fresh (for retried jobs)")
+    train.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0: off)")
+    train.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
+    train.add_argument("--log-format", choices=["text", "json"], help="per-iteration stdout lines")
+    train.add_argument("--no-tensorboard", dest="tensorboard", action="store_const", const=False,
+                       help="do not write TensorBoard event files to <run-dir>/tensorboard/")
+    train.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                       help="override any config key, e.g. --set ppo.learning_rate=3e-4 (repeatable)")
+    train.set_defaults(func=cmd_train)
+
+
+def resolve_run_dir(config_dir: str | None, env_name: str) -> Path:
+    if config_dir:
+        return Path(config_dir)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", env_name.rpartition(":")[2] or env_name)  # no '/' or ':' in names
+    return Path("runs") / f"{safe}-{stamp}"
+
+
+def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | None]:
+    """Validate everything (config, run dir, checkpoint, env and spaces) before anything is written."""
+    from dppo.config import load_config
+    from dppo.run.run_dir import RunDir
+
+    overrides = {key: getattr(args, dest) for dest, key in TRAIN_FLAGS.items()}
+    config_path = args.config
+    run_dir_arg = args.run_dir
+    resume_state = None
+    if (args.resume or args.auto_resume) and not run_dir_arg:
+        probe = load_config(config_path, overrides, args.sets) if config_path else None
+        run_dir_arg = probe.run.run_dir if probe else None
+        if not run_dir_arg:
+            fail("--resume needs the run to continue: pass --run-dir DIR")
+    if run_dir_arg:
+        files = RunDir(run_dir_arg)
+        if files.path.exists() and not files.path.is_dir():
+            fail(f"run dir {str(files.path)!r} is a file; pass a directory to --run-dir")
+        found = None
+        if (args.resume or args.auto_resume) and files.path.is_dir():
+            from dppo.run.checkpoint import newest_intact  # imports torch: only when resuming
+
+            found = newest_intact(files.checkpoints)
+        if args.resume and found is None:
+            fail(f"--resume: no intact checkpoint in {str(files.checkpoints)!r}; "
+                 "start a new run without --resume or pass the right --run-dir")
+        if found is not None:
+            resume_state = found[1]
+            if config_path is None and files.config.is_file():
+                config_path = str(files.config)
+    config = load_config(config_path, overrides, args.sets)
+    from dppo.envs.make import env_spaces
+    from dppo.rl.spaces import check_spaces
+
+    check_spaces(*env_spaces(config))  # the env can be made and its spaces are supported
+    run_dir = resolve_run_dir(run_dir_arg or config.run.run_dir, config.env.name)
+    files = RunDir(run_dir)
+    fresh_retry = args.auto_resume and resume_state is None
+    if resume_state is None and not fresh_retry and files.holds_run():
+        fail(f"run dir {str(run_dir)!r} already holds a run; pass --resume to continue it or another --run-dir")
+    if resume_state is not None:
+        from dppo.run.state import check_resumable
+
+        check_resumable(resume_state, config)
+    config.run.run_dir = str(run_dir)
+    if fresh_retry:  # a retried job that died before its first checkpoint: its progress lines describe lost work
+        files.progress.unlink(missing_ok=True)
+    return config, run_dir, resume_state
+
+
+def start(config: Config, run_dir: Path, resume_state: dict[str, Any] | None, clock: PhaseClock) -> Coordinator:
+    """Start (or join) Ray and build the coordinator at the same time: a local Ray start is mostly waiting on
+    the processes it launches, the build mostly torch's import and the model, so the build runs in a helper
+    thread meanwhile. Phases: ``ray_init`` (with the build beside it), then ``learner``, what was left of the
+    build; then the learners and actors start (``actors_ready``)."""
+    from dppo.distributed.cluster import connect_ray
+
+    def build() -> Coordinator:
+        from dppo.run.coordinator import Coordinator
+
+        return Coordinator(config, run_dir, resume_state)
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="coordinator-build")
+    building = pool.submit(build)
+    connect_ray(config)
+    clock.mark("ray_init")
+    coordinator = building.result()  # a UsageError in the build is raised here
+    clock.mark("learner")
+    pool.shutdown(wait=False)
+    coordinator.start()  # every actor made its envs: a module missing on a worker is bad input
+    clock.mark("actors_ready")
+    return coordinator
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from dppo.run.timing import PhaseClock
+
+    clock = PhaseClock()  # start-up phases, reported in summary.json
+    import_from_cwd()
+    warnings.filterwarnings("ignore", module="gymnasium")  # env-checker chatter; errors still surface
+    config, run_dir, resume_state = prepare(args)
+    clock.mark("config")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    from dppo.errors import RunFailure
+
+    try:
+        coordinator = start(config, run_dir, resume_state, clock)
+    except RunFailure as err:
+        print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
+        return 1
+    coordinator.startup_s = clock.phases
+    coordinator.run_dir.path.mkdir(parents=True, exist_ok=True)
+    coordinator.run_dir.write_config(config.to_yaml())
+    output = coordinator.reporter.output
+    if resume_state is not None:
+        counters = coordinator.state.counters
+        output.message(f"resuming {run_dir} at iteration {counters.iteration}, {counters.env_steps:,} env steps")
+    try:
+        summary = coordinator.run()
+    except RunFailure as err:
+        output.to_file(f"run failed: {err}")
+        print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
+        coordinator.shutdown()
+        return 1
+    coordinator.shutdown()
+    verdict = "solved" if summary["solved"] else "stopped"
+    mean = summary["episode_return_mean"]
+    line = (f"{verdict} ({summary['reason']}): return {mean if mean is None else round(mean, 1)} after "
+            f"{summary['env_steps']:,} env steps, {summary['iterations']} iterations, {summary['wall_s']:.1f} s "
+            f"-> {run_dir / 'summary.json'}")
+    output.to_file(line)
+    print(line, file=sys.stdout if config.run.log_format == "text" else sys.stderr,
+          flush=True)  # with JSON logs, stdout carries only the per-iteration objects
+    if config.metrics.port and config.metrics.linger_s > 0 and summary["reason"] != "signal":
+        time.sleep(config.metrics.linger_s)  # let Prometheus scrape the final values
+    coordinator.reporter.metrics.shutdown()
+    return 143 if summary["reason"] == "signal" else 0

@@ -1,0 +1,104 @@
+"""The ``env`` section: which env, made how, and what is done to its observations and rewards."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from dppo.config.base import Section
+
+DEFAULT_ENV_ID = "CartPole-v1"
+
+
+class WrapperConfig(Section):
+    name: str
+    """``module.path:Class`` or the name of one of gymnasium's wrappers, e.g. FlattenObservation."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the wrapper (the env is the first positional argument)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
+
+def _module_ref(value: str | None, example: str) -> str | None:
+    if value is not None and (not value.strip() or value.startswith(":") or value.endswith(":")):
+        raise ValueError(f"{value!r} is not valid; write e.g. {example}")
+    return value
+
+
+class EnvConfig(Section):
+    id: str | None = DEFAULT_ENV_ID
+    """Gymnasium env id (CartPole-v1, LunarLander-v3, ...) or module.path:EnvId-v0, which imports
+    module.path (registering the env) first, as gymnasium.make does. Null when entry_point is set."""
+    entry_point: str | None = None
+    """module.path:callable: an Env subclass or a function returning an Env, called with env.kwargs,
+    for envs that are not registered. The module must be importable on every Ray worker."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the env (passed to gymnasium.make or to the entry point)."""
+    max_episode_steps: int | None = Field(None, ge=1)
+    """Time limit (episodes are truncated there and bootstrapped); null keeps the env's own."""
+    wrappers: list[WrapperConfig] = Field(default_factory=list)
+    """Wrappers applied in order after the env is made: a name, or {name: module:Class, kwargs: {...}}."""
+    num_envs: int = Field(8, ge=1, le=4096)
+    """E: environments stepped in one gymnasium vector env inside each actor."""
+    vectorization: Literal["sync", "async", "ale"] = "sync"
+    """sync: the E envs are stepped one after another in the actor's process; async: each env in its
+    own subprocess (helps when env steps wait on I/O or are expensive); ale: ale-py's C++ vector env
+    (ALE/ ids with env.atari; preprocessing in threads, the fastest for Atari)."""
+    atari: bool = False
+    """The standard Atari preprocessing (30 no-ops, frame skip 4 with max-pool, 84x84 gray, 4 stacked
+    frames, FIRE on reset, no sticky actions) for ALE/ ids; needs the atari extra."""
+    terminal_on_life_loss: bool = False
+    """Learn as if a lost life ended the episode (no bootstrap) while episodes and returns stay full games;
+    reads info["lives"] (Atari)."""
+    clip_reward: bool = False
+    """Learn from the sign of each reward; reported returns stay raw (Atari)."""
+    normalize_obs: bool = False
+    """Running mean/std observation normalization (clip to +-obs_clip). Use for continuous control."""
+    normalize_reward: bool = False
+    """Scale rewards by the running std of the discounted return. Use for continuous control."""
+    obs_clip: float = Field(10.0, gt=0)
+    """Normalized observations are clipped to [-obs_clip, obs_clip]."""
+    reward_clip: float = Field(10.0, gt=0)
+    """Scaled rewards are clipped to [-reward_clip, reward_clip]."""
+    latency_ms: float = Field(0.0, ge=0)
+    """Artificial per-step latency that releases the CPU (a stand-in for a remote simulator): each step takes
+    this long in all, the env's own work included, the rest slept. Benchmarks."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _entry_point_replaces_id(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("entry_point") and "id" not in data:
+            return {**data, "id": None}
+        return data
+
+    @field_validator("id")
+    @classmethod
+    def _id_format(cls, value: str | None) -> str | None:
+        return _module_ref(value, "CartPole-v1 or mypackage.envs:MyEnv-v0")
+
+    @field_validator("entry_point")
+    @classmethod
+    def _entry_point_format(cls, value: str | None) -> str | None:
+        if value is not None and value.count(":") != 1:
+            raise ValueError(f"{value!r} is not module.path:callable; write e.g. mypackage.envs:MyEnv")
+        return _module_ref(value, "mypackage.envs:MyEnv")
+
+    @model_validator(mode="after")
+    def _one_name(self) -> EnvConfig:
+        if (self.id is None) == (self.entry_point is None):
+            raise ValueError("set exactly one of env.id and env.entry_point")
+        if (self.atari or self.vectorization == "ale") and not (self.id or "").startswith("ALE/"):
+            raise ValueError("env.atari and env.vectorization=ale need an ALE/ id such as ALE/Breakout-v5")
+        if self.vectorization == "ale" and (not self.atari or self.wrappers or self.max_episode_steps):
+            raise ValueError("env.vectorization=ale applies the standard Atari preprocessing itself: set "
+                             "env.atari=true and no env.wrappers or env.max_episode_steps, or use sync")
+        return self
+
+    @property
+    def name(self) -> str:
+        """How the env is named in logs, metrics, checkpoints and the run directory."""
+        return self.id or self.entry_point or ""

@@ -1,0 +1,158 @@
+"""Building the resolved config: a preset or YAML file, then CLI flags, then ``--set a.b=c`` items; pydantic
+validates the result and every error becomes one line that names the field and the fix (:class:`ConfigError`)."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from dppo.config.base import ConfigError
+from dppo.config.env import DEFAULT_ENV_ID
+from dppo.config.root import Config
+
+PRESETS_DIR = Path(__file__).parent.parent / "presets"
+
+
+def preset_path(env_id: str) -> Path | None:
+    """The bundled preset whose ``env.id`` is ``env_id``, if there is one."""
+    for path in sorted(PRESETS_DIR.glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        if data.get("env", {}).get("id") == env_id:
+            return path
+    return None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a config file into a dict, with one-line errors for the ways a file can be wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} not found; pass an existing YAML file to --config")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}; fix the syntax") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections (env:, ppo:, run:, ...)")
+    return data
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value parsed as YAML so numbers, booleans and lists work)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r} is not key=value; write e.g. --set ppo.learning_rate=3e-4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def merge(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    """Set ``data[k1][k2]... = value``, creating sections on the way."""
+    node = data
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(keys)}: {key!r} is a value, not a section; check the key")
+        node = child
+    node[keys[-1]] = value
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(part) for part in first["loc"]) or "config"
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        return f"unknown key {loc!r}; check the spelling (dppo train --help lists the keys)"
+    if first["type"] in {"int_parsing", "float_parsing", "bool_parsing", "int_type", "float_type", "bool_type",
+                         "string_type", "list_type", "dict_type", "literal_error", "int_from_float"}:
+        return f"{loc}: {msg} (got {first.get('input')!r})"
+    if loc == "config":
+        return msg
+    return f"{loc}: {msg} (got {first.get('input')!r})" if "input" in first and not isinstance(
+        first["input"], dict) else f"{loc}: {msg}"
+
+
+_SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+_FREE_FORM = {"kwargs", "runtime_env", "wrappers"}  # user data, passed on untouched
+
+
+def numbers_in_e_notation(data: Any) -> Any:
+    """``1e6`` as people write step budgets: YAML 1.1 reads it as a string, so make it a float here;
+    integer fields then accept it when it is an exact integer (and name the field when it is not)."""
+    if isinstance(data, dict):
+        return {k: v if k in _FREE_FORM else numbers_in_e_notation(v) for k, v in data.items()}
+    if isinstance(data, str) and _SCIENTIFIC.match(data.strip()):
+        return float(data)
+    return data
+
+
+# Keys renamed since they were published: (section, old) -> new. Users' YAML files outlive our refactors.
+RENAMED = {("run", "torch_threads"): "actor_threads", ("run", "actor_num_cpus"): "actor_cpus"}
+
+
+class DeprecatedKey(UserWarning):
+    """A config key under its old name: it still works; the message names the new one."""
+
+
+def renamed_keys(data: dict[str, Any], warn: bool = True) -> dict[str, Any]:
+    """``data`` with deprecated keys under their new names (a warning each unless ``warn`` is false: a
+    checkpoint's stored config is not the user's to fix); both names at once is an error."""
+    data = dict(data)
+    for (section, old), new in RENAMED.items():
+        values = data.get(section)
+        if not isinstance(values, dict) or old not in values:
+            continue
+        if new in values:
+            raise ConfigError(f"{section}.{old} and {section}.{new} are both set; keep only {section}.{new} "
+                              f"({section}.{old} is its deprecated name)")
+        data[section] = {(new if key == old else key): value for key, value in values.items()}
+        if warn:
+            warnings.warn(f"config key {section}.{old} is deprecated; use {section}.{new}", DeprecatedKey,
+                          stacklevel=3)
+    return data
+
+
+def validate(data: dict[str, Any], warn: bool = True) -> Config:
+    """Validate a nested dict into a Config, or raise ConfigError with one line."""
+    try:
+        return Config.model_validate(numbers_in_e_notation(renamed_keys(data, warn)))
+    except ValidationError as err:
+        raise ConfigError(_describe(err)) from None
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    sets: list[str] | None = None,
+) -> Config:
+    """Build the resolved config: preset or file, then flag overrides (dotted keys), then ``--set`` items.
+
+    Without ``path`` the preset for the requested env id is used (CartPole-v1 when none is given), so
+    ``dppo train --env Pendulum-v1`` gets tuned hyperparameters.
+    """
+    overrides = overrides or {}
+    pairs = [(key.split("."), value) for key, value in overrides.items() if value is not None]
+    pairs += [parse_override(item) for item in sets or []]
+    if path is not None:
+        data = read_yaml(path)
+    else:
+        env_id = next((v for k, v in pairs if k == ["env", "id"]), DEFAULT_ENV_ID)
+        entry_point = any(k == ["env", "entry_point"] and v for k, v in pairs)
+        preset = None if entry_point else preset_path(env_id)
+        data = read_yaml(preset) if preset else {}
+    for keys, value in pairs:
+        merge(data, keys, value)
+    return validate(data)

@@ -1,0 +1,65 @@
+"""The ``model`` and ``ppo`` sections: the networks and the PPO update's hyperparameters."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from dppo.config.base import Section
+
+
+class ModelConfig(Section):
+    hidden_sizes: list[int] = Field(default_factory=lambda: [64, 64])
+    """Widths of the hidden layers of the policy and value MLPs (separate networks)."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Hidden-layer activation."""
+    init_log_std: float = 0.0
+    """Initial log standard deviation of the Gaussian policy (continuous actions only)."""
+
+    @field_validator("hidden_sizes")
+    @classmethod
+    def _positive_widths(cls, sizes: list[int]) -> list[int]:
+        if not sizes or any(s < 1 for s in sizes):
+            raise ValueError("needs at least one layer and every width >= 1, e.g. [64, 64]")
+        return sizes
+
+
+class PPOConfig(Section):
+    segment_length: int = Field(128, ge=1)
+    """T: steps each actor collects per env per iteration."""
+    epochs: int = Field(4, ge=1)
+    """K: passes over the batch per iteration."""
+    minibatch_size: int = Field(256, ge=1)
+    """Samples per SGD step; must not exceed the batch (actors x num_envs x segment_length)."""
+    learning_rate: float = Field(2.5e-4, gt=0)
+    """Adam step size (eps is fixed at 1e-5, as in the reference implementation)."""
+    anneal_lr: bool = True
+    """Linearly anneal the learning rate to 0 over total_steps."""
+    gamma: float = Field(0.99, ge=0, le=1)
+    """Discount factor."""
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    """GAE lambda."""
+    clip_coef: float = Field(0.2, gt=0)
+    """Clipping range of the probability ratio."""
+    clip_value_loss: bool = False
+    """Clip the value update to value_clip_coef around the old value (the PPO reference code does; off by
+    default because with unnormalized returns in the hundreds a 0.2 clip stalls the critic)."""
+    value_clip_coef: float | None = Field(None, gt=0)
+    """Clipping range of the value update when clip_value_loss is on; null uses clip_coef (the PPO reference
+    code's choice; CleanRL, PufferLib and Stable-Baselines3 give it its own coefficient)."""
+    value_coef: float = Field(0.5, ge=0)
+    """Weight of the value loss."""
+    entropy_coef: float = Field(0.01, ge=0)
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = Field(0.5, gt=0)
+    """Global gradient-norm clip."""
+    target_kl: float | None = Field(None, gt=0)
+    """Stop the epochs of an iteration early when approx-KL exceeds this (off when null)."""
+    normalize_advantages: bool = True
+    """Normalize advantages per minibatch."""
+
+    @property
+    def value_clip_range(self) -> float:
+        """The value update's clipping range: value_clip_coef, else clip_coef."""
+        return self.clip_coef if self.value_clip_coef is None else self.value_clip_coef

@@ -1,0 +1,59 @@
+"""Config: the whole run, its sections, the rules that span sections, and the values derived from them."""
+
+from __future__ import annotations
+
+import math
+
+import yaml
+from pydantic import Field, model_validator
+
+from dppo.config.base import Section
+from dppo.config.env import EnvConfig
+from dppo.config.ppo import ModelConfig, PPOConfig
+from dppo.config.run import FaultConfig, MetricsConfig, RunConfig
+
+
+class Config(Section):
+    """A whole run: env, model, PPO hyperparameters, run control, metrics and fault handling."""
+
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    faults: FaultConfig = Field(default_factory=FaultConfig)
+
+    @model_validator(mode="after")
+    def _minibatch_splits(self) -> Config:
+        if self.ppo.minibatch_size % self.run.learners:
+            raise ValueError(f"ppo.minibatch_size {self.ppo.minibatch_size} does not split evenly over run.learners "
+                             f"{self.run.learners}; make it a multiple of run.learners")
+        return self
+
+    @model_validator(mode="after")
+    def _minibatch_fits(self) -> Config:
+        if self.ppo.minibatch_size > self.batch_size:
+            raise ValueError(
+                f"ppo.minibatch_size {self.ppo.minibatch_size} exceeds the batch of {self.batch_size} samples "
+                f"(run.actors {self.run.actors} x env.num_envs {self.env.num_envs} x ppo.segment_length "
+                f"{self.ppo.segment_length}); lower ppo.minibatch_size or raise one of those"
+            )
+        return self
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Env steps gathered per iteration: N x E x T."""
+        return self.run.actors * self.env.num_envs * self.ppo.segment_length
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per update (same as steps per iteration)."""
+        return self.steps_per_iteration
+
+    @property
+    def num_iterations(self) -> int:
+        """Iterations that total_steps allows (the learning-rate schedule spans these)."""
+        return max(1, math.ceil(self.run.total_steps / self.steps_per_iteration))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,90 @@
+"""The ``run``, ``metrics`` and ``faults`` sections: how a run is driven, observed and kept alive."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from dppo.config.base import Section
+
+
+class RunConfig(Section):
+    actors: int = Field(2, ge=1, le=1024)
+    """N: Ray actors collecting segments in parallel."""
+    total_steps: int = Field(200_000, ge=1)
+    """Stop after this many env steps (all actors together)."""
+    target_return: float | None = None
+    """Stop when the mean return of the last 100 finished episodes reaches this (off when null)."""
+    time_limit_s: float | None = Field(None, gt=0)
+    """Stop (with a checkpoint) after this many seconds of training, resumed time included: a wall-clock
+    budget, for comparing actor counts at equal time or fitting a run into a job's deadline (off when null)."""
+    seed: int = Field(1, ge=0)
+    """Seed for torch, numpy and every env; a seeded run is reproducible on the same machine."""
+    run_dir: str | None = None
+    """Where progress, summary and checkpoints go (default runs/<env>-<timestamp>)."""
+    name: str | None = None
+    """Run name shown in logs and in the dppo_run_info metric's run label (default: the run dir's name)."""
+    checkpoint_every: int = Field(10, ge=1)
+    """Write a checkpoint every this many iterations (and always at the end)."""
+    keep_checkpoints: int = Field(3, ge=1)
+    """How many of the newest checkpoints to keep."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the learner trains: auto picks cuda when available."""
+    learners: int = Field(1, ge=1, le=64)
+    """L: data-parallel learner processes (torch.distributed through Ray). 1: the update runs in the driver.
+    With L > 1 each global minibatch is split evenly, so ppo.minibatch_size must be a multiple of L."""
+    learner_cpus: float = Field(1.0, gt=0)
+    """Ray CPUs reserved per learner process (run.learners > 1)."""
+    learner_resource: str | None = None
+    """A custom Ray resource each learner process asks one unit of (run.learners > 1), so learners land on the
+    nodes that advertise it and nowhere else; the learners then reserve no Ray CPUs (the Helm chart's
+    `learners:` pods advertise `dppo_learner` with num-cpus 0, so actors never land there)."""
+    actor_cpus: float = Field(1.0, gt=0)
+    """Ray CPUs reserved per actor (formerly run.actor_num_cpus); also the threads of ale-py's vector env."""
+    actor_threads: int = Field(1, ge=1)
+    """torch threads in each actor, for image policies (formerly run.torch_threads; one is fastest for small
+    batches)."""
+    learner_threads: int = Field(1, ge=1)
+    """torch CPU threads of the learner's update: 1 is fastest for small MLPs and keeps a shared machine
+    from thrashing; raise it for large networks on a CPU learner."""
+    overlap_sampling: bool = False
+    """Start the next sampling round before the update, with the weights it is about to replace: actors
+    run one policy version behind (as in Cleanba) and sampling hides behind the update."""
+    runtime_env: dict[str, Any] | None = None
+    """Ray runtime_env for the job (working_dir, py_modules, pip, env_vars): how a user's env code reaches
+    the workers of a cluster; passed to ray.init."""
+    address: str | None = None
+    """Ray cluster to join; null starts a local Ray in-process (RAY_ADDRESS is honoured too)."""
+    log_format: Literal["text", "json"] = "text"
+    """Per-iteration log lines on stdout: human-readable text or one JSON object per line."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to <run_dir>/tensorboard/ (every progress.jsonl scalar, env steps on x)."""
+
+
+class MetricsConfig(Section):
+    port: int = Field(0, ge=0, le=65535)
+    """Prometheus metrics port of the learner (0: off)."""
+    host: str = "0.0.0.0"
+    """Address the metrics server binds to."""
+    linger_s: float = Field(0.0, ge=0)
+    """Keep serving metrics this long after training ends so the final values get scraped."""
+
+
+class FaultConfig(Section):
+    max_actor_restarts: int = Field(10, ge=0)
+    """Actor restarts allowed within restart_window_s before the run stops (crash-loop guard)."""
+    restart_window_s: float = Field(600.0, gt=0)
+    """Sliding window for max_actor_restarts and max_learner_restarts."""
+    max_learner_restarts: int = Field(3, ge=0)
+    """Learner-group restarts (run.learners > 1) allowed within restart_window_s before the run stops."""
+    env_retries: int = Field(3, ge=0)
+    """An env that raises is recreated and the segment resampled up to this many times in a row."""
+    sample_timeout_s: float | None = Field(None, gt=0)
+    """Per-iteration deadline for segments; late ones are dropped and counted (off when null)."""
+    min_actors_fraction: float = Field(1.0, gt=0, le=1)
+    """With sample_timeout_s, train on what arrived if at least this fraction of actors delivered."""
+    nonfinite_data: Literal["error", "drop"] = "error"
+    """NaN/Inf in observations or rewards: stop the run with an error, or drop the segment and count it."""
+    max_nonfinite_updates: int = Field(3, ge=1)
+    """Consecutive updates with a NaN/Inf loss or gradient (each skipped) before the run stops."""

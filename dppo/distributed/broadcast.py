@@ -1,0 +1,48 @@
+"""The broadcast: what every actor gets from the learner once per iteration, and how it travels."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+
+from dppo.rl.agent import Weights
+from dppo.rl.normalizer import RunningStats
+
+INLINE_LIMIT = 64 * 1024  # bytes of weights and stats sent inside each call; Ray inlines up to 100 KiB
+
+
+@dataclass
+class Broadcast:
+    """Weights, their version and the merged normalizer statistics every actor samples with."""
+
+    weights: Weights
+    version: int
+    obs_stats: RunningStats | None
+    return_stats: RunningStats | None
+
+
+def payload_bytes(value: object) -> int:
+    """Bytes of the numpy arrays in a Segment, a Broadcast or a weights dict: what crosses processes."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, dict):
+        return sum(payload_bytes(v) for v in value.values())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(payload_bytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return 0
+
+
+def broadcast_arg(broadcast: Broadcast) -> Broadcast | ray.ObjectRef:
+    """What the learner hands every actor's ``sample`` call for this round's broadcast.
+
+    A small broadcast goes by value, inside each call (no object-store round trip for the actor to
+    resolve); a large one is put in the object store once and every actor reads that copy. Either way it
+    is a copy: exported weights are views of the learner's parameters, which the update changes in place,
+    and a round's broadcast can be sent again after it (to a replaced actor, with overlap_sampling).
+    """
+    if payload_bytes(broadcast) <= INLINE_LIMIT:
+        return dataclasses.replace(broadcast, weights={k: np.array(v) for k, v in broadcast.weights.items()})
+    return ray.put(broadcast)

@@ -1,0 +1,96 @@
+"""The deterministic policy as one torch module, for deployment: the env's raw observation in, the env's action out.
+
+For every space dppo supports: inputs are the observation's leaves in gymnasium's flatten order (named ``obs``
+for a plain space, else by their Dict keys / Tuple indices, e.g. ``obs.image``, ``obs.1``), each with a batch
+dimension; the encoding (one-hot, flattening), the observation normalization and the policy's mode (argmax,
+p > 0.5, the Gaussian mean clipped to the bounds) are inside the graph. ``dppo export`` writes it as ONNX or
+TorchScript. The normalization here is the torch twin of :class:`dppo.rl.transforms.ObsNormalizer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from dppo.rl.model import ActorCritic
+from dppo.rl.normalizer import RunningStats
+from dppo.rl.spaces import Obs, at_path, stack
+
+
+def leaf_name(path: tuple[Any, ...]) -> str:
+    return ".".join(["obs", *(str(p) for p in path)])
+
+
+class DeterministicPolicy(nn.Module):
+    """Raw observation leaves in (the image first when there is one), the env's action out."""
+
+    def __init__(self, model: ActorCritic, obs_stats: RunningStats | None, obs_clip: float) -> None:
+        super().__init__()
+        self.model = model.eval()
+        self.obs_spec, self.action_spec = model.obs_spec, model.action_spec
+        self.leaves = [leaf.space for _, leaf in self.obs_spec.leaves]
+        for i, space in enumerate(self.leaves):  # the values each one-hot block compares against
+            if isinstance(space, gym.spaces.Discrete):
+                self.register_buffer(f"values_{i}", torch.arange(int(space.n)) + int(space.start))
+            elif isinstance(space, gym.spaces.MultiDiscrete):
+                self.register_buffer(f"values_{i}", torch.as_tensor(np.concatenate(
+                    [np.arange(n) + s for n, s in zip(space.nvec.reshape(-1), space.start.reshape(-1), strict=True)])))
+                self.register_buffer(f"columns_{i}", torch.as_tensor(np.repeat(
+                    np.arange(space.nvec.size), space.nvec.reshape(-1))))
+        self.normalize = obs_stats is not None
+        if obs_stats is not None:
+            self.register_buffer("mean", torch.as_tensor(obs_stats.mean, dtype=torch.float32))
+            self.register_buffer("std", torch.as_tensor(np.sqrt(obs_stats.var + 1e-8), dtype=torch.float32))
+        self.obs_clip = float(obs_clip)
+        space = self.action_spec.space
+        if self.action_spec.kind == "gaussian":
+            self.register_buffer("low", torch.as_tensor(space.low.reshape(-1), dtype=torch.float32))
+            self.register_buffer("high", torch.as_tensor(space.high.reshape(-1), dtype=torch.float32))
+        elif self.action_spec.kind == "categorical":
+            self.register_buffer("start", torch.as_tensor(np.asarray(space.start).reshape(-1), dtype=torch.int64))
+
+    def input_names(self) -> list[str]:
+        names = [leaf_name(self.obs_spec.image_path)] if self.obs_spec.has_image else []
+        return names + [leaf_name(path) for path, _ in self.obs_spec.leaves]
+
+    def _encode(self, i: int, space: gym.Space, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        if isinstance(space, gym.spaces.Discrete):
+            return (x.reshape(rows, 1) == getattr(self, f"values_{i}")).float()
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            picked = x.reshape(rows, -1)[:, getattr(self, f"columns_{i}")]  # each column's value, per block
+            return (picked == getattr(self, f"values_{i}")).float()
+        return x.reshape(rows, -1).float()
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        image = inputs[0] if self.obs_spec.has_image else None
+        leaves = inputs[1:] if self.obs_spec.has_image else inputs
+        vector = None
+        if leaves:
+            vector = torch.cat([self._encode(i, s, x) for i, (s, x) in enumerate(zip(self.leaves, leaves,
+                                                                                      strict=True))], -1)
+            if self.normalize:
+                vector = ((vector - self.mean) / self.std).clamp(-self.obs_clip, self.obs_clip)
+        out = self.model.policy_head(self.model.features(Obs(image=image, vector=vector)))
+        spec = self.action_spec
+        rows = out.shape[0]
+        if spec.kind == "categorical":
+            choice = torch.stack([part.argmax(-1) for part in out.split(spec.nvec, -1)], -1) + self.start
+            return choice.reshape(rows, *spec.stored_shape)
+        if spec.kind == "bernoulli":
+            return (out > 0).to(torch.int8).reshape(rows, *spec.stored_shape)
+        return torch.minimum(torch.maximum(out, self.low), self.high).reshape(rows, *spec.stored_shape)
+
+
+def example_inputs(policy: DeterministicPolicy, rows: int = 2, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Random observations of the env's space, one tensor per input (for tracing and for tests)."""
+    space = policy.obs_spec.space
+    space.seed(seed)
+    batch = stack([space.sample() for _ in range(rows)], space)
+    paths = ([policy.obs_spec.image_path] if policy.obs_spec.has_image else []) + [
+        p for p, _ in policy.obs_spec.leaves]
+    return tuple(torch.as_tensor(np.asarray(at_path(batch, p))) for p in paths)

@@ -1,0 +1,143 @@
+"""Reporting: one record per iteration to every sink, so progress.jsonl, Prometheus, TensorBoard and stdout
+always agree; and the run's events (actor restarts, dropped segments, skipped updates, checkpoints) counted
+once, for the metrics and for summary.json."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dppo.config import Config
+from dppo.rl.ppo import TrainStats
+from dppo.rl.segment import Segment
+from dppo.run.logs import IterationLog
+from dppo.run.metrics import Metrics
+from dppo.run.run_dir import RunDir, strict_json
+from dppo.run.state import RunState
+from dppo.run.tensorboard import TensorBoardLog
+
+NOT_IN_RECORD = {"epochs_run", "skipped_minibatches"}  # TrainStats fields that are not progress columns
+
+
+@dataclass
+class FaultCounts:
+    """Faults this process survived (summary.json); the metrics hold the same counts as counters."""
+
+    actor_restarts: int = 0
+    learner_restarts: int = 0
+    segments_dropped: int = 0
+    updates_skipped: int = 0
+
+
+def progress_record(state: RunState, segments: list[Segment], steps: int, stats: TrainStats,
+                    phases: dict[str, float], iteration_s: float) -> dict[str, Any]:
+    """One line of progress.jsonl: counters, episode means, throughput, diagnostics, per-phase seconds."""
+    c = state.counters
+    return {
+        "iteration": c.iteration, "env_steps": c.env_steps, "wall_s": round(c.wall_s, 3),
+        "episodes": c.episodes, "episode_return_mean": state.return_mean(),
+        "episode_length_mean": state.length_mean(),
+        "steps_per_s": steps / iteration_s, "env_steps_delta": steps, "iteration_s": iteration_s,
+        "policy_version": c.policy_version, "segments": len(segments),
+        "policy_lag": max(c.policy_version - 1 - s.policy_version for s in segments),
+        **{k: v for k, v in stats.as_dict().items() if k not in NOT_IN_RECORD},
+        **{f"{k}_s": v for k, v in phases.items()},
+    }
+
+
+class Reporter:
+    """The run's sinks (progress.jsonl, metrics, TensorBoard, stdout and train.log) and its event counts."""
+
+    def __init__(self, config: Config, run_dir: RunDir) -> None:
+        self.config, self.run_dir = config, run_dir
+        self.name = config.run.name or run_dir.path.name  # logs, summary.json and dppo_run_info's run label
+        self.metrics = Metrics(config.env.name, self.name)
+        self.output = IterationLog(config.run.log_format, config.run.total_steps, log_file=run_dir.log)
+        self.tensorboard: TensorBoardLog | None = None
+        self.faults = FaultCounts()
+
+    def open(self, state: RunState) -> None:
+        """Start serving metrics and open TensorBoard (nothing of either exists before the run starts); a resumed
+        run's counters and curves continue from its checkpoint."""
+        cfg, counters = self.config, state.counters
+        if cfg.metrics.port:
+            port = self.metrics.serve(cfg.metrics.port, cfg.metrics.host)
+            self.output.message(f"metrics on http://{cfg.metrics.host}:{port}/metrics")
+        resumed = counters.iteration > 0
+        if resumed:
+            self.metrics.env_steps.inc(counters.env_steps)
+            self.metrics.episodes.inc(counters.episodes)
+        if cfg.run.tensorboard:
+            self.tensorboard = TensorBoardLog(self.run_dir.tensorboard, cfg.to_yaml(),
+                                              counters.env_steps if resumed else None)
+        self.metrics.actors_desired.set(cfg.run.actors)
+        self.metrics.init_actors(cfg.run.actors)
+
+    def iteration(self, record: dict[str, Any], segments: list[Segment], new_returns: list[float],
+                  phases: dict[str, float]) -> None:
+        """The same record to progress.jsonl, the metrics, TensorBoard and stdout."""
+        record = strict_json(record)
+        self.run_dir.append_progress(record)
+        self.metrics.record_iteration(record, new_returns, phases)
+        for seg in segments:
+            self.metrics.record_actor(seg.actor_id, seg.sample_seconds)
+        if self.tensorboard is not None:
+            self.tensorboard.record(record)
+        self.output.iteration(record)
+
+    # ---- events ------------------------------------------------------------------------------------
+    def message(self, text: str) -> None:
+        self.output.message(text)
+
+    def actors_alive(self, count: int) -> None:
+        self.metrics.actors_alive.set(count)
+
+    def actor_restarted(self, index: int) -> None:
+        self.metrics.actor_restarts.labels(actor=str(index)).inc()
+        self.faults.actor_restarts += 1
+
+    def segment_dropped(self, reason: str) -> None:
+        self.metrics.segments_dropped.labels(reason=reason).inc()
+        self.faults.segments_dropped += 1
+
+    def learner_restarted(self) -> None:
+        self.metrics.learner_restarts.inc()
+        self.faults.learner_restarts += 1
+
+    def update_skipped(self) -> None:
+        self.metrics.updates_skipped.inc()
+        self.faults.updates_skipped += 1
+
+    def learner_timings(self, timings: list[tuple[float, float]]) -> None:
+        """Per learner: the update's seconds and the part of them in all-reduce (0 for one learner)."""
+        for rank, (update_s, reduce_s) in enumerate(timings):
+            self.metrics.learner_update_seconds.labels(learner=str(rank)).observe(update_s)
+            self.metrics.learner_allreduce_seconds.labels(learner=str(rank)).observe(reduce_s)
+
+    def checkpoint_written(self, path: Path) -> None:
+        self.metrics.checkpoints.inc()
+        self.metrics.checkpoint_bytes.set(path.stat().st_size)
+
+    # ---- the end -------------------------------------------------------------------------------------
+    def summary(self, state: RunState, reason: str, wall_s: float, startup_s: dict[str, float],
+                first_iteration_s: float | None) -> dict[str, Any]:
+        """summary.json's content, written atomically."""
+        c = state.counters
+        summary = strict_json({
+            "solved": reason == "target_return", "reason": reason, "wall_s": round(wall_s, 3),
+            "env_steps": c.env_steps, "iterations": c.iteration, "episodes": c.episodes,
+            "episode_return_mean": state.return_mean(), "target_return": self.config.run.target_return,
+            "run": self.name, "env": self.config.env.name, **asdict(self.faults),
+            "startup_s": startup_s, "first_iteration_s": first_iteration_s,
+            "finished_at": time.time(),  # epoch seconds: what follows (shutdown, exit) is the process's end
+        })
+        self.run_dir.write_summary(summary)
+        return summary
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+        self.output.close()

@@ -1,0 +1,114 @@
+"""The run directory: every file a run writes, by name, and the reading back of its progress and summary.
+
+| file | written |
+| --- | --- |
+| ``config.yaml`` | once, when the actors are ready (the fully resolved config) |
+| ``progress.jsonl`` | one JSON object per iteration (appended; cut back to the checkpoint on resume) |
+| ``summary.json`` | at the end, atomically |
+| ``checkpoints/`` | periodic and final checkpoints (:mod:`dppo.run.checkpoint`) |
+| ``tensorboard/`` | TensorBoard event files |
+| ``train.log`` | the stdout lines and messages, timestamped |
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dppo.errors import UsageError
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write bytes so that ``path`` is either the old content or the new, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def strict_json(record: dict[str, Any]) -> dict[str, Any]:
+    """NaN/Inf become null so every line is strict JSON."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+
+
+class RunDir:
+    """The files of one run directory."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.config = self.path / "config.yaml"
+        self.progress = self.path / "progress.jsonl"
+        self.summary = self.path / "summary.json"
+        self.checkpoints = self.path / "checkpoints"
+        self.tensorboard = self.path / "tensorboard"
+        self.log = self.path / "train.log"
+
+    def holds_run(self) -> bool:
+        """A run has written iterations here."""
+        return self.progress.exists()
+
+    def write_config(self, config_yaml: str) -> None:
+        atomic_write(self.config, config_yaml.encode())
+
+    def append_progress(self, record: dict[str, Any]) -> None:
+        with open(self.progress, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def truncate_progress(self, iteration: int) -> int:
+        """Drop progress lines written after ``iteration`` (the checkpoint a run resumes from), so iterations
+        stay monotonic; a line cut short by a kill goes too. Returns the last iteration kept (0: none)."""
+        if not self.progress.exists():
+            return 0
+        kept, last = [], 0
+        for line in self.progress.read_text().splitlines():
+            try:
+                number = json.loads(line)["iteration"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+            if number <= iteration:
+                kept.append(line + "\n")
+                last = number
+        atomic_write(self.progress, "".join(kept).encode())
+        return last
+
+    def read_progress(self) -> list[dict[str, Any]]:
+        """The records of progress.jsonl; a torn last line (the run is still writing) is ignored."""
+        lines = self.progress.read_text().splitlines()
+        records = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                if number == len(lines):
+                    break
+                raise UsageError(f"{self.progress}:{number} is not valid JSON; is this a dppo progress file?") from None
+        return records
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        atomic_write(self.summary, (json.dumps(summary, indent=2) + "\n").encode())
+
+    def read_summary(self) -> dict[str, Any] | None:
+        """summary.json, or None when it is missing or unreadable (a run still going, or killed)."""
+        try:
+            data = json.loads(self.summary.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) else None

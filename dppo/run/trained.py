@@ -1,0 +1,34 @@
+"""What a checkpoint holds, rebuilt outside training: the config, the model with its weights, and the
+observation statistics it was trained with (``dppo eval`` and ``dppo export`` start here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+
+from dppo.config import Config, validate
+from dppo.envs.make import env_spaces
+from dppo.errors import UsageError
+from dppo.rl.model import ActorCritic
+from dppo.rl.normalizer import RunningStats
+
+
+@dataclass
+class TrainedModel:
+    config: Config
+    model: ActorCritic
+    obs_stats: RunningStats | None
+
+
+def trained_model(checkpoint: dict[str, Any], spaces: tuple[gym.Space, gym.Space] | None = None) -> TrainedModel:
+    """The checkpoint's model for ``spaces`` (default: its env's, made once to read them)."""
+    config = validate(checkpoint["config"], warn=False)
+    model = ActorCritic(*(spaces or env_spaces(config)), config.model)
+    try:
+        model.load_state_dict(checkpoint["model"])
+    except RuntimeError as err:
+        raise UsageError(f"checkpoint does not match env {config.env.name} ({str(err).splitlines()[0]})") from None
+    stats = checkpoint.get("obs_stats")
+    return TrainedModel(config, model.eval(), RunningStats.from_state(stats) if stats else None)

@@ -1,0 +1,597 @@
+"""The Helm chart, checked without a cluster: lint, render over a values matrix, validate every object
+(built-in kinds with kubernetes-validate, KubeRay and Prometheus Operator CRs against the CRD schemas in
+tests/schemas made strict), and the schema's rejections of bad values."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from dppo.config import validate as validate_config
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "dppo"
+VALUES_DIR = Path(__file__).parent / "values"
+MATRIX = sorted(p.stem for p in VALUES_DIR.glob("*.yaml"))
+K8S_VERSIONS = ("1.27.0", "1.37.0")  # the chart's kubeVersion floor and the newest schemas
+CR_GROUPS = {"ray.io", "monitoring.coreos.com"}
+# Config keys the chart sets from its own values (they size the cluster or name the run).
+CHART_MANAGED = {("env", "id"), ("run", "actors"), ("run", "actor_cpus"), ("run", "run_dir"), ("run", "name"),
+                 ("metrics", "port"), ("metrics", "host"), ("metrics", "linger_s")}
+
+
+def helm(helm_bin: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm_bin, *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def render(helm_bin: str, *args: str, release: str = "r") -> list[dict[str, Any]]:
+    """`helm template` (hooks included) -> the rendered objects."""
+    out = helm(helm_bin, "template", release, str(CHART), "--namespace", "ml", *args)
+    assert out.returncode == 0, out.stderr
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(objects, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def strict(schema: Any) -> Any:
+    """Reject unknown fields: add additionalProperties false wherever an object lists its properties."""
+    if isinstance(schema, dict):
+        schema = {k: strict(v) for k, v in schema.items()}
+        if ("properties" in schema and "additionalProperties" not in schema
+                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def cr_schemas() -> dict[tuple[str, str, str], dict[str, Any]]:
+    root = Path(__file__).parent / "schemas"  # vendored: tests/schemas/VERSIONS, update.py
+    schemas = {}
+    for path in root.glob("*/*.json"):
+        kind, version = path.stem.rsplit("_", 1)
+        schemas[(path.parent.name, kind, version)] = strict(json.loads(path.read_text()))
+    assert schemas, f"no schemas under {root}"
+    return schemas
+
+
+def validate_object(obj: dict[str, Any], cr_schemas: dict[tuple[str, str, str], dict[str, Any]]) -> None:
+    group, _, version = obj["apiVersion"].rpartition("/")
+    if group in CR_GROUPS:
+        schema = cr_schemas[(group, obj["kind"].lower(), version)]
+        jsonschema.validate(obj, schema, cls=jsonschema.Draft7Validator)
+    else:
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def containers(objects: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(pod spec, container) for every pod template the chart renders."""
+    specs = []
+    for obj in objects:
+        if obj["kind"] == "Pod":
+            specs.append(obj["spec"])
+        elif obj["kind"] == "RayJob":
+            cluster = obj["spec"]["rayClusterSpec"]
+            specs.append(obj["spec"]["submitterPodTemplate"]["spec"])
+            specs.append(cluster["headGroupSpec"]["template"]["spec"])
+            specs += [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
+    return [(spec, c) for spec in specs for c in spec["containers"]]
+
+
+def head_container(rayjob: dict[str, Any]) -> dict[str, Any]:
+    return rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+
+
+def training_config(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    config_map = next(o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-config"))
+    return yaml.safe_load(config_map["data"]["config.yaml"])
+
+
+@pytest.mark.parametrize("values", MATRIX)
+def test_lint_strict(helm_bin: str, values: str) -> None:
+    out = helm(helm_bin, "lint", "--strict", str(CHART), "-f", str(VALUES_DIR / f"{values}.yaml"))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("values", MATRIX)
+def test_rendered_objects_are_valid(helm_bin: str, cr_schemas: dict, values: str) -> None:
+    objects = render(helm_bin, "-f", str(VALUES_DIR / f"{values}.yaml"))
+    for obj in objects:
+        validate_object(obj, cr_schemas)
+    # The training config is a complete, valid dppo config.
+    validate_config(training_config(objects))
+
+
+@pytest.mark.parametrize("values", MATRIX)
+def test_secure_pods(helm_bin: str, values: str) -> None:
+    objects = render(helm_bin, "-f", str(VALUES_DIR / f"{values}.yaml"))
+    pods = containers(objects)
+    # submitter, head, workers, helm test (and learner pods with learners.replicas >= 2)
+    assert len(pods) == (5 if values == "learners" else 4)
+    for spec, container in pods:
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["automountServiceAccountToken"] is False
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        limits = container["resources"].get("limits", {})
+        requests = container["resources"]["requests"]
+        assert "cpu" not in limits, "no CPU limits: they throttle the learner and the actors"
+        assert limits["memory"] == requests["memory"]
+    for service in by_kind(objects, "Service"):
+        assert service["spec"]["type"] == "ClusterIP"
+
+
+def test_defaults(helm_bin: str) -> None:
+    objects = render(helm_bin)
+    rayjob = one(objects, "RayJob")
+    spec = rayjob["spec"]
+    cluster = spec["rayClusterSpec"]
+    assert spec["entrypoint"] == "dppo train --config /etc/dppo/config.yaml"
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["submissionMode"] == "K8sJobMode"
+    assert spec["ttlSecondsAfterFinished"] > 0 and spec["activeDeadlineSeconds"] > 0
+    assert cluster["authOptions"] == {"mode": "token"}
+    assert cluster["rayVersion"] == "2.60.0"
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    (workers,) = cluster["workerGroupSpecs"]
+    assert workers["replicas"] == workers["minReplicas"] == workers["maxReplicas"] == 2
+    assert workers["rayStartParams"]["num-cpus"] == "1"
+    head = head_container(rayjob)
+    ports = {p["name"]: p["containerPort"] for p in head["ports"]}
+    assert ports["dppo-metrics"] == 8000 and ports["dashboard"] == 8265 and ports["gcs-server"] == 6379
+    mount = next(m for m in head["volumeMounts"] if m["name"] == "config")
+    assert mount["mountPath"] == "/etc/dppo"
+    config = training_config(objects)
+    assert config["env"]["id"] == "CartPole-v1"
+    assert config["run"]["actors"] == 2 and config["run"]["actor_cpus"] == 1
+    assert config["metrics"]["port"] == 8000 and config["metrics"]["linger_s"] > 15
+    assert {o["kind"] for o in objects} == {"RayJob", "ConfigMap", "Service", "NetworkPolicy", "Pod"}
+    test_pod = one(objects, "Pod")
+    assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert "r-dppo-metrics:8000/metrics" in " ".join(test_pod["spec"]["containers"][0]["command"])
+
+
+def test_config_uses_the_env_preset(helm_bin: str) -> None:
+    """Like `dppo train --env ID`, the chart starts from the bundled preset for that env id."""
+    for preset in sorted((REPO / "dppo" / "presets").glob("*.yaml")):
+        data = yaml.safe_load(preset.read_text())
+        env_id = data["env"]["id"]
+        config = training_config(render(helm_bin, "--set", f"env={env_id}"))
+        for section, keys in data.items():
+            for key, value in keys.items():
+                if (section, key) not in CHART_MANAGED:
+                    assert config[section][key] == value, f"{preset.name}: {section}.{key}"
+
+
+def test_actors_8(helm_bin: str) -> None:
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "actors-8.yaml"))
+    cluster = one(objects, "RayJob")["spec"]["rayClusterSpec"]
+    (workers,) = cluster["workerGroupSpecs"]
+    assert workers["replicas"] == 2 and workers["rayStartParams"]["num-cpus"] == "4"
+    config = training_config(objects)
+    assert config["run"]["actors"] == 8 and config["env"]["id"] == "LunarLander-v3"
+    # Uneven split: 5 actors, 2 per pod -> 3 pods.
+    cluster = one(render(helm_bin, "--set", "actors=5", "--set", "actorsPerPod=2"), "RayJob")["spec"]["rayClusterSpec"]
+    assert cluster["workerGroupSpecs"][0]["replicas"] == 3
+
+
+def test_everything(helm_bin: str) -> None:
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "everything.yaml"))
+    rayjob = one(objects, "RayJob")
+    assert rayjob["metadata"]["name"] == "exp-42"
+    assert "activeDeadlineSeconds" not in rayjob["spec"] and "preRunningDeadlineSeconds" not in rayjob["spec"]
+    head = head_container(rayjob)
+    assert head["image"] == "registry.example.com/ml/dppo:0.1.0-custom"
+    assert {"name": "OMP_NUM_THREADS", "value": "1"} in head["env"]
+    config = training_config(objects)
+    # Chart-managed keys win over `config`; the rest of `config` wins over the preset.
+    assert config["run"]["actors"] == 3 and config["run"]["checkpoint_every"] == 5
+    assert config["ppo"]["learning_rate"] == 0.0003 and config["ppo"]["epochs"] == 10
+    assert config["env"]["num_envs"] == 4 and config["ppo"]["segment_length"] == 32
+    assert config["run"]["total_steps"] == 2000000 and config["run"]["seed"] == 7
+    assert config["run"]["target_return"] == 490.5
+    for spec, _ in containers(objects):
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    for obj in objects:
+        assert obj["metadata"]["labels"]["team"] == "rl"
+
+
+def test_monitoring(helm_bin: str) -> None:
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "monitoring.yaml"))
+    monitors = {m["metadata"]["name"]: m for m in by_kind(objects, "PodMonitor")}
+    learner, ray = monitors["r-dppo-learner"], monitors["r-dppo-ray"]
+    assert learner["metadata"]["labels"]["release"] == "prom"
+    assert learner["spec"]["podMetricsEndpoints"][0]["port"] == "dppo-metrics"
+    assert learner["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "head"
+    assert ray["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    dashboard = next(o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"] == "r-dppo-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    board = json.loads(dashboard["data"]["dppo.json"])
+    assert board == json.loads((CHART / "dashboards" / "dppo.json").read_text())
+    assert "datasource" in {v["name"] for v in board["templating"]["list"]}
+
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "servicemonitor.yaml"))
+    assert not by_kind(objects, "PodMonitor")
+    monitor = one(objects, "ServiceMonitor")
+    service = one(objects, "Service")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+
+
+def test_persistence_resumes_on_retry(helm_bin: str) -> None:
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "persistence.yaml"))
+    rayjob = one(objects, "RayJob")
+    assert rayjob["spec"]["backoffLimit"] == 2
+    assert rayjob["spec"]["entrypoint"].endswith("--auto-resume")
+    pvc = one(objects, "PersistentVolumeClaim")
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    assert pvc["spec"]["storageClassName"] == "standard"
+    head_spec = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    volume = next(v for v in head_spec["volumes"] if v["name"] == "checkpoints")
+    assert volume["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    mount = next(m for m in head_container(rayjob)["volumeMounts"] if m["name"] == "checkpoints")
+    assert training_config(objects)["run"]["run_dir"].startswith(mount["mountPath"] + "/")
+
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "existing-claim.yaml"))
+    assert not by_kind(objects, "PersistentVolumeClaim")
+    head_spec = one(objects, "RayJob")["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "my-checkpoints"}} in head_spec["volumes"]
+    assert training_config(objects)["run"]["run_dir"] == "/checkpoints/r-dppo"
+
+
+def test_gpu_learner(helm_bin: str) -> None:
+    rayjob = one(render(helm_bin, "-f", str(VALUES_DIR / "gpu-learner.yaml")), "RayJob")
+    head = head_container(rayjob)
+    assert head["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert head["image"] == "dppo:0.1.0-gpu"
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    assert cluster["headGroupSpec"]["rayStartParams"] == {"num-cpus": "0", "dashboard-host": "0.0.0.0", "num-gpus": "1"}
+    assert cluster["headGroupSpec"]["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
+    assert "nvidia.com/gpu" not in worker["containers"][0]["resources"].get("limits", {})
+    assert "tolerations" not in worker
+
+
+def test_learners_are_a_second_worker_group(helm_bin: str) -> None:
+    """learners.replicas L >= 2: L learner pods advertising dppo_learner and no CPUs (actors never land there),
+    and the run's config asks for L learners on that resource."""
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "learners.yaml"))
+    cluster = one(objects, "RayJob")["spec"]["rayClusterSpec"]
+    actors, learners = cluster["workerGroupSpecs"]
+    assert actors["groupName"] == "actors" and actors["rayStartParams"] == {"num-cpus": "1"}
+    assert learners["groupName"] == "learners" and learners["replicas"] == learners["maxReplicas"] == 2
+    assert learners["resources"] == {"CPU": "0", "GPU": "1", "dppo_learner": "1"}
+    container = learners["template"]["spec"]["containers"][0]
+    assert container["resources"] == {"requests": {"cpu": "4", "memory": "8Gi"},
+                                      "limits": {"memory": "8Gi", "nvidia.com/gpu": 1}}
+    assert learners["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "learner"
+    run = training_config(objects)["run"]
+    assert (run["learners"], run["learner_resource"], run["learner_threads"]) == (2, "dppo_learner", 4)
+    default = render(helm_bin)
+    assert len(one(default, "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"]) == 1
+    assert "learners" not in training_config(default)["run"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--set", "learners.replicas=1"], "learners.replicas=1: use 0"),
+    (["--set", "learners.replicas=3"], "learners.replicas=3 must divide ppo.minibatch_size=512"),
+    (["--set", "learners.replicas=-1"], "at '/learners/replicas': minimum"),
+    (["--set", "learners.memory=lots"], "at '/learners/memory'"),
+])
+def test_bad_learner_values_fail_at_render_time(helm_bin: str, args: list[str], message: str) -> None:
+    out = helm(helm_bin, "template", "r", str(CHART), *args)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
+def test_runtime_env_reaches_the_rayjob(helm_bin: str) -> None:
+    """The user's env code: runtimeEnv becomes the RayJob's runtimeEnvYAML (the submitter passes it to
+    `ray job submit`), the env value becomes env.id in the training config; none by default."""
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "runtime-env.yaml"))
+    spec = one(objects, "RayJob")["spec"]
+    assert yaml.safe_load(spec["runtimeEnvYAML"]) == {
+        "working_dir": "https://example.com/dppo/custom-env.zip", "pip": ["gymnasium==1.4.0"],
+        "env_vars": {"OMP_NUM_THREADS": "1"}}
+    config = yaml.safe_load(one(objects, "ConfigMap")["data"]["config.yaml"])
+    assert config["env"]["id"] == "dppo_example_env:DppoExample/Corridor-v0"
+    assert "runtimeEnvYAML" not in one(render(helm_bin), "RayJob")["spec"]
+    example = yaml.safe_load((REPO / "examples" / "custom-env" / "values.yaml").read_text())
+    assert one(render(helm_bin, "-f", str(REPO / "examples" / "custom-env" / "values.yaml")), "RayJob")[
+        "spec"]["runtimeEnvYAML"].strip() == yaml.safe_dump(example["runtimeEnv"]).strip()
+
+
+def test_dns_egress_reaches_every_common_dns(helm_bin: str) -> None:
+    """kube-dns pods only (the old rule) leaves workers in wait-gcs-ready on GKE Cloud DNS, NodeLocal
+    DNSCache and OpenShift (dns-default pods on 5353)."""
+    policy = one(render(helm_bin), "NetworkPolicy")["spec"]
+    dns = policy["egress"][1]
+    peers = dns["to"]
+    assert {"cidr": "169.254.20.10/32"} in [p.get("ipBlock") for p in peers]
+    assert {"cidr": "169.254.169.254/32"} in [p.get("ipBlock") for p in peers]
+    labels = [p.get("podSelector", {}).get("matchLabels") for p in peers]
+    assert {"k8s-app": "kube-dns"} in labels and {"dns.operator.openshift.io/daemonset-dns": "default"} in labels
+    assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP"), (5353, "UDP"),
+                                                                  (5353, "TCP")}
+    custom = one(render(helm_bin, "--set", "networkPolicy.dnsPeers[0].ipBlock.cidr=10.0.0.10/32"),
+                 "NetworkPolicy")["spec"]["egress"][1]["to"]
+    assert custom == [{"ipBlock": {"cidr": "10.0.0.10/32"}}]
+
+
+def test_operator_admitted_from_its_namespace_with_either_install_label(helm_bin: str) -> None:
+    rule = one(render(helm_bin), "NetworkPolicy")["spec"]["ingress"][1]
+    assert [p["podSelector"]["matchLabels"] for p in rule["from"]] == [
+        {"app.kubernetes.io/name": "kuberay-operator"}, {"app.kubernetes.io/component": "kuberay-operator"}]
+    for peer in rule["from"]:
+        assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ray-system"}}
+
+
+def test_kuberay_minimum_version_is_the_one_the_rayjob_needs(helm_bin: str) -> None:
+    """preRunningDeadlineSeconds is rendered by default and arrived in KubeRay 1.6.0: the chart's stated
+    minimum must be 1.6.0 wherever it is stated."""
+    assert "preRunningDeadlineSeconds" in one(render(helm_bin), "RayJob")["spec"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["annotations"]["dppo.io/requires-kuberay"] == ">=1.6.0"
+    for doc in (REPO / "README.md", REPO / "docs" / "kubernetes.md"):
+        text = doc.read_text()
+        assert ">= 1.5.1" not in text and "v1.5.1 or newer" not in text and "1.5.1+" not in text, doc
+    assert "dppo:latest" not in (REPO / "docs" / "kubernetes.md").read_text()  # make image tags dppo:0.1.0
+
+
+def test_submitter_pod_deadline_and_usage_stats_off(helm_bin: str) -> None:
+    rayjob = one(render(helm_bin), "RayJob")["spec"]
+    assert rayjob["submitterPodTemplate"]["spec"]["activeDeadlineSeconds"] == rayjob["activeDeadlineSeconds"]
+    cluster = rayjob["rayClusterSpec"]
+    containers = [cluster["headGroupSpec"]["template"]["spec"]["containers"][0],
+                  cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]]
+    for container in containers:
+        assert {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"} in container["env"]
+    no_deadline = one(render(helm_bin, "--set", "job.activeDeadlineSeconds=null"), "RayJob")["spec"]
+    assert "activeDeadlineSeconds" not in no_deadline["submitterPodTemplate"]["spec"]
+
+
+def test_old_ray_with_token_auth_fails_at_render_time(helm_bin: str) -> None:
+    out = helm(helm_bin, "template", "r", str(CHART), "--set", "rayVersion=2.51.0")
+    assert out.returncode != 0 and "older than 2.52.0" in out.stderr and "auth.enabled=false" in out.stderr
+    assert helm(helm_bin, "template", "r", str(CHART), "--set", "rayVersion=2.51.0",
+                "--set", "auth.enabled=false").returncode == 0
+
+
+def test_name_label_is_fixed_for_dppo_status(helm_bin: str) -> None:
+    """`dppo status` selects RayJobs by app.kubernetes.io/name=dppo; nameOverride must not break that."""
+    from dppo.commands.status import LABEL_SELECTOR
+
+    key, _, value = LABEL_SELECTOR.partition("=")
+    for args in ([], ["--set", "nameOverride=trainer"]):
+        assert one(render(helm_bin, *args), "RayJob")["metadata"]["labels"][key] == value
+
+
+def test_auth_off(helm_bin: str) -> None:
+    rayjob = one(render(helm_bin, "-f", str(VALUES_DIR / "auth-off.yaml")), "RayJob")
+    assert "authOptions" not in rayjob["spec"]["rayClusterSpec"]
+
+
+def test_network_policy(helm_bin: str) -> None:
+    objects = render(helm_bin)
+    policy = one(objects, "NetworkPolicy")
+    spec = policy["spec"]
+    own = spec["podSelector"]["matchLabels"]
+    # Every pod of the run carries the policy's selector labels, so the policy covers them all and
+    # "the run's own pods" admits exactly them.
+    template_labels = [one(objects, "Pod")["metadata"]["labels"]]
+    rayjob = one(objects, "RayJob")["spec"]
+    template_labels.append(rayjob["submitterPodTemplate"]["metadata"]["labels"])
+    template_labels.append(rayjob["rayClusterSpec"]["headGroupSpec"]["template"]["metadata"]["labels"])
+    template_labels += [g["template"]["metadata"]["labels"] for g in rayjob["rayClusterSpec"]["workerGroupSpecs"]]
+    for labels in template_labels:
+        assert own.items() <= labels.items()
+    ingress_ports = [{p["port"] for p in rule.get("ports", [])} for rule in spec["ingress"]]
+    assert ingress_ports == [set(), {8265}, {8000, 8080}]
+    assert spec["ingress"][0]["from"] == [{"podSelector": {"matchLabels": own}}]
+    assert spec["ingress"][1]["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "kuberay-operator"}
+    egress_ports = [{p["port"] for p in rule.get("ports", [])} for rule in spec["egress"]]
+    assert egress_ports == [set(), {53, 5353}]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+
+    assert not by_kind(render(helm_bin, "-f", str(VALUES_DIR / "netpol-off.yaml")), "NetworkPolicy")
+
+
+BAD_VALUES = [
+    (["--set", "actors=0"], "at '/actors': minimum: got 0, want 1"),
+    (["--set", "actorsPerPod=0"], "at '/actorsPerPod': minimum"),
+    (["--set", "head.resources.limits.memory=-4Gi"], "at '/head/resources/limits/memory'"),
+    (["--set", "worker.resources.requests.memory=-1"], "at '/worker/resources/requests/memory'"),
+    (["--set", "bogus=1"], "additional properties 'bogus' not allowed"),
+    (["--set", "monitoring.relase=prom"], "additional properties 'relase' not allowed"),
+    (["--set", "config.trainer.lr=1"], "additional properties 'trainer' not allowed"),
+    (["--set", "actors=two"], "at '/actors': got string, want integer"),
+    (["--set", "auth.enabled=maybe"], "at '/auth/enabled': got string, want boolean"),
+    (["--set", "job.ttlSecondsAfterFinished=-1"], "at '/job/ttlSecondsAfterFinished': minimum"),
+    (["--set", "job.backoffLimit=-1"], "at '/job/backoffLimit': minimum"),
+    (["--set", "metrics.port=8265"], "at '/metrics/port'"),
+    (["--set", "monitoring.kind=Probe"], "at '/monitoring/kind'"),
+    (["--set", "image.pullPolicy=Sometimes"], "at '/image/pullPolicy'"),
+    (["--set", "runtimeEnv.workdir=x"], "additional properties 'workdir' not allowed"),
+    (["--set", "metrics.port=12000"], "at '/metrics/port'"),
+    (["--set", "metrics.port=10002"], "at '/metrics/port'"),
+    (["--set", "metrics.port=6379"], "at '/metrics/port'"),
+    (["--set", "runtimeEnv.py_modules=a.zip"], "at '/runtimeEnv/py_modules': got string, want array"),
+    (["--set", "runtimeEnv.env_vars.N=1"], "at '/runtimeEnv/env_vars/N': got number, want string"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_VALUES, ids=[" ".join(a[1:]) for a, _ in BAD_VALUES])
+def test_schema_rejects_bad_values(helm_bin: str, args: list[str], message: str) -> None:
+    out = helm(helm_bin, "template", "r", str(CHART), *args)
+    assert out.returncode != 0
+    assert "values don't meet the specifications of the schema" in out.stderr
+    assert message in out.stderr, out.stderr
+
+
+def test_every_value_is_documented() -> None:
+    """Each key in values.yaml has a `# --` comment (helm-docs convention), on itself or on an ancestor
+    whose default it belongs to; plain section headers need only documented children."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    undocumented = []
+    ancestors: list[tuple[int, bool]] = []  # (indent, documented) of the enclosing keys
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "- ")) or ":" not in stripped:
+            continue
+        indent = len(line) - len(line.lstrip())
+        while ancestors and ancestors[-1][0] >= indent:
+            ancestors.pop()
+        j = i - 1
+        while j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith("# --"):
+            j -= 1
+        documented = j >= 0 and lines[j].strip().startswith("# --")
+        is_section = stripped.endswith(":")
+        if not (documented or is_section or any(d for _, d in ancestors)):
+            undocumented.append(stripped)
+        ancestors.append((indent, documented))
+    assert not undocumented, f"values without a `# --` comment: {undocumented}"
+
+
+def test_schema_covers_every_value() -> None:
+    """values.schema.json knows every key of values.yaml (additionalProperties false would reject it)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    jsonschema.validate(values, schema)
+    bad = copy.deepcopy(values)
+    bad["head"]["resourcez"] = {}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+
+
+def test_validation_rejects_unknown_fields(helm_bin: str, cr_schemas: dict) -> None:
+    """The checks above would catch a misspelt field in any object, custom resources included."""
+    objects = render(helm_bin)
+    for obj in objects:
+        broken = copy.deepcopy(obj)
+        broken["spec" if "spec" in broken else "metadata"]["misspelt"] = 1
+        with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
+            validate_object(broken, cr_schemas)
+    broken = copy.deepcopy(one(objects, "RayJob"))
+    head_container(broken)["imagePullPolicy "] = "Always"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_object(broken, cr_schemas)
+
+
+def kuberay_admission_errors(rayjob: dict[str, Any]) -> list[str]:
+    """The RayJob checks KubeRay's operator applies before it creates anything (a port of the rules in
+    ray-operator/controllers/ray/utils/validation.go that apply to this chart's RayJob): a CRD schema
+    cannot express them, and the operator reports them only as events on the RayJob."""
+    errors = []
+    name, spec = rayjob["metadata"]["name"], rayjob["spec"]
+    cluster = spec["rayClusterSpec"]
+    if len(name) > 47 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+        errors.append("name: at most 47 characters, DNS-1035 label")
+    if not spec.get("shutdownAfterJobFinishes") and spec.get("ttlSecondsAfterFinished", 0) > 0:
+        errors.append("ttlSecondsAfterFinished needs shutdownAfterJobFinishes")
+    if spec.get("ttlSecondsAfterFinished", 0) < 0:
+        errors.append("ttlSecondsAfterFinished < 0")
+    if "activeDeadlineSeconds" in spec and spec["activeDeadlineSeconds"] <= 0:
+        errors.append("activeDeadlineSeconds <= 0")
+    if spec.get("backoffLimit", 0) < 0:
+        errors.append("backoffLimit < 0")
+    if cluster.get("authOptions", {}).get("mode") == "token":
+        version = tuple(int(p) for p in cluster.get("rayVersion", "0.0.0").split("."))
+        if version < (2, 52, 0):
+            errors.append("token auth needs rayVersion >= 2.52.0")
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        params = group.get("rayStartParams", {})
+        if not group["template"]["spec"]["containers"]:
+            errors.append("a group without containers")
+        if any(params.get(k) for k in ("num-cpus", "num-gpus", "memory", "resources")) and group.get("resources"):
+            errors.append("resources in both rayStartParams and resources")
+        if "labels" in params:
+            errors.append("rayStartParams.labels")
+    if spec.get("submitterPodTemplate", {}).get("spec", {}).get("restartPolicy", "Never") != "Never":
+        errors.append("submitter restartPolicy must be Never")
+    return errors
+
+
+@pytest.mark.parametrize("values", MATRIX)
+def test_kuberay_would_accept_the_rayjob(helm_bin: str, values: str) -> None:
+    rayjob = one(render(helm_bin, "-f", str(VALUES_DIR / f"{values}.yaml")), "RayJob")
+    assert kuberay_admission_errors(rayjob) == []
+
+
+def test_kuberay_rules_are_kept_by_the_chart(helm_bin: str) -> None:
+    """Values KubeRay would reject either render a valid RayJob or fail at `helm install` already."""
+    rayjob = one(render(helm_bin, "--set", "job.shutdownAfterJobFinishes=false"), "RayJob")
+    assert "ttlSecondsAfterFinished" not in rayjob["spec"] and kuberay_admission_errors(rayjob) == []
+    out = helm(helm_bin, "template", "1st", str(CHART))
+    assert out.returncode != 0 and "DNS-1035" in out.stderr
+    rayjob = one(render(helm_bin, release="a-release-name-that-is-far-too-long-for-kuberay"), "RayJob")
+    assert len(rayjob["metadata"]["name"]) <= 40 and kuberay_admission_errors(rayjob) == []
+
+
+def notes(helm_bin: str, *args: str) -> str:
+    out = helm(helm_bin, "install", "r", str(CHART), "--dry-run=client", "--namespace", "ml", *args)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes(helm_bin: str) -> None:
+    text = notes(helm_bin)
+    assert "kubectl logs -n ml -f job/r-dppo" in text
+    assert "kubectl port-forward -n ml svc/r-dppo-metrics 8000:8000" in text
+    assert "helm test r -n ml" in text
+    assert "RAY_AUTH_TOKEN" in text and "--set monitoring.dashboard=true" in text
+    uid = json.loads((CHART / "dashboards" / "dppo.json").read_text())["uid"]
+    text = notes(helm_bin, "-f", str(VALUES_DIR / "monitoring.yaml"), "-f", str(VALUES_DIR / "persistence.yaml"),
+                 "-f", str(VALUES_DIR / "auth-off.yaml"))
+    assert f"http://127.0.0.1:3000/d/{uid}" in text and "svc/prom-grafana" in text
+    assert "resumes from the newest one" in text
+    assert "RAY_AUTH_TOKEN" not in text
+
+
+def test_notes_on_retries_and_submitter_logs(helm_bin: str) -> None:
+    """KubeRay v1.7 deletes a failed attempt's cluster and submitter Job at once (no TTL): NOTES says so,
+    points at train.log on the claim, and lists every submitter pod's log (the Job retries up to twice)."""
+    assert "kubectl logs -n ml -l job-name=r-dppo --prefix --tail=-1" in notes(helm_bin)
+    assert "Retries:" not in notes(helm_bin)
+    text = notes(helm_bin, "-f", str(VALUES_DIR / "persistence.yaml"))
+    assert "/data/r-dppo/train.log" in text and "deletes a failed attempt's Ray cluster" in text
+    assert "nothing of the failed attempt is kept" in notes(helm_bin, "--set", "job.backoffLimit=1")
+
+
+def test_image_tag_matches_the_chart() -> None:
+    """`make image` builds the tag the chart pulls by default, and the docs say that tag."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    tag = re.search(r"^IMAGE_TAG \?= (\S+)", (REPO / "Makefile").read_text(), re.M)
+    assert tag and tag.group(1) == chart["appVersion"]
+    assert "dppo:latest" not in (REPO / "docs" / "kubernetes.md").read_text()
+
+
+def test_packaged_chart_carries_presets_and_dashboard(helm_bin: str, tmp_path: Path) -> None:
+    """presets/ is a link to dppo/presets; `helm package` must copy the files in."""
+    out = helm(helm_bin, "package", str(CHART), "--destination", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    (package,) = tmp_path.glob("dppo-*.tgz")
+    objects = render(helm_bin, "--set", "env=LunarLander-v3", "--set", "monitoring.dashboard=true")
+    packaged = subprocess.run([helm_bin, "template", "r", str(package), "--namespace", "ml", "--set",
+                               "env=LunarLander-v3", "--set", "monitoring.dashboard=true"],
+                              capture_output=True, text=True, timeout=120, check=True)
+    assert [d for d in yaml.safe_load_all(packaged.stdout) if d] == objects

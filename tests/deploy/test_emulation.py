@@ -1,0 +1,482 @@
+"""Run what the chart's pods would run, as local processes (no cluster here; see DESIGN.md, "How the
+chart is verified here").
+
+The chart is rendered, and from the RayJob we take the head's and the worker group's rayStartParams
+and container env, the worker replica count, the entrypoint and the ConfigMap's training config. Then,
+as KubeRay would: one `ray start --head --block` plus one `ray start --address=<head> --block` per
+worker replica, each rayStartParams key turned into `--key=value`; the token-auth variables KubeRay
+injects (RAY_AUTH_MODE, RAY_AUTH_TOKEN) with a token made here; and the submitter's commands,
+`ray job submit --no-wait ... -- <entrypoint>` followed by `ray job logs --follow`.
+
+Persistence and one retry are on, as for a long run: the first attempt's learner is killed after its
+first checkpoint (as when the head pod dies) and the entrypoint is submitted again, as KubeRay does on a retry (a
+new cluster, the same PersistentVolumeClaim), so it must resume and finish.
+
+Local substitutions, each a stand-in for something the pod has and this machine does not:
+- 127.0.0.1 as every node's IP and instead of 0.0.0.0 for the dashboard and the metrics server (only
+  loopback is touched);
+- free ports for the GCS, dashboard, client server, agents and Ray's metrics (KubeRay's 6379, 8265,
+  10001, 52365, 8080 may be taken by another Ray on this machine); the metrics port is a chart value;
+- a small object store per node (a pod gets 30% of its memory limit; three nodes share this box);
+- the ConfigMap content written to a temp file, and the entrypoint's /etc/dppo path pointed at it;
+- persistence.mountPath set to a temp dir (the PVC); a retry reuses this machine's cluster;
+- each worker node's runtime_env directory bind-mounted from a private dir in its own mount namespace
+  (pods do not share a filesystem; `unshare`, as root).
+Every process started here is in its own process group and is killed by group at the end: no global
+`ray stop`, which would hit other Ray clusters on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "dppo"
+BIN = Path(sys.executable).parent
+TOTAL_STEPS = 16384  # 16 iterations of 2 actors x 8 envs x 64 steps (CartPole preset), about 10 s
+LINGER_S = 10
+
+pytestmark = pytest.mark.slow
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def flags(params: dict[str, str]) -> list[str]:
+    """KubeRay's translation of rayStartParams: every key becomes --key=value."""
+    return [f"--{key}={value}" for key, value in params.items()]
+
+
+def group_resource_flags(resources: dict[str, str]) -> list[str]:
+    """KubeRay's translation of a group's `resources` map (the keys the chart sets): CPU and GPU become
+    --num-cpus and --num-gpus, the rest one --resources JSON object."""
+    named = {"CPU": "--num-cpus", "GPU": "--num-gpus"}
+    custom = {k: float(v) for k, v in resources.items() if k not in named}
+    return ([f"{flag}={resources[key]}" for key, flag in named.items() if key in resources]
+            + ([f"--resources={json.dumps(custom)}"] if custom else []))
+
+
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+class LocalCluster:
+    """The head and worker pods as process groups on this machine."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, args: list[str], env: dict[str, str], log_name: str) -> None:
+        log = open(self.root / log_name, "wb")  # noqa: SIM115 (closed with the process group's life)
+        self.procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        # Ray processes that left the groups (workers, agents) still name our temp dir on their command line.
+        marker = str(self.root).encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if marker in (entry / "cmdline").read_bytes():
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
+
+    def wait_for_log(self, name: str, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in (self.root / name).read_text(errors="replace"):
+            assert time.monotonic() < deadline, f"{name}: no {text!r}\n" + self.logs()
+            assert self.procs[-1].poll() is None, f"{name} exited\n" + self.logs()
+            time.sleep(0.5)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted(self.root.glob("*.log")))
+
+
+@pytest.fixture
+def cluster_root() -> Iterator[Path]:
+    # Short path: Ray's Unix sockets live under it (108-byte limit).
+    root = Path(tempfile.mkdtemp(prefix="dppo-emu-", dir="/tmp"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def render(helm_bin: str, release: str, *args: str) -> list[dict[str, Any]]:
+    out = subprocess.run([helm_bin, "template", release, str(CHART), *args],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def scrape(port: int) -> dict[str, float] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def http_status(url: str, headers: dict[str, str] | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return 0  # not listening (yet)
+
+
+def start_rendered_cluster(local: LocalCluster, cluster: dict[str, Any], cluster_root: Path, gcs: int, dash: int,
+                           client: int, node_ports: list[int]) -> tuple[str, dict[str, str], str]:
+    """The rendered head and worker pods as local processes; returns (dashboard address, env, token)."""
+    head = cluster["headGroupSpec"]
+    head_container = head["template"]["spec"]["containers"][0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    token = secrets.token_hex(32)
+    # What KubeRay injects into every Ray container and the submitter for authOptions.mode token.
+    assert cluster["authOptions"] == {"mode": "token"}
+    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    ray = str(BIN / "ray")
+    head_params = dict(head["rayStartParams"])
+    assert head_params.pop("dashboard-host") == "0.0.0.0"
+    local.start([ray, "start", "--head", "--block", *flags(head_params),
+                 "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--port={gcs}",
+                 f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
+                 f"--metrics-export-port={node_ports[0]}", f"--dashboard-agent-listen-port={node_ports[1]}",
+                 f"--dashboard-agent-grpc-port={node_ports[2]}", f"--runtime-env-agent-port={node_ports[3]}",
+                 "--object-store-memory=100000000", "--node-ip-address=127.0.0.1", f"--temp-dir={cluster_root}",
+                 "--disable-usage-stats"],
+                env | container_env(head_container), "head.log")
+    address = f"http://127.0.0.1:{dash}"
+    deadline = time.monotonic() + 90
+    while http_status(f"{address}/api/gcs_healthz") != 200:
+        assert time.monotonic() < deadline, "head never became healthy\n" + local.logs()
+        time.sleep(0.5)
+    # Each pod has its own filesystem; here the nodes share one. Ray keeps runtime_env files (a working_dir
+    # unpacked on every node) under the session directory, so each worker node gets a private one in its
+    # own mount namespace: otherwise a worker's unpacking would replace the directory the learner runs in.
+    resources = (cluster_root / "session_latest").resolve() / "runtime_resources"
+    resources.mkdir(parents=True, exist_ok=True)
+    i = 0
+    for group in cluster["workerGroupSpecs"]:
+        worker_container = group["template"]["spec"]["containers"][0]
+        for _ in range(group["replicas"]):
+            p = node_ports[4 + 4 * i: 8 + 4 * i]
+            private = cluster_root / f"worker-{i}-runtime-resources"
+            private.mkdir()
+            own_files = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                         'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(private), str(resources)]
+            local.start([*own_files, ray, "start", f"--address=127.0.0.1:{gcs}", "--block",
+                         *flags(group["rayStartParams"]), *group_resource_flags(group.get("resources", {})),
+                         f"--metrics-export-port={p[0]}", f"--dashboard-agent-listen-port={p[1]}",
+                         f"--dashboard-agent-grpc-port={p[2]}", f"--runtime-env-agent-port={p[3]}",
+                         "--object-store-memory=100000000", "--node-ip-address=127.0.0.1",
+                         "--disable-usage-stats"],
+                        env | container_env(worker_container), f"worker-{i}.log")
+            # One at a time, as pods would usually come up: two raylets registering at once from one IP
+            # can time out on this small machine.
+            local.wait_for_log(f"worker-{i}.log", "Ray runtime started", timeout=120)
+            i += 1
+    return address, env, token
+
+
+def local_job(objects: list[dict[str, Any]], cluster_root: Path) -> tuple[dict[str, Any], dict[str, Any], Path, str]:
+    """The rendered RayJob's spec; the ConfigMap's config (metrics on 127.0.0.1, run dir under cluster_root)
+    written where the local head reads it; that run dir; the entrypoint pointed at the written config."""
+    spec = next(o for o in objects if o["kind"] == "RayJob")["spec"]
+    config = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap")["data"]["config.yaml"])
+    config["metrics"]["host"] = "127.0.0.1"
+    run_dir = cluster_root / "run"
+    config["run"]["run_dir"] = str(run_dir)
+    config_file = cluster_root / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    head_container = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    config_mount = next(m for m in head_container["volumeMounts"] if m["name"] == "config")["mountPath"]
+    return spec, config, run_dir, spec["entrypoint"].replace(f"{config_mount}/config.yaml", str(config_file))
+
+
+def ray_list(address: str, env: dict[str, str], what: str) -> list[dict[str, Any]]:
+    out = subprocess.run([str(BIN / "ray"), "list", what, "--address", address, "--format", "json", "--detail",
+                          "--limit", "1000"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def assert_actors_on_workers_only(address: str, env: dict[str, str], replicas: int, min_actors: int) -> None:
+    """The head offers no CPUs: every actor (but the job supervisor) ran on a worker node."""
+    nodes = {n["node_id"]: n for n in ray_list(address, env, "nodes")}
+    assert sum(not n["is_head_node"] for n in nodes.values()) == replicas
+    actors = [a for a in ray_list(address, env, "actors") if a["class_name"] != "JobSupervisor"]
+    assert len(actors) >= min_actors, actors
+    for actor in actors:
+        assert not nodes[actor["node_id"]]["is_head_node"], f"{actor['class_name']} ran on the head"
+
+
+@pytest.mark.timeout(300)
+def test_chart_runs_as_rendered(helm_bin: str, cluster_root: Path) -> None:
+    """Chart defaults (token auth on) plus persistence and a retry; a tiny run and free local ports."""
+    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
+    release = f"emu{secrets.token_hex(3)}"
+    pvc = cluster_root / "pvc"
+    pvc.mkdir()
+    objects = render(helm_bin, release, "--set", f"metrics.port={metrics}",
+                     "--set", f"metrics.lingerSeconds={LINGER_S}", "--set", f"totalSteps={TOTAL_STEPS}",
+                     "--set", "actors=2", "--set", "actorsPerPod=1", "--set", "envsPerActor=8",
+                     "--set", "segmentLength=64", "--set", "config.ppo.minibatch_size=256",
+                     "--set", "persistence.enabled=true",
+                     "--set", f"persistence.mountPath={pvc}", "--set", "job.backoffLimit=1",
+                     "--set", "config.run.checkpoint_every=1")
+    rayjob = next(o for o in objects if o["kind"] == "RayJob")
+    config_text = next(o for o in objects if o["kind"] == "ConfigMap")["data"]["config.yaml"]
+    spec = rayjob["spec"]
+    cluster = spec["rayClusterSpec"]
+    head = cluster["headGroupSpec"]
+    (workers,) = cluster["workerGroupSpecs"]
+    head_container = head["template"]["spec"]["containers"][0]
+    config_mount = next(m for m in head_container["volumeMounts"] if m["name"] == "config")["mountPath"]
+    declared_metrics = next(p for p in head_container["ports"] if p["name"] == "dppo-metrics")["containerPort"]
+    assert declared_metrics == metrics
+
+    # The ConfigMap, where the head pod would have it mounted.
+    config = yaml.safe_load(config_text)
+    config["metrics"]["host"] = "127.0.0.1"
+    run_dir = Path(config["run"]["run_dir"])
+    assert run_dir.parent == pvc
+    assert any(m["mountPath"] == str(pvc) for m in head_container["volumeMounts"])
+    assert spec["entrypoint"].endswith(" --auto-resume") and spec["backoffLimit"] == 1
+    config_file = cluster_root / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    entrypoint = spec["entrypoint"].replace(f"{config_mount}/config.yaml", str(config_file))
+    assert entrypoint != spec["entrypoint"]
+
+    ray = str(BIN / "ray")
+    local = LocalCluster(cluster_root)
+    try:
+        address, env, token = start_rendered_cluster(local, cluster, cluster_root, gcs, dash, client, node_ports)
+
+        # The job API refuses a request without the token (or with a wrong one), and takes the right one.
+        assert http_status(f"{address}/api/jobs/") == 401
+        assert http_status(f"{address}/api/jobs/", {"Authorization": "Bearer wrong"}) == 403
+        assert http_status(f"{address}/api/jobs/", {"Authorization": f"Bearer {token}"}) == 200
+
+        # The submitter pod's commands (KubeRay K8sJobMode): KubeRay joins them with spaces and runs them
+        # with `bash -c`, so the entrypoint is split by the shell.
+        def submit(job_id: str) -> subprocess.Popen[str]:
+            out = subprocess.run(["bash", "-c", f"{ray} job submit --address {address} --no-wait --submission-id "
+                                  f"{job_id} -- {entrypoint}"],
+                                 env=env, capture_output=True, text=True, timeout=120, check=False)
+            assert out.returncode == 0, out.stdout + out.stderr
+            follow = subprocess.Popen([ray, "job", "logs", "--address", address, "--follow", job_id], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True)
+            local.procs.append(follow)  # type: ignore[arg-type]
+            return follow
+
+        def wait_for_metrics(follow: subprocess.Popen[str], name: str, at_least: float) -> dict[str, float]:
+            """Poll the declared metrics port on the head until `name` reaches `at_least`."""
+            deadline = time.monotonic() + 180
+            while True:
+                if follow.poll() is not None:
+                    pytest.fail(f"job ended before {name} reached {at_least}\n" + follow.communicate()[0]
+                                + local.logs())
+                assert time.monotonic() < deadline, f"{name} never reached {at_least}\n" + local.logs()
+                sample = scrape(metrics)
+                if sample and sample.get(name, 0) >= at_least:
+                    return sample
+                time.sleep(0.5)
+
+        def job_status(job_id: str) -> str:
+            request = urllib.request.Request(f"{address}/api/jobs/{job_id}",
+                                             headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                return json.load(resp)["status"]
+
+        # Attempt 1: the learner (the entrypoint's processes, ours alone) is killed after its first checkpoint.
+        first = submit(f"{release}-attempt-1")
+        wait_for_metrics(first, "dppo_checkpoints_written_total", 1)
+        learner = [int(e.name) for e in Path("/proc").iterdir()
+                   if e.name.isdigit() and str(config_file).encode() in _cmdline(e)]
+        assert learner, "learner process not found"
+        for pid in learner:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        first.communicate(timeout=60)
+        assert job_status(f"{release}-attempt-1") == "FAILED"
+        assert not (run_dir / "summary.json").exists()
+
+        # The retry: same entrypoint, same volume. The declared metrics port answers on the head during
+        # training and while the learner lingers.
+        second = submit(f"{release}-attempt-2")
+        final = wait_for_metrics(second, "dppo_env_steps_total", TOTAL_STEPS)
+        output, _ = second.communicate(timeout=LINGER_S + 60)
+        assert job_status(f"{release}-attempt-2") == "SUCCEEDED", output
+        # The learner's iteration lines reach the submitter's log, numbered on from the checkpoint.
+        assert f"iter={TOTAL_STEPS // 1024}" in output, output
+        assert "iter=1 " not in output, f"the retry started over instead of resuming\n{output}"
+        assert final["dppo_actors_alive"] == 2
+        assert final["dppo_run_info"] == 1
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["env_steps"] >= TOTAL_STEPS
+        # KubeRay deletes a failed attempt's pods and submitter at once: the volume keeps both attempts' log.
+        train_log = (run_dir / "train.log").read_text()
+        assert "iter=1 " in train_log and f"iter={TOTAL_STEPS // 1024}" in train_log, train_log
+
+        assert_actors_on_workers_only(address, env, workers["replicas"], 2)
+    finally:
+        local.stop()
+
+
+@contextlib.contextmanager
+def serve_directory(directory: Path) -> Iterator[int]:
+    """A static HTTP server on 127.0.0.1 (a stand-in for the bucket a runtime_env URI points at)."""
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(directory)))
+    thread = Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.timeout(420)
+def test_chart_trains_the_example_env_shipped_by_runtime_env(helm_bin: str, cluster_root: Path) -> None:
+    """examples/custom-env through the chart's runtimeEnv: a zip served on 127.0.0.1 becomes the job's
+    working_dir on the head and the workers; the learner and both actors import the package from it."""
+    import importlib.util
+
+    assert importlib.util.find_spec("dppo_example_env") is None, "the example must not be installed here"
+    example = REPO / "examples" / "custom-env"
+    served = cluster_root / "bucket"
+    served.mkdir()
+    shutil.make_archive(str(served / "custom-env"), "zip", root_dir=example.parent, base_dir=example.name)
+    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
+    with serve_directory(served) as http_port:
+        url = f"http://127.0.0.1:{http_port}/custom-env.zip"
+        objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "-f", str(example / "values.yaml"),
+                         "--set", f"runtimeEnv.working_dir={url}", "--set", f"metrics.port={metrics}",
+                         "--set", "metrics.lingerSeconds=0")
+        spec, config, run_dir, entrypoint = local_job(objects, cluster_root)
+        runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
+        assert runtime_env == {"working_dir": url}
+        assert config["env"]["id"] == "dppo_example_env:DppoExample/Corridor-v0"
+        local = LocalCluster(cluster_root)
+        try:
+            address, env, token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash,
+                                                         client, node_ports)
+            # KubeRay's submitter passes runtimeEnvYAML to `ray job submit` as --runtime-env-json.
+            submitted = subprocess.run(
+                ["bash", "-c", f"{BIN / 'ray'} job submit --address {address} --no-wait --submission-id corridor "
+                 f"--runtime-env-json '{json.dumps(runtime_env)}' -- {entrypoint}"],
+                env=env, capture_output=True, text=True, timeout=120, check=False)
+            assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+            logs = subprocess.run([str(BIN / "ray"), "job", "logs", "--address", address, "--follow", "corridor"],
+                                  env=env, capture_output=True, text=True, timeout=300, check=False)
+            request = urllib.request.Request(f"{address}/api/jobs/corridor",
+                                             headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                status = json.load(resp)["status"]
+            assert status == "SUCCEEDED", logs.stdout + local.logs()
+            summary = json.loads((run_dir / "summary.json").read_text())
+            assert summary["env"] == "dppo_example_env:DppoExample/Corridor-v0"
+            assert summary["solved"] and summary["episode_return_mean"] >= 0.9, summary
+            workers = spec["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"]
+            assert_actors_on_workers_only(address, env, workers, 2)
+        finally:
+            local.stop()
+
+
+@pytest.mark.timeout(420)
+def test_chart_runs_two_learner_pods(helm_bin: str, cluster_root: Path) -> None:
+    """learners.replicas=2: the rendered learner group as two more nodes; the run's two learners (one
+    torch.distributed gloo group) run there and only there, the actors only on the actor nodes."""
+    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 5)
+    objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "--set", f"metrics.port={metrics}",
+                     "--set", "metrics.lingerSeconds=0", "--set", "totalSteps=2048", "--set", "actors=2",
+                     "--set", "envsPerActor=4", "--set", "segmentLength=64", "--set", "learners.replicas=2",
+                     "--set", "learners.cpus=1", "--set", "config.ppo.minibatch_size=128")
+    spec, config, run_dir, entrypoint = local_job(objects, cluster_root)
+    actor_group, learner_group = spec["rayClusterSpec"]["workerGroupSpecs"]
+    assert config["run"]["learners"] == 2
+    local = LocalCluster(cluster_root)
+    try:
+        address, env, _token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash,
+                                                      client, node_ports)
+        done = subprocess.run(["bash", "-c", f"{BIN / 'ray'} job submit --address {address} --submission-id "
+                               f"learners -- {entrypoint}"], env=env, capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr + local.logs()
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["env_steps"] >= 2048 and summary["learner_restarts"] == 0
+        nodes = {n["node_id"]: n for n in ray_list(address, env, "nodes")}
+        learner_nodes = {i for i, n in nodes.items() if "dppo_learner" in n["resources_total"]}
+        assert len(learner_nodes) == learner_group["replicas"] == 2
+        assert all(nodes[i]["resources_total"].get("CPU", 0) == 0 for i in learner_nodes)
+        actors = ray_list(address, env, "actors")
+        learners = [a for a in actors if a["class_name"] == "LearnerWorker"]
+        samplers = [a for a in actors if a["class_name"] not in ("LearnerWorker", "JobSupervisor")]
+        assert len(learners) == 2 and {a["node_id"] for a in learners} == learner_nodes, learners
+        assert len(samplers) >= actor_group["replicas"]
+        assert all(a["node_id"] not in learner_nodes and not nodes[a["node_id"]]["is_head_node"] for a in samplers)
+    finally:
+        local.stop()

@@ -1,0 +1,192 @@
+"""`dppo bench`: every command runs on tiny settings and writes well-formed rows and doc sections.
+
+No wall time is asserted anywhere: these check shapes, keys and files, not speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from dppo.bench.suite import (
+    bench_sampling,
+    bench_update,
+    parse_counts,
+    register,
+    replace_section,
+    sampling_limit,
+    section_markers,
+    table,
+    tree_memory_mib,
+)
+from dppo.commands.args import Parser
+from dppo.config import load_config
+from dppo.errors import UsageError
+
+TINY = ["--envs-per-actor", "2", "--segment-length", "8", "--iterations", "1"]
+
+
+def run_bench(argv: list[str]) -> int:
+    parser = Parser(prog="dppo")
+    register(parser.add_subparsers(dest="command", required=True, parser_class=Parser))
+    args = parser.parse_args(["bench", *argv])
+    return args.func(args)
+
+
+def test_parse_counts() -> None:
+    assert parse_counts("1,2, 8") == [1, 2, 8]
+    for bad in ("a,b", "", "0,1"):
+        with pytest.raises(UsageError):
+            parse_counts(bad)
+
+
+def test_replace_section_replaces_only_its_own() -> None:
+    text = replace_section("# Benchmarks\n", "a", "first A")
+    text = replace_section(text, "b", "only B")
+    text = replace_section(text, "a", "second A")
+    assert "first A" not in text and "second A" in text and "only B" in text
+    begin, end = section_markers("a")
+    assert text.count(begin) == 1 and text.count(end) == 1
+    assert text.index("second A") < text.index("only B")  # replaced in place, order kept
+
+
+def test_sampling_limit() -> None:
+    assert sampling_limit(8, 8, 0.0, "sync") is None
+    assert sampling_limit(8, 8, 2.0, "sync") == 4000.0  # envs stepped one after another
+    assert sampling_limit(1, 8, 2.0, "async") == 4000.0  # all envs of an actor wait at once
+    assert sampling_limit(0, 8, 2.0, "sync") == 500.0  # the in-process row counts as one
+
+
+def test_table_formats_spread_and_missing() -> None:
+    md = table([{"a": 1, "b": {"median": 2.0, "min": 1.0, "max": 3.0}, "c": None}], ["a", "b", "c"])
+    assert md.splitlines()[2] == "| 1 | 2 (1-3) | - |"
+
+
+def test_tree_memory_counts_this_process() -> None:
+    memory = tree_memory_mib([os.getpid()])
+    assert memory["processes"] >= 1 and memory["rss_mib"] > 10 and memory["pss_mib"] > 0
+
+
+def test_sampling_rows_include_the_in_process_baseline(ray_address: str) -> None:
+    rows = bench_sampling([1, 2], envs_per_actor=2, segment_length=8, iterations=1, address=ray_address)
+    assert [(r["mode"], r["actors"]) for r in rows] == [("raw-loop", 0), ("in-process", 0), ("ray", 1), ("ray", 2)]
+    for r in rows:
+        assert r["steps_per_s"] > 0 and r["efficiency"] > 0 and r["envs_per_actor"] == 2
+    assert rows[1]["efficiency"] == 1.0
+    assert rows[2]["processes"] >= 2 and rows[2]["rss_mib"] > 0
+
+
+def test_sampling_command_writes_json_and_docs(ray_address: str, tmp_path: Path) -> None:
+    out, docs = tmp_path / "rows.json", tmp_path / "docs" / "benchmarks.md"
+    argv = ["sampling", "--actors", "1", "--env-latency-ms", "1", *TINY, "--json", str(out),
+            "--write-docs", str(docs), "--address", ray_address]
+    assert run_bench(argv) == 0
+    rows = json.loads(out.read_text())
+    for key in ("actors", "envs_per_actor", "env_latency_ms", "steps_per_s", "efficiency"):
+        assert all(key in r for r in rows), key
+    assert [r["actors"] for r in rows if r["mode"] == "in-process"] == [0]
+    assert all(r["env_latency_ms"] == 1.0 and r["of_limit"] > 0 for r in rows)
+    text = docs.read_text()
+    begin, end = section_markers("sampling-latency-1ms")
+    assert begin in text and end in text and "Machine:" in text and "dppo bench sampling" in text
+    assert run_bench(argv) == 0  # a second run replaces its section instead of adding one
+    assert docs.read_text().count(begin) == 1
+
+
+def test_update_command(ray_address: str, tmp_path: Path) -> None:
+    out = tmp_path / "update.json"
+    argv = ["update", "--hidden-sizes", "8", "--actors", "2", *TINY, "--minibatch-size", "8",
+            "--json", str(out), "--address", ray_address]
+    assert run_bench(argv) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["hidden_sizes"] == [8] and row["actors"] == 2 and row["batch"] == 32
+    assert row["samples_per_s"] > 0 and row["broadcast_s"] > 0 and row["broadcast_fraction"] > 0
+    assert row["minibatch_size"] == 8 and row["epochs"] >= 1
+    assert row["device"] == "cpu"  # the default; --device cuda times the update on a GPU
+
+
+def test_solve_command_runs_train_and_draws_the_figure(ray_address: str, tmp_path: Path) -> None:
+    out, docs = tmp_path / "solve.json", tmp_path / "benchmarks.md"
+    argv = ["solve", "--actors", "1", "--repeats", "1", "--out-dir", str(tmp_path / "runs"),
+            "--set", "run.total_steps=64", "--set", "env.num_envs=2", "--set", "ppo.segment_length=16",
+            "--set", "ppo.minibatch_size=16", "--json", str(out), "--write-docs", str(docs),
+            "--address", ray_address]
+    assert run_bench(argv) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["actors"] == 1 and row["repeats"] == 1 and row["solved"] == 0
+    (run,) = row["runs"]
+    assert run["env_steps"] == 64 and run["wall_s"] >= run["train_s"] > 0 and run["peak_rss_mib"] > 0
+    assert list(run["phases"]) == ["launch", "config", "ray_init", "learner", "actors_ready"]
+    assert all(v >= 0 for v in run["phases"].values()) and run["phases"]["actors_ready"] > 0
+    assert run["first_iteration_s"] > 0 and run["exit_s"] >= 0
+    assert run["startup_s"] + run["train_s"] + run["exit_s"] <= run["wall_s"] + 0.5  # the parts fit the whole
+    assert (tmp_path / "bench-solve-CartPole-v1.png").stat().st_size > 0
+    assert "![Time to solve CartPole-v1, 1 actor](bench-solve-CartPole-v1.png)" in docs.read_text()
+    assert "Start-up, phase by phase" in docs.read_text()
+
+
+def test_update_on_a_missing_gpu_is_a_usage_error(ray_address: str) -> None:
+    import torch
+
+    argv = ["update", "--hidden-sizes", "8", "--actors", "1", *TINY, "--minibatch-size", "8", "--iterations", "1",
+            "--device", "cuda", "--address", ray_address]
+    if torch.cuda.is_available():
+        assert run_bench(argv) == 0
+    else:
+        with pytest.raises(UsageError, match=r"run\.device=cuda but the learner sees no CUDA device"):
+            run_bench(argv)
+
+
+def test_solve_with_the_reference_times_sb3_on_the_same_preset(ray_address: str, tmp_path: Path) -> None:
+    """--reference: a first row of Stable-Baselines3's PPO in one process with the same preset and overrides,
+    and every row's wall time over the reference's."""
+    out = tmp_path / "solve.json"
+    argv = ["solve", "--actors", "1", "--repeats", "1", "--out-dir", str(tmp_path / "runs"), "--reference",
+            "--set", "run.total_steps=256", "--set", "env.num_envs=2", "--set", "ppo.segment_length=16",
+            "--set", "ppo.minibatch_size=16", "--json", str(out), "--address", ray_address]
+    assert run_bench(argv) == 0
+    reference, ours = json.loads(out.read_text())
+    # the preset's run.actors (2) x env.num_envs (2): the envs of `make demo`'s run
+    assert reference["actors"] == "SB3 PPO, 1 process, 4 envs" and reference["vs_reference"] == 1.0
+    (run,) = reference["runs"]
+    assert run["env_steps"] == 256 and run["wall_s"] > run["train_s"] > 0 and not run["solved"]
+    assert ours["actors"] == 1 and ours["runs"][0]["env_steps"] == 256
+    assert ours["vs_reference"] == round(ours["wall_s"]["median"] / reference["wall_s"]["median"], 3)
+
+
+def test_update_uses_the_preset_minibatch(ray_address: str) -> None:
+    (row,) = bench_update([[8]], actors=1, envs_per_actor=8, segment_length=64, iterations=1, address=ray_address)
+    assert row["minibatch_size"] == load_config().ppo.minibatch_size
+
+
+def test_bad_input_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="--actors"):
+        run_bench(["sampling", "--actors", "x"])
+    with pytest.raises(UsageError, match="unknown gymnasium environment"):
+        run_bench(["sampling", "--env", "NoSuchEnv-v0"])
+    with pytest.raises(SystemExit):
+        run_bench(["sampling", "--iterations", "0"])
+
+
+def test_round_command_breaks_the_round_down(ray_address: str, tmp_path: Path) -> None:
+    out, docs = tmp_path / "round.json", tmp_path / "benchmarks.md"
+    argv = ["round", "--segment-lengths", "1,16", "--envs-per-actor", "2", "--iterations", "3", "--json", str(out),
+            "--write-docs", str(docs), "--address", ray_address]
+    assert run_bench(argv) == 0
+    short, long_ = json.loads(out.read_text())
+    for row in (short, long_):
+        # each holds round by round, so for the medians too: round = broadcast + submit + wait >= sample
+        assert row["round_ms"] >= row["sample_ms"] > 0 and 0 < row["overhead_ms"] <= row["round_ms"]
+        assert row["round_ms"] >= max(row["broadcast_ms"], row["submit_ms"]) > 0
+        assert row["actor_call_ms"] > 0 and row["weight_load_ms"] > 0
+        assert row["segment_buffers"] >= 1 and row["broadcast_buffers"] >= 1
+    # a Segment of CartPole holds 4 float32 observations per step and env: 16 steps carry at least 16x2x16 bytes
+    assert long_["segment_kib"] > short["segment_kib"] and long_["segment_kib"] * 1024 >= 16 * 2 * 16
+    assert long_["sample_ms"] > short["sample_ms"]
+    assert short["broadcast_kib"] == long_["broadcast_kib"]  # the same model
+    assert "dppo bench round" in docs.read_text() and "round-CartPole-v1" in docs.read_text()
+    with pytest.raises(UsageError, match="--segment-lengths"):
+        run_bench(["round", "--segment-lengths", "0"])

@@ -1,0 +1,153 @@
+"""Bad input: exit 2, one line naming the problem and the fix, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import new_checkpoint
+
+from dppo.commands.parser import main
+from dppo.config import load_config
+from dppo.run.checkpoint import CheckpointStore
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A scratch cwd with the files the cases refer to."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "malformed.yaml").write_text("ppo: [1, 2\nrun: {")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "wrongtype.yaml").write_text("run:\n  actors: many\n")
+    (tmp_path / "unknownkey.yaml").write_text("ppo:\n  lr: 0.1\n")
+    (tmp_path / "a-file").write_text("not a directory")
+    (tmp_path / "empty-run").mkdir()
+    (tmp_path / "used-run").mkdir()
+    (tmp_path / "used-run" / "progress.jsonl").write_text('{"iteration": 1}\n')
+    (tmp_path / "garbage.pt").write_bytes(os.urandom(256))
+    run = tmp_path / "cartpole-run"
+    config = load_config(overrides={"run.run_dir": str(run)})
+    (run).mkdir()
+    (run / "config.yaml").write_text(config.to_yaml())
+    path = CheckpointStore(run / "checkpoints", 3).save(new_checkpoint(config)[0], 1)
+    (tmp_path / "truncated.pt").write_bytes(path.read_bytes()[:-100])
+    return tmp_path
+
+
+CASES = [
+    (["train", "--actors", "0"], "run.actors"),
+    (["train", "--envs-per-actor", "0"], "env.num_envs"),
+    (["train", "--segment-length", "-5"], "ppo.segment_length"),
+    (["train", "--actors", "abc"], "invalid int value"),
+    (["train", "--total-steps", "1.5e3x"], "invalid int value"),
+    (["train", "--total-steps", "2.5"], "'2.5' is not a whole number"),
+    (["train", "--set", "run.total_steps=2.5e0"], "run.total_steps: Input should be a valid integer"),
+    (["train", "--target-return", "high"], "invalid float value"),
+    (["train", "--time-limit", "0"], "run.time_limit_s: Input should be greater than 0"),
+    (["train", "--env", "NoSuchEnv-v0"], "unknown environment 'NoSuchEnv-v0'"),
+    (["train", "--set", "ppo.minibatch_size=100000"], "exceeds the batch"),
+    (["train", "--set", "ppo.nosuch=1"], "unknown key 'ppo.nosuch'"),
+    (["train", "--set", "nosection.x=1"], "unknown key 'nosection'"),
+    (["train", "--set", "ppo.learning_rate=abc"], "ppo.learning_rate"),
+    (["train", "--set", "ppo.gamma=1.5"], "ppo.gamma"),
+    (["train", "--set", "novalue"], "is not key=value"),
+    (["train", "--set", "run.log_format=xml"], "run.log_format"),
+    (["train", "--log-format", "xml"], "invalid choice"),
+    (["train", "--metrics-port", "70000"], "metrics.port"),
+    (["train", "--config", "missing.yaml"], "not found"),
+    (["train", "--config", "malformed.yaml"], "not valid YAML"),
+    (["train", "--config", "list.yaml"], "must hold a mapping"),
+    (["train", "--config", "wrongtype.yaml"], "run.actors"),
+    (["train", "--config", "unknownkey.yaml"], "unknown key 'ppo.lr'"),
+    (["train", "--resume"], "--run-dir"),
+    (["train", "--resume", "--run-dir", "empty-run"], "no intact checkpoint"),
+    (["train", "--run-dir", "a-file"], "is a file"),
+    (["train", "--run-dir", "used-run"], "already holds a run"),
+    (["train", "--resume", "--run-dir", "cartpole-run", "--env", "Pendulum-v1"], "is for env 'CartPole-v1'"),
+    (["train", "--resume", "--run-dir", "cartpole-run", "--set", "model.hidden_sizes=[8]"], "model settings"),
+    (["eval", "--checkpoint", "missing.pt"], "not found"),
+    (["eval", "--checkpoint", "garbage.pt"], "not a dppo checkpoint"),
+    (["eval", "--checkpoint", "truncated.pt"], "truncated or corrupt"),
+    (["eval", "--checkpoint", "empty-run"], "no intact checkpoint"),
+    (["eval", "--checkpoint", "cartpole-run", "--episodes", "0"], "--episodes"),
+    (["nosuchcommand"], "invalid choice"),
+]
+
+
+def test_step_budgets_in_e_notation_are_integers(tmp_path: Path) -> None:
+    """`--total-steps 1e6` and `--set run.total_steps=2e6` (and 1e6 in a YAML file) mean those integers."""
+    from dppo.commands.parser import build_parser
+
+    args = build_parser().parse_args(["train", "--total-steps", "1e6", "--actors", "4.0"])
+    assert (args.total_steps, args.actors) == (1_000_000, 4)
+    assert load_config(sets=["run.total_steps=2e6"]).run.total_steps == 2_000_000
+    path = tmp_path / "c.yaml"
+    path.write_text("run:\n  total_steps: 3e5\nenv:\n  kwargs: {name: 1e3}\n")
+    config = load_config(path)
+    assert config.run.total_steps == 300_000 and isinstance(config.run.total_steps, int)
+    assert config.env.kwargs == {"name": "1e3"}  # the env's own arguments pass through untouched
+
+
+def snapshot(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize(("argv", "expected"), CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_exits_2_with_one_line(workdir: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                         expected: str) -> None:
+    before = snapshot(workdir)
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dppo: error: "), err
+    assert expected in err
+    assert "Traceback" not in err
+    assert snapshot(workdir) == before, "bad input must not write anything"
+
+
+def test_real_process_bad_input_has_no_traceback(dppo_cmd: list[str], tmp_path: Path) -> None:
+    done = subprocess.run([*dppo_cmd, "train", "--set", "ppo.minibatch_size=999999"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "ppo.minibatch_size" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_lists_every_config_key(dppo_cmd: list[str]) -> None:
+    done = subprocess.run([*dppo_cmd, "train", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    for key in ("env.num_envs", "ppo.clip_coef", "run.target_return", "metrics.linger_s", "faults.sample_timeout_s"):
+        assert key in done.stdout
+
+
+def test_auto_resume_without_checkpoint_starts_fresh(tmp_path: Path) -> None:
+    """A retried job that died before its first checkpoint must start over, not refuse."""
+    from dppo.commands.parser import build_parser
+    from dppo.commands.train import prepare
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "progress.jsonl").write_text('{"iteration": 1}\n')
+    args = build_parser().parse_args(["train", "--run-dir", str(run), "--auto-resume"])
+    _config, run_dir, state = prepare(args)
+    assert state is None and run_dir == run
+    assert not (run / "progress.jsonl").exists()
+
+
+def test_time_limit_stops_the_run_with_a_checkpoint(tmp_path: Path, ray_address: str) -> None:
+    """`--time-limit S`: a wall-clock budget (actor counts compared at equal time); the run ends with a checkpoint."""
+    import json
+    import sys
+
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run),
+                           "--total-steps", "1e8", "--time-limit", "3", "--no-tensorboard"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["reason"] == "time_limit" and 3 <= summary["wall_s"] < 60
+    assert 0 < summary["env_steps"] < 100_000_000
+    assert list((run / "checkpoints").glob("ckpt-*.pt"))

@@ -1,0 +1,268 @@
+"""Fault injection with real processes and real signals: actors, learner, checkpoints, envs, NaNs.
+
+The figures of the learner-kill drill (steps of work lost per kill) are printed; run with -s to see them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import new_checkpoint
+
+from dppo.config import load_config
+from dppo.errors import RunFailure
+from dppo.run.checkpoint import CheckpointStore, load, newest_intact
+from dppo.run.state import RunState
+
+
+def start_train(dppo_cmd: list[str], address: str, run_dir: Path, *args: str) -> subprocess.Popen:
+    cmd = [*dppo_cmd, "train", "--address", address, "--run-dir", str(run_dir), *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def progress(run_dir: Path) -> list[dict]:
+    path = run_dir / "progress.jsonl"
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line being written right now
+    return records
+
+
+def wait_for_iterations(run_dir: Path, count: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while len(progress(run_dir)) < count:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.1)
+
+
+def rollout_workers() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if cmdline.startswith("ray::RolloutWorker"):
+            found.append(proc)
+    return found
+
+
+@pytest.mark.slow
+def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+    """SIGKILL a random actor process every few iterations; the run still solves CartPole."""
+    run_dir = tmp_path / "run"
+    proc = start_train(dppo_cmd, ray_address, run_dir, "--seed", "3", "--total-steps", "400000")
+    rng = random.Random(0)
+    kills = 0
+    try:
+        for _ in range(3):
+            wait_for_iterations(run_dir, len(progress(run_dir)) + rng.randint(3, 8), proc)
+            workers = rollout_workers()
+            assert workers, "no actor process found"
+            victim = rng.choice(workers)
+            victim.send_signal(signal.SIGKILL)
+            kills += 1
+        _out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["solved"], summary
+    assert summary["actor_restarts"] == kills
+    assert err.count("starting a replacement") == kills
+    # every iteration trained on a full batch (nothing dropped, nothing partial)
+    assert summary["segments_dropped"] == 0
+    assert all(r["segments"] == 2 for r in progress(run_dir))
+    print(f"actor kills: {kills}, restarts counted: {summary['actor_restarts']}, solved at "
+          f"{summary['env_steps']} env steps")
+
+
+@pytest.mark.slow
+def test_learner_sigkill_and_resume(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+    """SIGKILL the learner at random points (checkpoints every other iteration), resume each time."""
+    run_dir = tmp_path / "run"
+    args = ["--seed", "2", "--total-steps", "400000", "--set", "run.checkpoint_every=2"]
+    rng = random.Random(1)
+    lost = []
+    for attempt in range(3):
+        resume = ["--resume"] if attempt else []
+        proc = start_train(dppo_cmd, ray_address, run_dir, *args, *resume)
+        wait_for_iterations(run_dir, len(progress(run_dir)) + 2, proc)
+        time.sleep(rng.uniform(0.0, 2.0))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        steps_done = progress(run_dir)[-1]["env_steps"]
+        for path in CheckpointStore(run_dir / "checkpoints", 3).list():
+            load(path)  # every named checkpoint on disk is whole
+        _path, state = newest_intact(run_dir / "checkpoints")
+        lost.append(steps_done - state["counters"]["env_steps"])
+    proc = start_train(dppo_cmd, ray_address, run_dir, *args, "--resume")
+    _out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["solved"]
+    records = progress(run_dir)
+    assert [r["iteration"] for r in records] == list(range(1, len(records) + 1))
+    steps = [r["env_steps"] for r in records]
+    assert steps == sorted(steps)
+    per_iteration = 2 * 8 * load_config().ppo.segment_length
+    assert max(lost) <= 2 * per_iteration, lost  # at most the work since the last checkpoint
+    print(f"learner kills: {len(lost)}, env steps lost per kill: mean {sum(lost) / len(lost):.0f}, max {max(lost)}")
+
+
+def test_sigterm_writes_final_checkpoint(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_train(dppo_cmd, ray_address, run_dir, "--total-steps", "10000000", "--set",
+                       "run.checkpoint_every=1000")
+    wait_for_iterations(run_dir, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reason"] == "signal"
+    _path, state = newest_intact(run_dir / "checkpoints")
+    assert state["counters"]["iteration"] == summary["iterations"] == progress(run_dir)[-1]["iteration"]
+
+
+def test_corrupt_newest_checkpoint_falls_back(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = load_config()
+    checkpoint = new_checkpoint(config)[0]
+    store = CheckpointStore(tmp_path / "checkpoints", keep=3)
+    paths = []
+    for iteration in (1, 2, 3):
+        checkpoint["counters"]["iteration"] = iteration
+        paths.append(store.save(checkpoint, iteration))
+    paths[2].write_bytes(paths[2].read_bytes()[:1000])  # truncated
+    data = bytearray(paths[1].read_bytes())
+    data[-50] ^= 0xFF  # one flipped bit
+    paths[1].write_bytes(bytes(data))
+    found = store.newest_intact()
+    assert found is not None and found[0] == paths[0]
+    assert found[1]["counters"]["iteration"] == 1
+    assert sum("skipping checkpoint" in r.message for r in caplog.records) == 2
+
+
+def test_keeps_last_k_checkpoints(tmp_path: Path) -> None:
+    checkpoint = new_checkpoint(load_config())[0]
+    store = CheckpointStore(tmp_path / "checkpoints", keep=2)
+    for iteration in range(1, 6):
+        store.save(checkpoint, iteration)
+    assert [p.name for p in store.list()] == ["ckpt-00000004.pt", "ckpt-00000005.pt"]
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "ckpt-00000005.pt"
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+
+
+def test_nonfinite_updates_in_a_row_stop_the_run() -> None:
+    state = RunState(load_config(overrides={"faults.max_nonfinite_updates": 3}), vector_dim=4)
+    assert state.count_update(2) == 1
+    assert state.count_update(0) == 0  # a good update resets the streak
+    assert state.count_update(1) == 1
+    assert state.count_update(1) == 2
+    with pytest.raises(RunFailure, match="3 updates in a row"):
+        state.count_update(1)
+
+
+def faulty(tmp_path: Path, **kwargs: object) -> list[str]:
+    return ["--env", "dppo/Faulty-v0", "--set", f"env.kwargs={json.dumps(kwargs)}", "--set",
+            "run.target_return=null", "--set", "run.checkpoint_every=1"]
+
+
+def test_transient_env_failure_is_recreated(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+    proc = start_train(dppo_cmd, ray_address, tmp_path / "run", *faulty(tmp_path, fail_at=700),
+                       "--total-steps", "6000")
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    records = progress(tmp_path / "run")
+    assert all(r["segments"] == 2 for r in records)  # the failed segment was resampled, not dropped
+    assert records[-1]["env_steps"] >= 6000
+
+
+def test_persistent_env_failure_stops_with_checkpoint(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_train(dppo_cmd, ray_address, run_dir, *faulty(tmp_path, fail_at=3000, persistent=True),
+                       "--total-steps", "100000")
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "dppo/Faulty-v0" in err and "injected env failure" in err
+    assert "Traceback" in err  # the env's own traceback is reported
+    assert json.loads((run_dir / "summary.json").read_text())["reason"] == "error"
+    assert newest_intact(run_dir / "checkpoints") is not None
+
+
+def test_nan_observations_error_names_the_env(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+    proc = start_train(dppo_cmd, ray_address, tmp_path / "run", *faulty(tmp_path, nan_at=1500),
+                       "--total-steps", "100000")
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert "dppo/Faulty-v0" in err and "NaN/Inf" in err and "faults.nonfinite_data=drop" in err
+
+
+def test_nan_observations_dropped_and_counted(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    proc = start_train(dppo_cmd, ray_address, tmp_path / "run",
+                       *faulty(tmp_path, nan_at=1500, token_file=str(token)),
+                       "--set", "faults.nonfinite_data=drop", "--total-steps", "8000")
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["segments_dropped"] > 0
+    assert any(r["segments"] == 1 for r in progress(tmp_path / "run"))
+
+
+def test_straggler_dropped_after_deadline(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    proc = start_train(dppo_cmd, ray_address, tmp_path / "run",
+                       *faulty(tmp_path, hang_at=1500, hang_s=6, token_file=str(token)),
+                       "--set", "faults.sample_timeout_s=2", "--set", "faults.min_actors_fraction=0.5",
+                       "--total-steps", "8000")
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["segments_dropped"] >= 1
+    assert "missed the 2s deadline" in err
+    records = progress(tmp_path / "run")
+    assert any(r["segments"] == 1 for r in records)
+
+
+def test_metrics_endpoint_under_scrape_load(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+    """50 requests/s for 10 s (bounded) against the learner's metrics port while it trains."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run_dir = tmp_path / "run"
+    proc = start_train(dppo_cmd, ray_address, run_dir, "--metrics-port", str(port), "--set",
+                       "metrics.host=127.0.0.1", "--set", "run.target_return=null", "--total-steps", "10000000")
+    try:
+        wait_for_iterations(run_dir, 3, proc)
+        before = len(progress(run_dir))
+        ok, start = 0, time.monotonic()
+        for i in range(500):
+            time.sleep(max(0.0, start + i / 50 - time.monotonic()))
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                body = resp.read().decode()
+            ok += resp.status == 200 and "dppo_env_steps_total" in body
+        during = progress(run_dir)[before:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert ok == 500
+    assert len(during) >= 3, "training kept iterating under the scrape load"
+    quiet = progress(run_dir)[1:before]
+    mean = lambda rs: sum(r["iteration_s"] for r in rs) / len(rs)  # noqa: E731
+    print(f"iteration seconds: {mean(quiet):.4f} before the load, {mean(during):.4f} under 50 scrapes/s")

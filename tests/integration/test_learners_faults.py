@@ -1,0 +1,99 @@
+"""A learner of the group (run.learners=2) that dies is replaced; a crash loop ends the run with a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dppo.run.checkpoint import newest_intact
+
+BATCH = 2 * 4 * 64  # actors x envs x segment length
+
+
+def start_train(address: str, run_dir: Path, total_steps: int, *sets: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "dppo", "train", "--address", address, "--run-dir", str(run_dir),
+           "--envs-per-actor", "4", "--segment-length", "64", "--total-steps", str(total_steps),
+           "--no-tensorboard", "--set", "ppo.minibatch_size=128", "--set", "run.learners=2",
+           "--set", "run.checkpoint_every=1", *(arg for s in sets for arg in ("--set", s))]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def progress(run_dir: Path) -> list[dict]:
+    path = run_dir / "progress.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def kill_a_learner_after(run_dir: Path, proc: subprocess.Popen, iterations: int, started: float) -> None:
+    """SIGKILL learner 1's process (a `ray::LearnerWorker` started by this run) once ``iterations`` are done."""
+    deadline = time.monotonic() + 180
+    while len(progress(run_dir)) < iterations:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.05)
+    learners = [p for p in psutil.process_iter(["cmdline", "create_time"])
+                if " ".join(p.info["cmdline"] or []).startswith("ray::LearnerWorker")
+                and p.info["create_time"] >= started - 1]
+    assert len(learners) == 2, learners
+    learners[-1].send_signal(signal.SIGKILL)
+
+
+def finish(proc: subprocess.Popen) -> str:
+    try:
+        return proc.communicate(timeout=300)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_learner_kill_is_survived(ray_address: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    started = time.time()
+    proc = start_train(ray_address, run_dir, 6 * BATCH)
+    kill_a_learner_after(run_dir, proc, 2, started)
+    err = finish(proc)
+    assert proc.returncode == 0, err
+    assert "restarting the 2 learners" in err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["learner_restarts"] == 1, summary
+    # no iteration lost or repeated: the interrupted one is retried on the same segments
+    assert [r["env_steps"] for r in progress(run_dir)] == [BATCH * i for i in range(1, 7)]
+
+
+@pytest.mark.slow
+def test_learner_crash_loop_exits_1_with_a_checkpoint(ray_address: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    started = time.time()
+    proc = start_train(ray_address, run_dir, 200 * BATCH, "faults.max_learner_restarts=0")
+    kill_a_learner_after(run_dir, proc, 2, started)
+    err = finish(proc)
+    assert proc.returncode == 1, err
+    assert "faults.max_learner_restarts=0" in err
+    assert json.loads((run_dir / "summary.json").read_text())["reason"] == "error"
+    found = newest_intact(run_dir / "checkpoints")
+    assert found is not None and found[1]["counters"]["env_steps"] >= 2 * BATCH
+
+
+def test_restart_budget_slides_its_window() -> None:
+    """Restarts older than the window no longer count; one over the limit inside it ends the run."""
+    import time
+
+    from dppo.distributed.restarts import RestartBudget
+    from dppo.errors import RunFailure
+
+    budget = RestartBudget("learner", 2, window_s=0.3)
+    budget.spend(RuntimeError("one"))
+    budget.spend(RuntimeError("two"))
+    with pytest.raises(RunFailure, match=r"3 learner restarts within 0.3s exceeds faults.max_learner_restarts=2; "
+                                         r"last: three"):
+        budget.spend(RuntimeError("three"))
+    time.sleep(0.35)
+    budget.spend(RuntimeError("after the window"))  # the three above slid out

@@ -1,0 +1,120 @@
+"""Every metric in the learner's registry follows the naming rules and is documented in docs/metrics.md.
+
+Rules (https://prometheus.io/docs/practices/naming/): ``dppo_`` prefix, snake case, base units
+(seconds, bytes) named as a suffix, ``_total`` on counters and only on counters, ``_info`` gauges of
+constant 1, low-cardinality labels from a fixed set.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.parser import text_string_to_metric_families
+
+from dppo.run.metrics import Metrics
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+NAME = re.compile(r"^dppo_[a-z][a-z0-9]*(_[a-z0-9]+)*$")
+ALLOWED_LABELS = {"phase", "actor", "reason", "env", "run", "learner"}  # learner: rank < run.learners <= 64
+# Non-base units and spellings that hide the unit; Prometheus wants seconds and bytes.
+FORBIDDEN_SUFFIXES = ("_ms", "_millis", "_milliseconds", "_microseconds", "_us", "_ns", "_minutes", "_hours",
+                      "_days", "_s", "_secs", "_sec", "_kb", "_mb", "_gb", "_kilobytes", "_megabytes", "_percent")
+RESERVED_SUFFIXES = ("_total", "_count", "_sum", "_bucket", "_created")
+
+
+def wrappers() -> list[MetricWrapperBase]:
+    metrics = Metrics("CartPole-v1", "test-run")
+    found = [m for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]
+    found += list(metrics.diagnostics.values())
+    return found
+
+
+WRAPPERS = wrappers()
+FAMILIES = {f.name: f for f in Metrics("CartPole-v1", "test-run").registry.collect()}
+
+
+def exposed(name: str) -> str:
+    """The name users query: counters carry _total."""
+    return f"{name}_total" if FAMILIES[name].type == "counter" else name
+
+
+def test_the_wrappers_cover_the_registry() -> None:
+    assert {w._name for w in WRAPPERS} == set(FAMILIES), "a metric is registered outside Metrics' fields"
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_name_prefix_units_and_suffixes(name: str) -> None:
+    family = FAMILIES[name]
+    assert NAME.match(name), f"{name}: use dppo_ and snake case"
+    assert not name.endswith(RESERVED_SUFFIXES), f"{name}: {RESERVED_SUFFIXES} are added by the exposition"
+    base = name.removesuffix("_info")
+    assert not base.endswith(FORBIDDEN_SUFFIXES), f"{name}: use base units (seconds, bytes) spelled out"
+    assert family.documentation.strip(), f"{name}: needs a help text"
+    help_text = family.documentation.lower()
+    if re.search(r"\bseconds\b|unix time|duration", help_text):
+        assert "_seconds" in name, f"{name}: a duration or timestamp is named ..._seconds"
+    if re.search(r"\bsize\b|\bbytes\b", help_text):
+        assert name.endswith("_bytes"), f"{name}: a size is named ..._bytes"
+    if name.endswith("_info"):
+        assert family.type == "gauge"
+        assert all(s.value == 1 for s in family.samples)
+
+
+def test_exposed_series_names_follow_the_type() -> None:
+    """Counters expose only ..._total (and _created); gauges their own name; histograms the usual three."""
+    metrics = Metrics("CartPole-v1", "x")
+    metrics.record_actor(0, 1.0)
+    metrics.actor_restarts.labels(actor="0").inc()
+    metrics.segments_dropped.labels(reason="timeout").inc()
+    metrics.phase_seconds.labels(phase="sample").observe(0.1)
+    metrics.learner_update_seconds.labels(learner="0").observe(0.1)
+    metrics.learner_allreduce_seconds.labels(learner="0").observe(0.0)
+    suffixes = {"counter": {"_total", "_created"}, "gauge": {""},
+                "histogram": {"_bucket", "_sum", "_count", "_created"}}
+    for family in metrics.registry.collect():
+        assert family.samples, f"{family.name} has no series"
+        for sample in family.samples:
+            suffix = sample.name.removeprefix(family.name)
+            assert suffix in suffixes[family.type], f"{sample.name} in {family.type} {family.name}"
+
+
+def test_labels_are_low_cardinality() -> None:
+    for wrapper in WRAPPERS:
+        labels = set(wrapper._labelnames)
+        assert labels <= ALLOWED_LABELS, f"{wrapper._name}: labels {labels - ALLOWED_LABELS} are not allowed"
+
+
+def test_phase_and_duration_histograms_are_in_seconds() -> None:
+    from dppo.run.metrics import PHASE_BUCKETS, PHASES
+
+    assert set(PHASES) >= {"sample", "wait", "update", "sync"}
+    assert min(PHASE_BUCKETS) > 0 and max(PHASE_BUCKETS) <= 3600, "bucket bounds are seconds"
+
+
+def test_the_served_exposition_parses() -> None:
+    metrics = Metrics("CartPole-v1", "served")
+    port = metrics.serve(0, host="127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        metrics.shutdown()
+    parsed = {f.name for f in text_string_to_metric_families(text)}
+    assert set(FAMILIES) <= parsed
+    assert 'dppo_run_info{env="CartPole-v1",run="served"} 1.0' in text
+
+
+def documented() -> dict[str, str]:
+    """name -> type from the table rows of docs/metrics.md (| `name` | type | ...)."""
+    rows = re.findall(r"^\| `(dppo_[a-z0-9_]+)`(?:\{[^}]*\})? \| (\w+) \|", DOCS.read_text(), re.MULTILINE)
+    return dict(rows)
+
+
+def test_every_metric_is_documented_with_its_type() -> None:
+    docs = documented()
+    expected = {exposed(name): family.type for name, family in FAMILIES.items()}
+    assert docs == expected, "docs/metrics.md's table and the registry disagree"

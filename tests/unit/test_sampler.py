@@ -1,0 +1,142 @@
+"""Sampler on real gymnasium vector envs: shapes, persistence, autoreset, bootstrapping, continuous actions."""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from dppo.config import Config, load_config
+from dppo.envs.latency import LatencyWrapper
+from dppo.rl.sampler import Sampler
+
+
+def counter_config(num_envs: int = 3, steps: int = 25, **env_kwargs: object) -> Config:
+    return load_config(overrides={"env.id": "dppo/Counter-v0", "env.num_envs": num_envs,
+                                  "ppo.segment_length": steps, "ppo.minibatch_size": 8,
+                                  "env.kwargs": dict(env_kwargs)})
+
+
+def test_shapes_and_dtypes_cartpole() -> None:
+    cfg = load_config(overrides={"env.num_envs": 4, "ppo.segment_length": 16, "ppo.minibatch_size": 16})
+    seg = Sampler(cfg).sample()
+    assert seg.obs.vector.shape == (16, 4, 4) and seg.obs.vector.dtype == np.float32
+    assert seg.actions.shape == (16, 4) and seg.actions.dtype == np.int64
+    for name in ("log_probs", "values", "rewards", "final_values"):
+        arr = getattr(seg, name)
+        assert arr.shape == (16, 4) and arr.dtype == np.float32, name
+    assert seg.terminated.dtype == bool and seg.truncated.dtype == bool
+    assert seg.last_values.shape == (4,)
+    assert seg.num_steps == 64
+
+
+def test_env_state_persists_across_segments() -> None:
+    """Counter obs = steps since reset: the second segment continues where the first stopped."""
+    sampler = Sampler(counter_config(num_envs=2, steps=4))
+    first = sampler.sample()
+    second = sampler.sample()
+    np.testing.assert_array_equal(first.obs.vector[:, 0, 0], [0, 1, 2, 3])
+    np.testing.assert_array_equal(second.obs.vector[:, 0, 0], [4, 5, 6, 7])
+
+
+def test_no_transition_crosses_an_episode_boundary() -> None:
+    """Time limit 10 (truncation) and termination at 7 in a second config: after a done step comes obs 0."""
+    for cfg in (counter_config(steps=25), counter_config(steps=25, terminate_at=7)):
+        seg = Sampler(cfg).sample()
+        obs = seg.obs.vector[..., 0]
+        done = seg.terminated | seg.truncated
+        assert done.any()
+        for t in range(seg.obs.vector.shape[0] - 1):
+            expected = np.where(done[t], 0.0, obs[t] + 1)
+            np.testing.assert_array_equal(obs[t + 1], expected)
+        assert (seg.episode_lengths == (7 if cfg.env.kwargs else 10)).all()
+
+
+def test_truncation_bootstrapped_with_value_of_final_obs() -> None:
+    sampler = Sampler(counter_config(steps=25))
+    seg = sampler.sample()
+    rows, cols = np.nonzero(seg.truncated)
+    assert len(rows) > 0
+    final_obs = np.array([[10.0]], np.float32)  # the time limit is 10 steps, so the final obs is 10
+    expected = sampler.agent.value(final_obs)[0]
+    np.testing.assert_allclose(seg.final_values[rows, cols], expected, rtol=1e-6)
+    assert not seg.final_values[~seg.truncated].any()
+    np.testing.assert_allclose(seg.last_values, sampler.agent.value(sampler.obs), rtol=1e-6)
+
+
+def test_termination_is_not_truncation() -> None:
+    seg = Sampler(counter_config(steps=25, terminate_at=7)).sample()
+    assert seg.terminated.any() and not seg.truncated.any()
+    assert not seg.final_values.any()
+
+
+def test_continuous_log_prob_uses_unclipped_action() -> None:
+    cfg = load_config(overrides={"env.id": "Pendulum-v1", "env.num_envs": 2, "ppo.segment_length": 32,
+                                 "ppo.minibatch_size": 8, "model.init_log_std": 1.5})
+    sampler = Sampler(cfg)
+    seg = sampler.sample()
+    assert (np.abs(seg.actions) > 2.0).any(), "with std e^1.5 some actions fall outside [-2, 2]"
+    with torch.no_grad():
+        flat_obs = torch.as_tensor(seg.obs.vector.reshape(-1, 3))
+        dist, _ = sampler.agent.model(flat_obs)
+        logp = sampler.agent.model.log_prob(dist, torch.as_tensor(seg.actions.reshape(-1, 1)))
+    np.testing.assert_allclose(seg.log_probs.reshape(-1), logp.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_episode_returns_are_raw_when_rewards_are_scaled() -> None:
+    cfg = counter_config(steps=25)
+    cfg.env.normalize_reward = True
+    sampler = Sampler(cfg)
+    sampler.sample()
+    stats = sampler.sample().return_stats
+    assert stats is not None and stats.count == 75  # 25 steps x 3 envs
+    from dppo.rl.normalizer import RunningStats
+
+    sampler.learning_reward.stats = RunningStats(np.zeros(()), np.full((), 100.0), 10)
+    seg = sampler.sample()
+    assert (seg.episode_returns == 10.0).all()  # raw: ten rewards of 1
+    np.testing.assert_allclose(seg.rewards, 1 / np.sqrt(100.0 + 1e-8), rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vectorization_modes_agree(mode: str) -> None:
+    cfg = counter_config(num_envs=2, steps=12)
+    cfg.env.vectorization = mode
+    sampler = Sampler(cfg)
+    try:
+        seg = sampler.sample()
+    finally:
+        sampler.close()
+    np.testing.assert_array_equal(seg.obs.vector[:12, 0, 0], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1])
+
+
+class SlowEnv(gym.Env):
+    """An env whose own step takes ``work_s`` (sleeping): what LatencyWrapper must count, not add to."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, work_s: float) -> None:
+        self.work_s = work_s
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        time.sleep(self.work_s)
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+def test_latency_wrapper_holds_the_whole_step_to_its_latency() -> None:
+    """4 ms a step in all, the env's own 3 ms included: 40 steps take 160 ms, not 280 ms (latency on top)."""
+    env = LatencyWrapper(SlowEnv(work_s=0.003), latency_ms=4.0)
+    env.reset(seed=0)
+    start = time.perf_counter()
+    for _ in range(40):
+        env.step(0)
+    elapsed = time.perf_counter() - start
+    assert 0.160 <= elapsed < 0.220, elapsed  # never less than the latency; far below the 0.280 of adding it
