@@ -473,8 +473,8 @@ def test_chart_runs_two_learner_pods(helm_bin: str, cluster_root: Path) -> None:
         assert len(learner_nodes) == learner_group["replicas"] == 2
         assert all(nodes[i]["resources_total"].get("CPU", 0) == 0 for i in learner_nodes)
         actors = ray_list(address, env, "actors")
-        learners = [a for a in actors if a["class_name"] == "LearnerWorker"]
-        samplers = [a for a in actors if a["class_name"] not in ("LearnerWorker", "JobSupervisor")]
+        learners = [a for a in actors if a["class_name"] == "Learner"]
+        samplers = [a for a in actors if a["class_name"] not in ("Learner", "JobSupervisor")]
         assert len(learners) == 2 and {a["node_id"] for a in learners} == learner_nodes, learners
         assert len(samplers) >= actor_group["replicas"]
         assert all(a["node_id"] not in learner_nodes and not nodes[a["node_id"]]["is_head_node"] for a in samplers)

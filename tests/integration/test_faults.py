@@ -54,7 +54,7 @@ def rollout_workers() -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if cmdline.startswith("ray::RolloutWorker"):
+        if cmdline.startswith("ray::Actor"):
             found.append(proc)
     return found
 

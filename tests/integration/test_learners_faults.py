@@ -32,14 +32,14 @@ def progress(run_dir: Path) -> list[dict]:
 
 
 def kill_a_learner_after(run_dir: Path, proc: subprocess.Popen, iterations: int, started: float) -> None:
-    """SIGKILL learner 1's process (a `ray::LearnerWorker` started by this run) once ``iterations`` are done."""
+    """SIGKILL learner 1's process (a `ray::Learner` started by this run) once ``iterations`` are done."""
     deadline = time.monotonic() + 180
     while len(progress(run_dir)) < iterations:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.05)
     learners = [p for p in psutil.process_iter(["cmdline", "create_time"])
-                if " ".join(p.info["cmdline"] or []).startswith("ray::LearnerWorker")
+                if " ".join(p.info["cmdline"] or []).startswith("ray::Learner")
                 and p.info["create_time"] >= started - 1]
     assert len(learners) == 2, learners
     learners[-1].send_signal(signal.SIGKILL)
