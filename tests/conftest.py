@@ -43,6 +43,16 @@ def new_checkpoint(config: Any, obs_stats: Any = None) -> tuple[dict[str, Any], 
     return state.to_checkpoint(model.state_dict(), trainer.state_dict()), model
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # what `dppo plot` writes starts with
+
+
+def run_curves(figure) -> list[dict[str, list]]:
+    """Per axes of a `dppo plot` figure: label -> x data of the run curves (lines whose label is not hidden
+    with '_')."""
+    return [{line.get_label(): list(line.get_xdata()) for line in ax.get_lines()
+             if not line.get_label().startswith("_")} for ax in figure.axes]
+
+
 def processes_with(marker: str) -> list[int]:
     """Pids whose environment holds ``marker`` (a run's processes and every Ray process it started inherit it)."""
     found = []

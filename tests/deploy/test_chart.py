@@ -1,6 +1,6 @@
 """The Helm chart, checked without a cluster: lint, render over a values matrix, validate every object
 (built-in kinds with kubernetes-validate, KubeRay and Prometheus Operator CRs against the CRD schemas in
-tests/schemas made strict), and the schema's rejections of bad values."""
+tests/deploy/schemas made strict), and the schema's rejections of bad values."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def strict(schema: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def cr_schemas() -> dict[tuple[str, str, str], dict[str, Any]]:
-    root = Path(__file__).parent / "schemas"  # vendored: tests/schemas/VERSIONS, update.py
+    root = Path(__file__).parent / "schemas"  # vendored: tests/deploy/schemas/VERSIONS, update.py
     schemas = {}
     for path in root.glob("*/*.json"):
         kind, version = path.stem.rsplit("_", 1)
@@ -108,7 +108,7 @@ def training_config(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("values", MATRIX)
-def test_lint_strict(helm_bin: str, values: str) -> None:
+def test_helm_lint_strict_passes(helm_bin: str, values: str) -> None:
     out = helm(helm_bin, "lint", "--strict", str(CHART), "-f", str(VALUES_DIR / f"{values}.yaml"))
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -123,7 +123,7 @@ def test_rendered_objects_are_valid(helm_bin: str, cr_schemas: dict, values: str
 
 
 @pytest.mark.parametrize("values", MATRIX)
-def test_secure_pods(helm_bin: str, values: str) -> None:
+def test_pods_run_restricted_with_memory_limits_and_no_cpu_limits(helm_bin: str, values: str) -> None:
     objects = render(helm_bin, "-f", str(VALUES_DIR / f"{values}.yaml"))
     pods = containers(objects)
     # submitter, head, workers, helm test (and learner pods with learners.replicas >= 2)
@@ -143,7 +143,7 @@ def test_secure_pods(helm_bin: str, values: str) -> None:
         assert service["spec"]["type"] == "ClusterIP"
 
 
-def test_defaults(helm_bin: str) -> None:
+def test_default_values_render_one_rayjob_with_two_actor_workers(helm_bin: str) -> None:
     objects = render(helm_bin)
     rayjob = one(objects, "RayJob")
     spec = rayjob["spec"]
@@ -185,7 +185,7 @@ def test_config_uses_the_env_preset(helm_bin: str) -> None:
                     assert config[section][key] == value, f"{preset.name}: {section}.{key}"
 
 
-def test_actors_8(helm_bin: str) -> None:
+def test_worker_pods_hold_actors_per_pod_rounded_up(helm_bin: str) -> None:
     objects = render(helm_bin, "-f", str(VALUES_DIR / "actors-8.yaml"))
     cluster = one(objects, "RayJob")["spec"]["rayClusterSpec"]
     (workers,) = cluster["workerGroupSpecs"]
@@ -197,7 +197,7 @@ def test_actors_8(helm_bin: str) -> None:
     assert cluster["workerGroupSpecs"][0]["replicas"] == 3
 
 
-def test_everything(helm_bin: str) -> None:
+def test_all_optional_values_render_and_chart_keys_win_over_config(helm_bin: str) -> None:
     objects = render(helm_bin, "-f", str(VALUES_DIR / "everything.yaml"))
     rayjob = one(objects, "RayJob")
     assert rayjob["metadata"]["name"] == "exp-42"
@@ -218,7 +218,7 @@ def test_everything(helm_bin: str) -> None:
         assert obj["metadata"]["labels"]["team"] == "rl"
 
 
-def test_monitoring(helm_bin: str) -> None:
+def test_monitoring_renders_pod_or_service_monitors_and_the_dashboard(helm_bin: str) -> None:
     objects = render(helm_bin, "-f", str(VALUES_DIR / "monitoring.yaml"))
     monitors = {m["metadata"]["name"]: m for m in by_kind(objects, "PodMonitor")}
     learner, ray = monitors["r-dppo-learner"], monitors["r-dppo-ray"]
@@ -261,7 +261,7 @@ def test_persistence_resumes_on_retry(helm_bin: str) -> None:
     assert training_config(objects)["run"]["run_dir"] == "/checkpoints/r-dppo"
 
 
-def test_gpu_learner(helm_bin: str) -> None:
+def test_gpu_learner_puts_a_gpu_on_the_head_only(helm_bin: str) -> None:
     rayjob = one(render(helm_bin, "-f", str(VALUES_DIR / "gpu-learner.yaml")), "RayJob")
     head = head_container(rayjob)
     assert head["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -386,12 +386,12 @@ def test_name_label_is_fixed_for_dppo_status(helm_bin: str) -> None:
         assert one(render(helm_bin, *args), "RayJob")["metadata"]["labels"][key] == value
 
 
-def test_auth_off(helm_bin: str) -> None:
+def test_auth_off_renders_no_auth_options(helm_bin: str) -> None:
     rayjob = one(render(helm_bin, "-f", str(VALUES_DIR / "auth-off.yaml")), "RayJob")
     assert "authOptions" not in rayjob["spec"]["rayClusterSpec"]
 
 
-def test_network_policy(helm_bin: str) -> None:
+def test_network_policy_covers_every_pod_and_opens_only_the_needed_ports(helm_bin: str) -> None:
     objects = render(helm_bin)
     policy = one(objects, "NetworkPolicy")
     spec = policy["spec"]
@@ -553,7 +553,7 @@ def notes(helm_bin: str, *args: str) -> str:
     return out.stdout.split("NOTES:", 1)[1]
 
 
-def test_notes(helm_bin: str) -> None:
+def test_notes_list_the_commands_for_the_values_in_use(helm_bin: str) -> None:
     text = notes(helm_bin)
     assert "kubectl logs -n ml -f job/r-dppo" in text
     assert "kubectl port-forward -n ml svc/r-dppo-metrics 8000:8000" in text

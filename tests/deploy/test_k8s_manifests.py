@@ -21,7 +21,7 @@ def test_manifests_match_helm_template(helm_bin: str, tmp_path: Path) -> None:
         assert (K8S / name).read_text() == expected, f"k8s/{name} is stale: run `HELM={helm_bin} k8s/render.sh`"
 
 
-def test_manifests_contents() -> None:
+def test_manifests_hold_the_expected_kinds_and_no_namespace() -> None:
     run = [d for d in yaml.safe_load_all((K8S / "dppo.yaml").read_text()) if d]
     assert sorted(d["kind"] for d in run) == ["ConfigMap", "NetworkPolicy", "RayJob", "Service"]
     assert all("namespace" not in d["metadata"] for d in run), "kubectl apply -n picks the namespace"

@@ -26,7 +26,7 @@ def breakout(**overrides: object):
     return load_config(overrides={"env.id": "ALE/Breakout-v5", **overrides})
 
 
-def test_game_names() -> None:
+def test_game_name_is_the_ale_id_in_snake_case() -> None:
     assert game("ALE/Breakout-v5") == "breakout" and game("ALE/MontezumaRevenge-v5") == "montezuma_revenge"
 
 
@@ -68,7 +68,7 @@ def test_life_loss_ends_episodes_for_learning_only_and_scores_stay_raw() -> None
     assert batch.obs.image.dtype == torch.uint8 and batch.obs.image.shape == (800, 4, 84, 84)
 
 
-def test_clip_reward_and_life_loss_need_what_they_read(tmp_path: Path) -> None:
+def test_life_loss_on_an_env_without_lives_is_a_usage_error(tmp_path: Path) -> None:
     config = load_config(overrides={"env.id": "CartPole-v1", "env.terminal_on_life_loss": True})
     with pytest.raises(UsageError, match="info\\['lives'\\]"):
         Sampler(config)
@@ -83,7 +83,7 @@ def test_ale_options_need_an_ale_id_and_the_preprocessing(sets: list[str]) -> No
         load_config(sets=["env.id=CartPole-v1", *sets] if "env.id" not in sets[0] else sets)
 
 
-def test_learner_device_and_cpu_weights_for_actors() -> None:
+def test_learner_device_resolves_and_actors_get_numpy_weights() -> None:
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
         with pytest.raises(UsageError, match=r"run\.device=cuda"):
@@ -97,7 +97,7 @@ def test_learner_device_and_cpu_weights_for_actors() -> None:
 
 
 @pytest.mark.slow
-def test_breakout_preset_two_actors_end_to_end(tmp_path: Path, ray_address: str) -> None:
+def test_breakout_preset_trains_with_two_actors_through_the_cli(tmp_path: Path, ray_address: str) -> None:
     run_dir = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "dppo", "train", "--env", "ALE/Breakout-v5", "--address",
                            ray_address, "--run-dir", str(run_dir), "--envs-per-actor", "2", "--segment-length", "64",

@@ -196,7 +196,8 @@ def test_wrappers_apply_in_order_with_kwargs(user_dir: Path, monkeypatch: pytest
     assert truncated == [False, False, True]
 
 
-def test_env_section_of_a_config_file(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_section_of_a_config_file_builds_the_entry_point_env(
+        user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The YAML way: an entry point with kwargs, no id (and no CartPole preset behind it)."""
     monkeypatch.syspath_prepend(str(user_dir))
     path = user_dir / "corridor.yaml"

@@ -80,7 +80,7 @@ def test_exported_policy_equals_dppo_greedy_actions(tmp_path: Path, fmt: str, ob
         assert action_space.contains(action)
 
 
-def test_pendulum_checkpoint_on_a_real_episode(tmp_path: Path) -> None:
+def test_exported_pendulum_checkpoint_matches_dppo_on_a_real_episode(tmp_path: Path) -> None:
     """The CLI on a checkpoint with observation statistics; the observations of a real episode."""
     run = tmp_path / "run"
     config = load_config(overrides={"env.id": "Pendulum-v1", "run.run_dir": str(run)})
@@ -115,7 +115,8 @@ def test_pendulum_checkpoint_on_a_real_episode(tmp_path: Path) -> None:
     (["--checkpoint", "run", "-o", "garbage.pt/p.onnx"], "does not exist"),
     (["--checkpoint", "run", "-o", "p.onnx", "--format", "tflite"], "invalid choice"),
 ])
-def test_bad_export_input_exits_2(tmp_path: Path, args: list[str], message: str) -> None:
+def test_bad_export_input_exits_2_with_one_line_and_writes_nothing(
+        tmp_path: Path, args: list[str], message: str) -> None:
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
     config = load_config(overrides={"run.run_dir": str(tmp_path / "run")})
     CheckpointStore(tmp_path / "run" / "checkpoints", 3).save(new_checkpoint(config)[0], 1)

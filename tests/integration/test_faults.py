@@ -15,12 +15,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import new_checkpoint
 
 from dppo.config import load_config
-from dppo.errors import RunFailure
 from dppo.run.checkpoint import CheckpointStore, load, newest_intact
-from dppo.run.state import RunState
 
 
 def start_train(dppo_cmd: list[str], address: str, run_dir: Path, *args: str) -> subprocess.Popen:
@@ -91,7 +88,8 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
 
 
 @pytest.mark.slow
-def test_learner_sigkill_and_resume(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+def test_resume_after_learner_sigkills_loses_only_uncheckpointed_work(
+        dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
     """SIGKILL the learner at random points (checkpoints every other iteration), resume each time."""
     run_dir = tmp_path / "run"
     args = ["--seed", "2", "--total-steps", "400000", "--set", "run.checkpoint_every=2"]
@@ -135,44 +133,6 @@ def test_sigterm_writes_final_checkpoint(dppo_cmd: list[str], ray_address: str, 
     assert summary["reason"] == "signal"
     _path, state = newest_intact(run_dir / "checkpoints")
     assert state["counters"]["iteration"] == summary["iterations"] == progress(run_dir)[-1]["iteration"]
-
-
-def test_corrupt_newest_checkpoint_falls_back(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    config = load_config()
-    checkpoint = new_checkpoint(config)[0]
-    store = CheckpointStore(tmp_path / "checkpoints", keep=3)
-    paths = []
-    for iteration in (1, 2, 3):
-        checkpoint["counters"]["iteration"] = iteration
-        paths.append(store.save(checkpoint, iteration))
-    paths[2].write_bytes(paths[2].read_bytes()[:1000])  # truncated
-    data = bytearray(paths[1].read_bytes())
-    data[-50] ^= 0xFF  # one flipped bit
-    paths[1].write_bytes(bytes(data))
-    found = store.newest_intact()
-    assert found is not None and found[0] == paths[0]
-    assert found[1]["counters"]["iteration"] == 1
-    assert sum("skipping checkpoint" in r.message for r in caplog.records) == 2
-
-
-def test_keeps_last_k_checkpoints(tmp_path: Path) -> None:
-    checkpoint = new_checkpoint(load_config())[0]
-    store = CheckpointStore(tmp_path / "checkpoints", keep=2)
-    for iteration in range(1, 6):
-        store.save(checkpoint, iteration)
-    assert [p.name for p in store.list()] == ["ckpt-00000004.pt", "ckpt-00000005.pt"]
-    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "ckpt-00000005.pt"
-    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
-
-
-def test_nonfinite_updates_in_a_row_stop_the_run() -> None:
-    state = RunState(load_config(overrides={"faults.max_nonfinite_updates": 3}), vector_dim=4)
-    assert state.count_update(2) == 1
-    assert state.count_update(0) == 0  # a good update resets the streak
-    assert state.count_update(1) == 1
-    assert state.count_update(1) == 2
-    with pytest.raises(RunFailure, match="3 updates in a row"):
-        state.count_update(1)
 
 
 def faulty(tmp_path: Path, **kwargs: object) -> list[str]:
@@ -237,7 +197,8 @@ def test_straggler_dropped_after_deadline(dppo_cmd: list[str], ray_address: str,
     assert any(r["segments"] == 1 for r in records)
 
 
-def test_metrics_endpoint_under_scrape_load(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+def test_metrics_endpoint_serves_50_scrapes_per_second_while_training(
+        dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
     """50 requests/s for 10 s (bounded) against the learner's metrics port while it trains."""
     import socket
     import urllib.request

@@ -46,7 +46,7 @@ def test_gae_matches_reference_on_random_segments(seed: int) -> None:
     np.testing.assert_allclose(ret, ref_ret, rtol=1e-5, atol=1e-5)
 
 
-def test_three_steps_by_hand() -> None:
+def test_three_steps_by_hand_bootstrap_truncation_and_the_segment_cut() -> None:
     """gamma 0.5, lambda 0.5, one env: step 0 continues, step 1 is truncated (V(final) = 4), step 2 is cut."""
     rewards = np.array([[1.0], [2.0], [3.0]], np.float32)
     values = np.array([[1.0], [2.0], [1.0]], np.float32)
@@ -62,7 +62,7 @@ def test_three_steps_by_hand() -> None:
     np.testing.assert_allclose(ret[:, 0], [2.5, 4.0, 4.0])
 
 
-def test_termination_does_not_bootstrap() -> None:
+def test_termination_does_not_bootstrap_even_when_also_truncated() -> None:
     rewards = np.array([[1.0]], np.float32)
     values = np.array([[0.5]], np.float32)
     adv, _ = gae(rewards, values, np.array([[True]]), np.array([[True]]), np.array([[100.0]], np.float32),

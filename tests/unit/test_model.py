@@ -28,7 +28,7 @@ def test_continuous_policy_has_state_independent_log_std() -> None:
     assert model.log_prob(dist, actions).shape == (7,)  # summed over action dimensions
 
 
-def test_orthogonal_init_gains() -> None:
+def test_init_is_orthogonal_with_ppo_gains_and_zero_biases() -> None:
     model = ActorCritic(gym.spaces.Box(-1, 1, (8,)), gym.spaces.Discrete(2), ModelConfig(hidden_sizes=[64, 64]))
     hidden = model.policy_head[0].weight
     # orthogonal rows scaled by sqrt(2): W W^T = 2 I for a (64, 8) matrix's columns -> W^T W = 2 I

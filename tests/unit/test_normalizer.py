@@ -15,7 +15,7 @@ sizes = st.lists(st.integers(1, 40), min_size=1, max_size=6)
 
 @settings(max_examples=40, deadline=None)
 @given(chunks=sizes, seed=st.integers(0, 2**16))
-def test_merge_equals_pooled(chunks: list[int], seed: int) -> None:
+def test_merged_stats_equal_the_stats_of_the_pooled_data(chunks: list[int], seed: int) -> None:
     rng = np.random.default_rng(seed)
     parts = [rng.normal(3.0, 2.0, size=(n, 3)) for n in chunks]
     merged = RunningStats.empty((3,))
@@ -53,6 +53,6 @@ def test_two_actors_deltas_merge_to_pooled_observations() -> None:
     assert merged.count == len(pooled) == 200
 
 
-def test_normalize_clips() -> None:
+def test_normalize_clips_to_the_given_bound() -> None:
     stats = RunningStats(np.zeros(2), np.ones(2), 10)
     np.testing.assert_allclose(stats.normalize(np.array([100.0, -0.5]), clip=10), [10.0, -0.5], rtol=1e-6)

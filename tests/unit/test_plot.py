@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import PNG_SIGNATURE, run_curves
 
 from dppo.commands.plot import plot_runs, register
 from dppo.errors import UsageError
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def fake_run(root: Path, name: str, actors: int, iterations: int = 20) -> Path:
@@ -30,12 +29,6 @@ def fake_run(root: Path, name: str, actors: int, iterations: int = 20) -> Path:
     (run_dir / "progress.jsonl").write_text("\n".join(lines) + "\n")
     (run_dir / "summary.json").write_text(json.dumps({"solved": True, "target_return": 475.0, "env": "CartPole-v1"}))
     return run_dir
-
-
-def run_curves(figure) -> list[dict[str, list]]:
-    """Per axes: label -> x data of the run curves (lines whose label is not hidden with '_')."""
-    return [{line.get_label(): list(line.get_xdata()) for line in ax.get_lines()
-             if not line.get_label().startswith("_")} for ax in figure.axes]
 
 
 def test_two_runs_give_two_labelled_curves_per_axes(tmp_path: Path) -> None:
@@ -105,28 +98,3 @@ def test_cli_exits_2_with_one_line_on_bad_input(tmp_path: Path, dppo_cmd: list[s
                             timeout=60)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "does not exist" in result.stderr
-
-
-@pytest.mark.slow
-def test_cli_plots_two_real_training_runs(tmp_path: Path, dppo_cmd: list[str], ray_address: str) -> None:
-    """Two short real CartPole runs (1 and 2 actors) -> `dppo plot` -> a PNG with both curves."""
-    runs = []
-    for actors in (1, 2):
-        run_dir = tmp_path / f"cartpole-{actors}"
-        train = subprocess.run(
-            [*dppo_cmd, "train", "--env", "CartPole-v1", "--actors", str(actors), "--total-steps", "3072",
-             "--seed", "1", "--run-dir", str(run_dir), "--address", ray_address,
-             "--set", "env.num_envs=4", "--set", "ppo.segment_length=128", "--set", "ppo.minibatch_size=256"],
-            capture_output=True, text=True, timeout=180,
-        )
-        assert train.returncode == 0, train.stderr[-3000:]
-        runs.append(run_dir)
-    output = tmp_path / "scaling.png"
-    result = subprocess.run([*dppo_cmd, "plot", *map(str, runs), "-o", str(output)], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert output.read_bytes().startswith(PNG_SIGNATURE) and output.stat().st_size > 20_000
-    figure = plot_runs(runs, None)
-    for axes in run_curves(figure):
-        assert sorted(axes) == ["cartpole-1 (1 actor)", "cartpole-2 (2 actors)"]
-        assert all(len(x) >= 2 for x in axes.values())

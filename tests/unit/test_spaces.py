@@ -127,7 +127,7 @@ def test_unsupported_observation_spaces_name_the_space_and_the_fix(space: gym.Sp
 
 @pytest.mark.parametrize("space", [gym.spaces.Tuple([gym.spaces.Discrete(2)]), gym.spaces.Box(0, 3, (2,), np.int64),
                                    gym.spaces.Dict({"a": gym.spaces.Discrete(2)}), gym.spaces.Text(4)])
-def test_unsupported_action_spaces(space: gym.Space) -> None:
+def test_unsupported_action_spaces_are_rejected_naming_the_action_space(space: gym.Space) -> None:
     with pytest.raises(UnsupportedSpace, match="action space"):
         check_spaces(gym.spaces.Box(-1, 1, (2,)), space)
 
@@ -182,7 +182,7 @@ def test_agent_numpy_path_matches_the_torch_model(obs_space: gym.Space, action_s
     assert agent.fast == (not agent.obs_spec.has_image)
 
 
-def test_obs_rows_index_together() -> None:
+def test_indexing_obs_picks_the_same_rows_of_image_and_vector() -> None:
     obs = Obs(image=np.arange(24, dtype=np.uint8).reshape(4, 2, 3, 1), vector=np.arange(8.0).reshape(4, 2))
     picked = obs[np.array([3, 1])]
     assert len(picked) == 2 and picked.image[0, 0, 0, 0] == 18 and picked.vector[1, 0] == 2.0

@@ -135,7 +135,8 @@ def run_status(*argv: str) -> int:
     return args.func(args)
 
 
-def test_table(kubeconfig: Path, api_server: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
+def test_table_shows_every_run_and_reads_metrics_of_the_live_one_only(
+        kubeconfig: Path, api_server: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_status("--kubeconfig", str(kubeconfig)) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["NAME", "ENV", "JOB", "DEPLOYMENT", "WORKERS", "ACTORS", "ENV", "STEPS", "RETURN"]
@@ -148,7 +149,8 @@ def test_table(kubeconfig: Path, api_server: StandIn, capsys: pytest.CaptureFixt
     assert api_server.requests[1:] == ["/api/v1/namespaces/ml/services/big-dppo-metrics:dppo-metrics/proxy/metrics"]
 
 
-def test_json_all_namespaces(kubeconfig: Path, api_server: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_output_for_all_namespaces_lists_every_run(
+        kubeconfig: Path, api_server: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_status("--kubeconfig", str(kubeconfig), "-A", "-o", "json") == 0
     runs = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in runs] == ["big-dppo", "cartpole-dppo"]
@@ -157,20 +159,22 @@ def test_json_all_namespaces(kubeconfig: Path, api_server: StandIn, capsys: pyte
     assert api_server.requests[0].startswith("/apis/ray.io/v1/rayjobs?")
 
 
-def test_other_context_and_empty(kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_other_context_without_runs_says_so_naming_its_namespace(
+        kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_status("--kubeconfig", str(kubeconfig), "--context", "other") == 0
     assert capsys.readouterr().out.strip() == "no dppo runs in namespace 'other'"
 
 
 @pytest.mark.parametrize(("code", "message"), [(404, "install the KubeRay operator"), (403, "check your credentials")])
-def test_api_errors_are_one_line(kubeconfig: Path, api_server: StandIn, code: int, message: str) -> None:
+def test_api_errors_are_one_line_naming_the_fix(kubeconfig: Path, api_server: StandIn, code: int, message: str) -> None:
     api_server.rayjobs_status = code
     with pytest.raises(UsageError, match=message) as err:
         run_status("--kubeconfig", str(kubeconfig))
     assert "\n" not in str(err.value)
 
 
-def test_unreachable_and_missing_config(tmp_path: Path, kubeconfig: Path, api_server: StandIn) -> None:
+def test_missing_kubeconfig_and_unreachable_server_are_usage_errors(
+        tmp_path: Path, kubeconfig: Path, api_server: StandIn) -> None:
     with pytest.raises(UsageError, match="no usable Kubernetes config"):
         run_status("--kubeconfig", str(tmp_path / "absent"))
     port = api_server.server_address[1]
@@ -183,7 +187,7 @@ def test_unreachable_and_missing_config(tmp_path: Path, kubeconfig: Path, api_se
         run_status("--kubeconfig", str(kubeconfig))
 
 
-def test_cli(kubeconfig: Path, api_server: StandIn) -> None:
+def test_real_cli_prints_the_table_and_exits_2_on_an_api_error(kubeconfig: Path, api_server: StandIn) -> None:
     """The real CLI: `dppo status` is wired in, and bad input exits 2 with one line."""
     help_out = subprocess.run([sys.executable, "-m", "dppo", "--help"], capture_output=True, text=True, timeout=60,
                               check=False)

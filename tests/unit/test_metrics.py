@@ -42,12 +42,12 @@ def exposed(name: str) -> str:
     return f"{name}_total" if FAMILIES[name].type == "counter" else name
 
 
-def test_the_wrappers_cover_the_registry() -> None:
+def test_every_registered_metric_is_a_field_of_metrics() -> None:
     assert {w._name for w in WRAPPERS} == set(FAMILIES), "a metric is registered outside Metrics' fields"
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_name_prefix_units_and_suffixes(name: str) -> None:
+def test_names_follow_the_prometheus_naming_rules(name: str) -> None:
     family = FAMILIES[name]
     assert NAME.match(name), f"{name}: use dppo_ and snake case"
     assert not name.endswith(RESERVED_SUFFIXES), f"{name}: {RESERVED_SUFFIXES} are added by the exposition"
@@ -95,7 +95,7 @@ def test_phase_and_duration_histograms_are_in_seconds() -> None:
     assert min(PHASE_BUCKETS) > 0 and max(PHASE_BUCKETS) <= 3600, "bucket bounds are seconds"
 
 
-def test_the_served_exposition_parses() -> None:
+def test_served_exposition_parses_and_holds_every_metric() -> None:
     metrics = Metrics("CartPole-v1", "served")
     port = metrics.serve(0, host="127.0.0.1")
     try:

@@ -25,7 +25,7 @@ def test_identical_policies_give_ratio_one() -> None:
     assert float(terms.policy_loss) == pytest.approx(-(1.0 - 2.0 + 0.5) / 3)
 
 
-def test_clipped_surrogate_by_hand() -> None:
+def test_clipped_surrogate_kl_and_losses_match_a_hand_computation() -> None:
     """Two samples, clip 0.2: ratio 2 with A=+1 is clipped to 1.2; ratio 0.5 with A=-1 is clipped to 0.8."""
     old = torch.log(torch.tensor([0.25, 0.5]))
     new = torch.log(torch.tensor([0.5, 0.25]))
@@ -52,7 +52,7 @@ def test_value_clipping_takes_the_larger_error() -> None:
     assert float(terms.value_loss) == pytest.approx(0.5 * 1.8**2)
 
 
-def test_explained_variance() -> None:
+def test_explained_variance_is_1_exact_0_at_the_mean_nan_for_a_constant_target() -> None:
     target = np.array([1.0, 2.0, 3.0, 4.0])
     assert explained_variance(target, target) == pytest.approx(1.0)
     assert explained_variance(np.full(4, target.mean()), target) == pytest.approx(0.0)

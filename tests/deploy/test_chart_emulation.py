@@ -265,7 +265,7 @@ def assert_actors_on_workers_only(address: str, env: dict[str, str], replicas: i
 
 
 @pytest.mark.timeout(300)
-def test_chart_runs_as_rendered(helm_bin: str, cluster_root: Path) -> None:
+def test_rendered_chart_trains_and_its_retry_resumes_from_the_checkpoint(helm_bin: str, cluster_root: Path) -> None:
     """Chart defaults (token auth on) plus persistence and a retry; a tiny run and free local ports."""
     gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
     release = f"emu{secrets.token_hex(3)}"

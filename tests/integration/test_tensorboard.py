@@ -37,7 +37,7 @@ def test_tags_are_grouped_like_cleanrl() -> None:
 
 
 @pytest.mark.slow
-def test_every_progress_scalar_with_env_steps_and_a_resume_continues(tmp_path: Path, ray_address: str) -> None:
+def test_every_progress_scalar_is_logged_at_its_env_steps_across_a_resume(tmp_path: Path, ray_address: str) -> None:
     run_dir = tmp_path / "run"
     train(ray_address, run_dir, "--total-steps", "768")
     # As if the run died after its checkpoint at 512 steps: drop the newest checkpoint, then resume.
@@ -64,7 +64,7 @@ def test_every_progress_scalar_with_env_steps_and_a_resume_continues(tmp_path: P
 
 
 @pytest.mark.slow
-def test_no_tensorboard_flag(tmp_path: Path, ray_address: str) -> None:
+def test_no_tensorboard_flag_writes_no_event_files(tmp_path: Path, ray_address: str) -> None:
     run_dir = tmp_path / "run"
     train(ray_address, run_dir, "--total-steps", "256", "--no-tensorboard")
     assert (run_dir / "progress.jsonl").exists() and not (run_dir / "tensorboard").exists()

@@ -1,0 +1,36 @@
+"""`dppo train`: how a run starts over or stops on its own (dppo/commands/train.py)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+def test_auto_resume_without_checkpoint_starts_fresh(tmp_path: Path) -> None:
+    """A retried job that died before its first checkpoint must start over, not refuse."""
+    from dppo.commands.parser import build_parser
+    from dppo.commands.train import prepare
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "progress.jsonl").write_text('{"iteration": 1}\n')
+    args = build_parser().parse_args(["train", "--run-dir", str(run), "--auto-resume"])
+    _config, run_dir, state = prepare(args)
+    assert state is None and run_dir == run
+    assert not (run / "progress.jsonl").exists()
+
+
+def test_time_limit_stops_the_run_with_a_checkpoint(tmp_path: Path, ray_address: str) -> None:
+    """`--time-limit S`: a wall-clock budget (actor counts compared at equal time); the run ends with a checkpoint."""
+    import json
+    import sys
+
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run),
+                           "--total-steps", "1e8", "--time-limit", "3", "--no-tensorboard"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["reason"] == "time_limit" and 3 <= summary["wall_s"] < 60
+    assert 0 < summary["env_steps"] < 100_000_000
+    assert list((run / "checkpoints").glob("ckpt-*.pt"))
