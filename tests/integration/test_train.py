@@ -34,3 +34,26 @@ def test_time_limit_stops_the_run_with_a_checkpoint(tmp_path: Path, ray_address:
     assert summary["reason"] == "time_limit" and 3 <= summary["wall_s"] < 60
     assert 0 < summary["env_steps"] < 100_000_000
     assert list((run / "checkpoints").glob("ckpt-*.pt"))
+
+
+def test_a_progress_line_lost_after_its_checkpoint_comes_back_on_resume(tmp_path: Path, ray_address: str) -> None:
+    """A learner killed between writing iteration N's checkpoint and appending N's progress line: the resumed
+    run gets the line back from the checkpoint, so progress.jsonl has every iteration once, in order."""
+    import json
+    import sys
+
+    run = tmp_path / "run"
+    base = [sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run),
+            "--set", "run.checkpoint_every=1", "--no-tensorboard"]
+    first = subprocess.run([*base, "--total-steps", "2048"], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    lines = (run / "progress.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines] == [1, 2]
+    (run / "progress.jsonl").write_text(lines[0] + "\n")  # the kill: checkpoint 2 on disk, progress line 2 not
+    resumed = subprocess.run([*base, "--resume", "--total-steps", "3072"], capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    records = [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [1, 2, 3]
+    assert records[1]["env_steps"] == json.loads(lines[1])["env_steps"]
+    assert records[1]["checkpoint_s"] is None  # the one value the checkpoint cannot know
