@@ -206,7 +206,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         note += ("\n\nThe first row is the reference: Stable-Baselines3's PPO in one process with the same preset "
                  "(same envs in all, segment length, epochs, minibatch, learning-rate schedule, gamma, lambda, clip, "
                  "coefficients, network; SB3's own target-KL rule) until the same target over its last 100 "
-                 "episodes (dppo/bench_reference.py); `vs_reference` = median wall time over the reference's.")
+                 "episodes (dppo/bench/reference.py); `vs_reference` = median wall time over the reference's.")
     actors = " vs ".join(str(c) for c in counts) + (" actor" if counts == [1] else " actors")
     emit(args, rows, columns, key, f"Time to solve {env_id}, {actors}", note, info, figure)
     return 0
