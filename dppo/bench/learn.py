@@ -18,8 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dppo.bench.suite import Row, _argv, _common, _env_id, _positive, emit, machine, parse_counts, run_train
+from dppo.bench.common import Row, add_common_args, check_env_id, machine, parse_counts
+from dppo.bench.docs import emit
+from dppo.bench.solve import run_train
+from dppo.commands.args import positive
 from dppo.errors import UsageError
+from dppo.run.curves import plot_runs
 
 STAGGER_S = 20.0  # seconds between the starts of concurrent runs
 EVAL_SEED = 10_000  # evaluation episodes use seeds no training env saw
@@ -87,26 +91,26 @@ def _cell_mean_std(row: Row, key: str) -> str:
     return f"{value['mean']:.1f} +- {value['std']:.1f}"
 
 
-def register_learn(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `dppo bench learn`."""
     learn = sub.add_parser("learn", help="multi-seed learning results: training and deterministic-eval return")
     learn.add_argument("--env", required=True, help="comma-separated env ids; each uses its preset")
     learn.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default 1,2,3)")
-    learn.add_argument("--total-steps", type=_positive(int, "--total-steps"), help="budget (default: the preset's)")
-    learn.add_argument("--episodes", type=_positive(int, "--episodes"), default=10,
+    learn.add_argument("--total-steps", type=positive(int, "--total-steps"), help="budget (default: the preset's)")
+    learn.add_argument("--episodes", type=positive(int, "--episodes"), default=10,
                        help="deterministic evaluation episodes per seed (default 10)")
-    learn.add_argument("--parallel", type=_positive(int, "--parallel"), default=1,
+    learn.add_argument("--parallel", type=positive(int, "--parallel"), default=1,
                        help="runs at once (default 1; each starts its own local Ray)")
     learn.add_argument("--out-dir", type=Path, help="where the runs go (default runs/bench-learn-<timestamp>)")
-    learn.add_argument("--timeout", type=_positive(float, "--timeout"), default=7200.0, help="seconds per run")
+    learn.add_argument("--timeout", type=positive(float, "--timeout"), default=7200.0, help="seconds per run")
     learn.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                        help="config override for every run (repeatable)")
-    _common(learn)
+    add_common_args(learn)
     learn.set_defaults(func=cmd_learn)
 
 
 def cmd_learn(args: argparse.Namespace) -> int:
-    _argv(args)
-    envs = [_env_id(e.strip()) for e in args.env.split(",") if e.strip()]
+    envs = [check_env_id(e.strip()) for e in args.env.split(",") if e.strip()]
     if not envs:
         raise UsageError("--env needs at least one env id, e.g. --env CartPole-v1,Pendulum-v1")
     seeds = parse_counts(args.seeds, "--seeds", minimum=0)
@@ -114,8 +118,6 @@ def cmd_learn(args: argparse.Namespace) -> int:
     out_dir = args.out_dir or Path("runs") / f"bench-learn-{stamp}"
     info = machine()
     rows = bench_learn(envs, seeds, out_dir, args.total_steps, args.episodes, args.parallel, args.timeout, args.sets)
-    from dppo.commands.plot import plot_runs
-
     for row in rows:
         key = args.section or f"learn-{row['env'].replace('/', '_')}"
         figure = (Path(args.write_docs).parent / f"bench-{key}.png" if args.write_docs

@@ -15,21 +15,24 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dppo.bench.suite import (
+from dppo.bench.common import (
     Row,
-    _argv,
-    _common,
-    _env_id,
-    _positive,
+    add_common_args,
     bench_config,
-    emit,
+    check_env_id,
     machine,
     parse_counts,
     ray_session,
+    sampling_actors,
     torch_threads,
 )
+from dppo.bench.docs import emit
+from dppo.commands.args import positive
+
+if TYPE_CHECKING:
+    from dppo.config import Config
 
 
 def _median_ms(values: list[float]) -> float:
@@ -63,14 +66,13 @@ def wire_cost(value: Any, repeats: int = 200) -> Row:
     return {"bytes": size, "buffers": len(buffers), "serde_ms": _timed_ms(round_trip, repeats)}
 
 
-def _paired_rounds(config, iterations: int) -> tuple[Row, Any, Any]:
+def _paired_rounds(config: Config, iterations: int) -> tuple[Row, Any, Any]:
     """Per-round timings of one actor sampling as the learner drives it, each round paired with one
     in-process sample just before it, so both halves of the ratio see the same load of this shared machine
     (measured one after the other, they need not). Also returns a Segment and a broadcast for their wire
     costs."""
     import ray
 
-    from dppo.distributed.actor import start_actor
     from dppo.distributed.broadcast import Broadcast, broadcast_arg
     from dppo.rl.agent import export_weights
     from dppo.rl.model import ActorCritic
@@ -80,34 +82,33 @@ def _paired_rounds(config, iterations: int) -> tuple[Row, Any, Any]:
     model = ActorCritic(sampler.envs.single_observation_space, sampler.envs.single_action_space, config.model)
     weights = export_weights(model)  # the model is never updated here: one export serves every load below
     sampler.set_weights(weights, 0)  # weights before the first step, as in an actor
-    actor = start_actor(config, 0, config.run.seed)
     try:
-        ray.get(actor.ready.remote())
-        call_ms = _timed_ms(lambda _: ray.get(actor.ready.remote()), max(iterations, 50))
-        timings: dict[str, list[float]] = {
-            k: [] for k in ("in_process", "broadcast", "submit", "round", "sample", "overhead")}
-        segment = broadcast = None
-        for version in range(-1, iterations):  # version -1: the warm-up round, not timed
-            t_in = time.perf_counter()
-            sampler.sample()
-            t0 = time.perf_counter()
-            broadcast = Broadcast(export_weights(model), version + 1, None, None)
-            arg = broadcast_arg(broadcast)
-            t1 = time.perf_counter()
-            ref = actor.sample.remote(arg)
-            t2 = time.perf_counter()
-            ray.wait([ref], num_returns=1)
-            segment = ray.get(ref)
-            t3 = time.perf_counter()
-            if version >= 0:
-                for key, value in (("in_process", t0 - t_in), ("broadcast", t1 - t0), ("submit", t2 - t1),
-                                   ("round", t3 - t0), ("sample", segment.sample_seconds),
-                                   ("overhead", t3 - t0 - segment.sample_seconds)):
-                    timings[key].append(value)
-        # an actor's weight load (its sampler's torch model, which an MLP actor never builds, left alone)
-        load_ms = _timed_ms(lambda i: sampler.set_weights(weights, 1_000 + i), max(iterations, 50))
+        with sampling_actors(config, 1) as (actor,):
+            ray.get(actor.ready.remote())
+            call_ms = _timed_ms(lambda _: ray.get(actor.ready.remote()), max(iterations, 50))
+            timings: dict[str, list[float]] = {
+                k: [] for k in ("in_process", "broadcast", "submit", "round", "sample", "overhead")}
+            segment = broadcast = None
+            for version in range(-1, iterations):  # version -1: the warm-up round, not timed
+                t_in = time.perf_counter()
+                sampler.sample()
+                t0 = time.perf_counter()
+                broadcast = Broadcast(export_weights(model), version + 1, None, None)
+                arg = broadcast_arg(broadcast)
+                t1 = time.perf_counter()
+                ref = actor.sample.remote(arg)
+                t2 = time.perf_counter()
+                ray.wait([ref], num_returns=1)
+                segment = ray.get(ref)
+                t3 = time.perf_counter()
+                if version >= 0:
+                    for key, value in (("in_process", t0 - t_in), ("broadcast", t1 - t0), ("submit", t2 - t1),
+                                       ("round", t3 - t0), ("sample", segment.sample_seconds),
+                                       ("overhead", t3 - t0 - segment.sample_seconds)):
+                        timings[key].append(value)
+            # an actor's weight load (its sampler's torch model, which an MLP actor never builds, left alone)
+            load_ms = _timed_ms(lambda i: sampler.set_weights(weights, 1_000 + i), max(iterations, 50))
     finally:
-        ray.kill(actor, no_restart=True)
         sampler.close()
     row = {f"{key}_ms": _median_ms(values) for key, values in timings.items()}
     row["actor_call_ms"], row["weight_load_ms"] = call_ms, load_ms
@@ -133,22 +134,22 @@ def bench_round(segment_lengths: list[int], env_id: str = "CartPole-v1", envs_pe
     return rows
 
 
-def register_round(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `dppo bench round`."""
     parser = sub.add_parser("round", help="where a sampling round's time goes (1 actor against in-process)")
     parser.add_argument("--segment-lengths", default="1,64,128", help="comma-separated T values (default 1,64,128)")
     parser.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default CartPole-v1)")
-    parser.add_argument("--envs-per-actor", type=_positive(int, "--envs-per-actor"), default=8, help="E (default 8)")
-    parser.add_argument("--iterations", type=_positive(int, "--iterations"), default=50,
+    parser.add_argument("--envs-per-actor", type=positive(int, "--envs-per-actor"), default=8, help="E (default 8)")
+    parser.add_argument("--iterations", type=positive(int, "--iterations"), default=50,
                         help="timed rounds per row, after one warm-up round (default 50)")
-    _common(parser)
+    add_common_args(parser)
     parser.set_defaults(func=cmd_round)
 
 
 def cmd_round(args: argparse.Namespace) -> int:
-    _argv(args)
     lengths = parse_counts(args.segment_lengths, "--segment-lengths")
     info = machine()
-    rows = bench_round(lengths, _env_id(args.env), args.envs_per_actor, args.iterations, args.address)
+    rows = bench_round(lengths, check_env_id(args.env), args.envs_per_actor, args.iterations, args.address)
     note = ("One actor, CPU-bound, medians over the timed rounds (ms). `in_process_ms`: dppo's Sampler without "
             "Ray, one sample just before each Ray round (paired, so both see the same load); `round_ms`: the "
             "learner's round with one Ray actor, from exporting the weights to the Segment in hand, made of "

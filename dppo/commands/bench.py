@@ -1,11 +1,20 @@
-"""`dppo bench`: the benchmarks of :mod:`dppo.bench`, one subcommand each."""
+"""`dppo bench`: the benchmarks of :mod:`dppo.bench`, one subcommand each (each module registers its own)."""
 
 from __future__ import annotations
 
 import argparse
 
+from dppo.bench import learn, sampling, solve, update
+from dppo.bench import round as round_  # the module, not the builtin
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from dppo.bench.suite import register as register_bench
+BENCHMARKS = (sampling, solve, update, learn, round_)  # in `dppo bench --help` order
 
-    register_bench(sub)
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `dppo bench` and its subcommands to the CLI."""
+    bench = subparsers.add_parser("bench", help="benchmarks: sampling throughput, time to solve, update speed",
+                                  description="sampling throughput, time to solve, learner update speed and "
+                                  "weight broadcast.")
+    sub = bench.add_subparsers(dest="bench_command", required=True, parser_class=type(bench))
+    for module in BENCHMARKS:
+        module.register(sub)

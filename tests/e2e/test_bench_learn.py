@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import processes_with
 
-from dppo.bench.suite import stop_process_tree
+from dppo.bench.solve import stop_process_tree
 
 
 @pytest.mark.slow

@@ -11,18 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from dppo.bench.suite import (
-    bench_sampling,
-    bench_update,
-    parse_counts,
-    register,
-    replace_section,
-    sampling_limit,
-    section_markers,
-    table,
-    tree_memory_mib,
-)
+from dppo.bench.common import parse_counts
+from dppo.bench.docs import replace_section, section_markers, table
+from dppo.bench.memory import tree_memory_mib
+from dppo.bench.sampling import bench_sampling, sampling_limit
+from dppo.bench.update import bench_update
 from dppo.commands.args import Parser
+from dppo.commands.bench import register
 from dppo.config import load_config
 from dppo.errors import UsageError
 

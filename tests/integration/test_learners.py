@@ -104,7 +104,7 @@ def test_minibatch_must_split_over_the_learners() -> None:
 @pytest.mark.slow
 def test_bench_learners_rows(ray_address: str) -> None:
     """`dppo bench update --learners 1,2`: one learner with 1 and 2 threads, then 2 learners, same batch."""
-    from dppo.bench.suite import bench_learners
+    from dppo.bench.learners import bench_learners
 
     rows = bench_learners([[32]], [1, 2], actors=2, envs_per_actor=2, segment_length=32, minibatch_size=64,
                           iterations=1)
