@@ -21,7 +21,7 @@ from pathlib import Path
 from dppo.bench.common import Row, add_common_args, check_env_id, machine, parse_counts
 from dppo.bench.docs import emit
 from dppo.bench.solve import run_train
-from dppo.commands.args import positive
+from dppo.cli_args import positive
 from dppo.errors import UsageError
 from dppo.run.curves import plot_runs
 

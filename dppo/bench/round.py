@@ -29,7 +29,7 @@ from dppo.bench.common import (
     torch_threads,
 )
 from dppo.bench.docs import emit
-from dppo.commands.args import positive
+from dppo.cli_args import positive
 
 if TYPE_CHECKING:
     from dppo.config import Config

@@ -26,7 +26,7 @@ from dppo.bench.common import (
 )
 from dppo.bench.docs import emit
 from dppo.bench.memory import tree_memory_mib
-from dppo.commands.args import positive
+from dppo.cli_args import positive
 
 if TYPE_CHECKING:
     from dppo.config import Config

@@ -28,7 +28,7 @@ from dppo.bench.common import (
 from dppo.bench.docs import emit
 from dppo.bench.learners import cmd_learners
 from dppo.bench.memory import peak_rss_mib, reset_peak_rss
-from dppo.commands.args import positive
+from dppo.cli_args import positive
 
 if TYPE_CHECKING:
     from dppo.config import Config

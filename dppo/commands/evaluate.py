@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dppo.commands.args import fail, import_from_cwd
+from dppo.cli_args import fail, import_from_cwd
 
 
 def register(sub: argparse._SubParsersAction) -> None:

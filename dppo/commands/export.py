@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dppo.commands.args import fail, import_from_cwd
+from dppo.cli_args import fail, import_from_cwd
 from dppo.errors import UsageError
 
 if TYPE_CHECKING:

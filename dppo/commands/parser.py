@@ -14,8 +14,8 @@ import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
+from dppo.cli_args import Parser, fail
 from dppo.commands import bench, evaluate, export, plot, status, train
-from dppo.commands.args import Parser, fail
 from dppo.errors import UsageError
 
 SUBCOMMANDS = (train, evaluate, export, plot, bench, status)  # each module has register(subparsers)

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dppo.commands.args import fail, import_from_cwd, whole_number
+from dppo.cli_args import fail, import_from_cwd, whole_number
 
 if TYPE_CHECKING:
     from dppo.config import Config

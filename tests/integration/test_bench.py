@@ -16,7 +16,7 @@ from dppo.bench.docs import replace_section, section_markers, table
 from dppo.bench.memory import tree_memory_mib
 from dppo.bench.sampling import bench_sampling, sampling_limit
 from dppo.bench.update import bench_update
-from dppo.commands.args import Parser
+from dppo.cli_args import Parser
 from dppo.commands.bench import register
 from dppo.config import load_config
 from dppo.errors import UsageError

@@ -1,4 +1,5 @@
-"""What every subcommand's arguments share: one-line errors (exit 2) and number types that say what is wrong."""
+"""Argument parsing shared by every subcommand and benchmark: one-line errors (exit 2), number types that say
+what is wrong, and the working directory on the import path."""
 
 from __future__ import annotations
 
