@@ -133,6 +133,11 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
         from dppo.run.state import check_resumable
 
         check_resumable(resume_state, config)
+    files.check_writable()
+    if config.metrics.port:
+        from dppo.run.metrics import check_port
+
+        check_port(config.metrics.host, config.metrics.port)
     config.run.run_dir = str(run_dir)
     if fresh_retry:  # a retried job that died before its first checkpoint: its progress lines describe lost work
         files.progress.unlink(missing_ok=True)

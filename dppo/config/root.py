@@ -31,6 +31,13 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _floor_fits(self) -> Config:
+        if self.faults.min_actors > self.run.actors:
+            raise ValueError(f"faults.min_actors {self.faults.min_actors} exceeds run.actors {self.run.actors}; "
+                             "lower faults.min_actors or raise run.actors")
+        return self
+
+    @model_validator(mode="after")
     def _minibatch_fits(self) -> Config:
         if self.ppo.minibatch_size > self.batch_size:
             raise ValueError(

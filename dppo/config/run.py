@@ -73,7 +73,14 @@ class MetricsConfig(Section):
 
 class FaultConfig(Section):
     max_actor_restarts: int = Field(10, ge=0)
-    """Actor restarts allowed within restart_window_s before the run stops (crash-loop guard)."""
+    """Actor process crashes allowed within restart_window_s before the run stops (crash-loop guard); actors lost
+    with their node (preemption, drain, a node that went away) do not count."""
+    min_actors: int = Field(1, ge=1)
+    """Elastic floor: rounds go on with the actors that are alive while lost ones wait for room to be replaced;
+    below this many alive actors the run waits (and says so) until replacements are placed."""
+    actor_start_timeout_s: float = Field(60.0, ge=0)
+    """At start, how long to wait for every actor to be placed and ready; after that the run starts with those
+    that are (at least min_actors) and the others join as soon as the cluster has room."""
     restart_window_s: float = Field(600.0, gt=0)
     """Sliding window for max_actor_restarts and max_learner_restarts."""
     max_learner_restarts: int = Field(3, ge=0)

@@ -40,15 +40,12 @@ class Actor:
         self.sampler.set_weights(broadcast.weights, broadcast.version, broadcast.obs_stats, broadcast.return_stats)
         return self.sampler.sample()
 
-    def ready(self) -> str | None:
-        """None once the envs are made; else the one-line reason this actor cannot sample."""
-        return self.problem
+    def ready(self) -> tuple[str | None, str]:
+        """(None once the envs are made, else the one-line reason this actor cannot sample; this actor's node)."""
+        return self.problem, ray.get_runtime_context().get_node_id()
 
     def pid(self) -> int:
         return os.getpid()
-
-    def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
 
 
 RemoteActor = ray.remote(Actor)

@@ -1,4 +1,11 @@
-"""Joining a Ray cluster or starting a local one for a run, and leaving it."""
+"""Joining a Ray cluster or starting a local one for a run, and leaving it.
+
+Joining a cluster that uses Ray's token authentication (``ray start --head`` turns it on by default since Ray
+2.52; KubeRay's ``authOptions: {mode: token}``): Ray enables it for a client only when ``RAY_AUTH_MODE=token``
+is set, even when the token is at hand. So before connecting, dppo asks the cluster's GCS whether it wants a
+token; if it does, the token is taken where Ray documents it (``RAY_AUTH_TOKEN``, the file named by
+``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``), and without one the run stops with one line that says so.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,15 @@ import contextlib
 import logging
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from dppo.config import Config
 from dppo.errors import UsageError
+
+TOKEN_HINT = ("set RAY_AUTH_TOKEN to the cluster's token, or put it in ~/.ray/auth_token (or in a file named by "
+              "RAY_AUTH_TOKEN_PATH); `ray get-auth-token` on the head prints it (on Kubernetes: the Secret KubeRay "
+              "made for the RayCluster)")
 
 
 def connect_ray(config: Config) -> None:
@@ -22,6 +34,8 @@ def connect_ray(config: Config) -> None:
         quiet["runtime_env"] = config.run.runtime_env
     try:
         if address:
+            if is_gcs_address(address):
+                use_token_if_required(address)
             ray.init(address=address, **quiet)
         else:
             needed = config.run.actors * config.run.actor_cpus  # learner processes reserve CPUs too
@@ -32,6 +46,62 @@ def connect_ray(config: Config) -> None:
     except (ConnectionError, ValueError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UsageError(f"cannot connect to Ray at {address!r}: {first}; check --address / RAY_ADDRESS") from None
+
+
+def is_gcs_address(address: str) -> bool:
+    """host:port of a cluster's GCS (not ``ray://`` Ray Client addresses, not ``auto`` or ``local``)."""
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and "://" not in address)
+
+
+@contextlib.contextmanager
+def stderr_silenced() -> Iterator[None]:
+    """Ray's C++ client logs each refused attempt to file descriptor 2; the user gets our one line instead."""
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def gcs_refusal(address: str) -> str | None:
+    """Connect to the GCS at ``address`` once: None when it answers, "token" when it wants a (valid) token.
+    Anything else is bad input: nothing answers there."""
+    from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError, RpcError
+
+    try:
+        with stderr_silenced():
+            GcsClient(address=address, cluster_id=None)
+    except AuthenticationError:
+        return "token"
+    except RpcError as err:
+        raise UsageError(f"cannot connect to Ray at {address!r}: {err}; check --address / RAY_ADDRESS") from None
+    return None
+
+
+def use_token_if_required(address: str) -> None:
+    """Turn Ray's token mode on for this process when the cluster at ``address`` requires it and a token is where
+    Ray looks for one; else stop with one line (exit 2) that says what is missing."""
+    from ray._raylet import AuthenticationTokenLoader
+    from ray._raylet import Config as RayConfig
+
+    if gcs_refusal(address) is None:
+        return
+    token_mode = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+    has_token = AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True)
+    if not has_token:
+        raise UsageError(f"the Ray cluster at {address} requires a token (Ray token authentication) and none was "
+                         f"found; {TOKEN_HINT}")
+    if token_mode:
+        raise UsageError(f"the Ray cluster at {address} refused the token found (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH "
+                         f"or ~/.ray/auth_token); {TOKEN_HINT}")
+    os.environ["RAY_AUTH_MODE"] = "token"  # what Ray documents for clients; actors and workers inherit it
+    RayConfig.initialize("")
+    use_token_if_required(address)  # once more, now with the token: a wrong one is refused here
 
 
 def stop_ray() -> None:

@@ -70,13 +70,13 @@ class Learner:
         if trainer_state is not None:
             self.trainer.load_state_dict(trainer_state)
 
-    def update(self, iteration: int, *segments: Segment) -> tuple[TrainStats, float, float]:
+    def update(self, progress: float, *segments: Segment) -> tuple[TrainStats, float, float]:
         """The update's statistics, its seconds, and the seconds of those spent in all-reduce. Segments are
         separate arguments so that Ray resolves each one (zero-copy from the object store) for a remote learner."""
         start = time.perf_counter()
         if self.reducer is not None:
             self.reducer.seconds = 0.0
-        stats = self.trainer.train_on(list(segments), iteration)
+        stats = self.trainer.train_on(list(segments), progress)
         reduce_s = self.reducer.seconds if self.reducer is not None else 0.0
         return stats, time.perf_counter() - start, reduce_s
 

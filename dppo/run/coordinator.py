@@ -116,7 +116,7 @@ class Coordinator:
             # killed between this checkpoint and its progress line: the line is in the checkpoint
             self.run_dir.append_progress(strict_json({**self.record, "checkpoint_s": None}))
         self.reporter.open(self.state)
-        self.reporter.actors_alive(len(self.pool.actors))
+        self.reporter.actors_changed(len(self.pool.alive), len(self.pool.pending))
         self.started = PhaseTimer()
         self.started.start -= self.state.counters.wall_s  # a resumed run's clock continues
 
@@ -134,7 +134,7 @@ class Coordinator:
         assert self.learners is not None
         while True:
             try:
-                stats = self.learners.update(gathered.segments, gathered.refs, self.state.counters.iteration)
+                stats = self.learners.update(gathered.segments, gathered.refs, self.state.progress)
                 break
             except LearnerDied as err:
                 self.learner_restarts.spend(err)

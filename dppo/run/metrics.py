@@ -8,11 +8,15 @@ counters, ``_seconds`` on durations; labels are low-cardinality (``phase``, ``ac
 
 from __future__ import annotations
 
+import errno
+import socket
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from dppo.errors import UsageError
 
 PHASES = ("sample", "wait", "update", "sync", "checkpoint")
 RETURN_BUCKETS = (-1000, -500, -250, -100, -50, 0, 50, 100, 200, 300, 400, 475, 500, 1000, 2000, 5000)
@@ -35,6 +39,20 @@ DIAGNOSTIC_GAUGES: dict[str, tuple[str, str]] = {
     "iteration": ("dppo_iteration", "Iterations completed."),
     "policy_lag": ("dppo_policy_lag", "Versions between the weights a segment was sampled with and the trained ones."),
 }
+
+
+def check_port(host: str, port: int) -> None:
+    """The metrics server can listen on host:port (checked before anything is written; the port is let go at
+    once, so a program that takes it in between is still possible, and reported by the server's own error)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds it
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            why = {errno.EADDRINUSE: "another program is listening there", errno.EACCES: "permission denied",
+                   errno.EADDRNOTAVAIL: f"{host} is not an address of this machine"}.get(err.errno, err.strerror)
+            raise UsageError(f"the metrics port {port} on {host} cannot be used ({why}); pass another --metrics-port "
+                             "(metrics.port), or 0 to serve no metrics") from None
 
 
 class Metrics:
@@ -61,6 +79,12 @@ class Metrics:
         self.policy_lag = self.diagnostics["policy_lag"]
         self.actors_alive = Gauge("dppo_actors_alive", "Actors currently alive.", registry=r)
         self.actors_desired = Gauge("dppo_actors_desired", "Actors the run asks for.", registry=r)
+        self.actors_pending = Gauge(
+            "dppo_actors_pending", "Replacements of lost actors waiting for the cluster to place and start them.",
+            registry=r)
+        self.actor_losses = Counter(
+            "dppo_actor_losses", "Actors lost, by cause: node (their node went away) or crash (the process died).",
+            ["cause"], registry=r)
         self.actor_restarts = Counter(
             "dppo_actor_restarts", "Actors replaced after a failure.", ["actor"], registry=r
         )
@@ -132,6 +156,8 @@ class Metrics:
                 counter.labels(actor=str(actor))
         for reason in ("late", "nonfinite"):
             self.segments_dropped.labels(reason=reason)
+        for cause in ("node", "crash"):
+            self.actor_losses.labels(cause=cause)
 
     def record_actor(self, actor: int, sample_seconds: float) -> None:
         label = str(actor)

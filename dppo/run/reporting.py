@@ -25,7 +25,9 @@ NOT_IN_RECORD = {"epochs_run", "skipped_minibatches"}  # TrainStats fields that 
 class FaultCounts:
     """Faults this process survived (summary.json); the metrics hold the same counts as counters."""
 
-    actor_restarts: int = 0
+    actor_restarts: int = 0  # replacements started, whatever the cause
+    actor_crashes: int = 0  # actor processes that died on a live node (these spend the crash-loop budget)
+    node_losses: int = 0  # nodes that went away with actors of this run on them
     learner_restarts: int = 0
     segments_dropped: int = 0
     updates_skipped: int = 0
@@ -57,6 +59,7 @@ class Reporter:
         self.output = IterationLog(config.run.log_format, config.run.total_steps, log_file=run_dir.log)
         self.tensorboard: TensorBoardLog | None = None
         self.faults = FaultCounts()
+        self.lost_nodes: set[str | None] = set()
 
     def open(self, state: RunState) -> None:
         """Start serving metrics and open TensorBoard (nothing of either exists before the run starts); a resumed
@@ -91,12 +94,20 @@ class Reporter:
     def message(self, text: str) -> None:
         self.output.message(text)
 
-    def actors_alive(self, count: int) -> None:
-        self.metrics.actors_alive.set(count)
-
-    def actor_restarted(self, index: int) -> None:
+    def actor_lost(self, index: int, cause: str, node: str | None) -> None:
+        """An actor was lost, with its node (``cause`` "node") or alone ("crash"); a replacement is pending."""
         self.metrics.actor_restarts.labels(actor=str(index)).inc()
+        self.metrics.actor_losses.labels(cause=cause).inc()
         self.faults.actor_restarts += 1
+        if cause == "crash":
+            self.faults.actor_crashes += 1
+        elif node is None or node not in self.lost_nodes:
+            self.lost_nodes.add(node)
+            self.faults.node_losses += 1
+
+    def actors_changed(self, alive: int, pending: int) -> None:
+        self.metrics.actors_alive.set(alive)
+        self.metrics.actors_pending.set(pending)
 
     def segment_dropped(self, reason: str) -> None:
         self.metrics.segments_dropped.labels(reason=reason).inc()

@@ -59,6 +59,15 @@ class RunDir:
         self.tensorboard = self.path / "tensorboard"
         self.log = self.path / "train.log"
 
+    def check_writable(self) -> None:
+        """The run can create and write its files here (checked before anything is written)."""
+        existing = next(p for p in (self.path, *self.path.parents) if p.exists())
+        if not existing.is_dir():
+            raise UsageError(f"run dir {str(self.path)!r}: {str(existing)!r} is a file; pass a directory to --run-dir")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UsageError(f"run dir {str(self.path)!r} cannot be written ({str(existing)!r} is not writable by "
+                             "this user); pass a --run-dir you can write to")
+
     def holds_run(self) -> bool:
         """A run has written iterations here."""
         return self.progress.exists()

@@ -48,6 +48,11 @@ class RunState:
         self.obs_stats = RunningStats.empty((vector_dim,)) if env.normalize_obs and vector_dim else None
         self.return_stats = RunningStats.empty() if env.normalize_reward else None
 
+    @property
+    def progress(self) -> float:
+        """Env steps so far in iterations' worth (the learning-rate schedule's clock; see Trainer.learning_rate)."""
+        return self.counters.env_steps / self.config.steps_per_iteration
+
     def return_mean(self) -> float | None:
         return float(np.mean(self.recent_returns)) if self.recent_returns else None
 

@@ -65,6 +65,9 @@ CASES = [
     (["train", "--resume"], "--run-dir"),
     (["train", "--resume", "--run-dir", "empty-run"], "no intact checkpoint"),
     (["train", "--run-dir", "a-file"], "is a file"),
+    (["train", "--run-dir", "a-file/run"], "'a-file' is a file"),
+    (["train", "--set", "faults.min_actors=3"], "faults.min_actors 3 exceeds run.actors 2"),
+    (["train", "--set", "run.torch_threads=2", "--set", "run.actor_threads=1"], "keep only run.actor_threads"),
     (["train", "--run-dir", "used-run"], "already holds a run"),
     (["train", "--resume", "--run-dir", "cartpole-run", "--env", "Pendulum-v1"], "is for env 'CartPole-v1'"),
     (["train", "--resume", "--run-dir", "cartpole-run", "--set", "model.hidden_sizes=[8]"], "model settings"),
@@ -122,3 +125,22 @@ def test_help_lists_every_config_key(dppo_cmd: list[str]) -> None:
     assert done.returncode == 0
     for key in ("env.num_envs", "ppo.clip_coef", "run.target_return", "metrics.linger_s", "faults.sample_timeout_s"):
         assert key in done.stdout
+
+
+def test_a_metrics_port_in_use_is_bad_input_before_anything_is_written(workdir: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The run claims its metrics port before Ray starts or the run dir exists: taken, it is one line, exit 2."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        before = snapshot(workdir)
+        with pytest.raises(SystemExit) as exit_info:
+            main(["train", "--metrics-port", str(port), "--set", "metrics.host=127.0.0.1", "--run-dir", "new-run"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"the metrics port {port} on 127.0.0.1 cannot be used" in err, err
+    assert "another program is listening there" in err and "--metrics-port" in err
+    assert snapshot(workdir) == before and not (workdir / "new-run").exists()

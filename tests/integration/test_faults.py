@@ -78,13 +78,17 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
     assert proc.returncode == 0, err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["solved"], summary
-    assert summary["actor_restarts"] == kills
-    assert err.count("starting a replacement") == kills
-    # every iteration trained on a full batch (nothing dropped, nothing partial)
+    # each kill is a crash on a live node: it spends the crash-loop budget, and its replacement comes back
+    assert summary["actor_restarts"] == summary["actor_crashes"] == kills and summary["node_losses"] == 0
+    assert err.count(" crashed (") == kills and err.count(" back after ") == kills
+    # a killed actor's round goes on with the other actor's segment; every counted step was trained on
+    records = progress(run_dir)
     assert summary["segments_dropped"] == 0
-    assert all(r["segments"] == 2 for r in progress(run_dir))
-    print(f"actor kills: {kills}, restarts counted: {summary['actor_restarts']}, solved at "
-          f"{summary['env_steps']} env steps")
+    assert sum(r["segments"] < 2 for r in records) >= kills
+    assert all(r["env_steps_delta"] == r["segments"] * 8 * 64 for r in records)  # CartPole preset: E = 8, T = 64
+    assert records[-1]["env_steps"] == sum(r["env_steps_delta"] for r in records) == summary["env_steps"]
+    print(f"actor kills: {kills}, restarts counted: {summary['actor_restarts']}, rounds with one actor: "
+          f"{sum(r['segments'] < 2 for r in records)}, solved at {summary['env_steps']} env steps")
 
 
 @pytest.mark.slow

@@ -1,0 +1,106 @@
+"""A Ray cluster of several nodes on this machine: each node a ``ray start --block`` process with its own ports,
+as a pod would run it. The node-loss benchmark (and the tests of clusters) kill a node whole and start it
+again. Nothing outside loopback is touched, and every process started here is stopped at the end: each node's
+whole process tree (raylet, agents, workers), found from its ``ray start`` process, never a global ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports on 127.0.0.1 (held together while chosen, so none repeats)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def node_port_flags() -> list[str]:
+    """The per-node ports ``ray start`` would otherwise take at fixed numbers (two nodes on one host collide)."""
+    metrics, agent, agent_grpc, runtime_env = free_ports(4)
+    return [f"--metrics-export-port={metrics}", f"--dashboard-agent-listen-port={agent}",
+            f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}"]
+
+
+class LocalCluster:
+    """Named Ray nodes as processes; ``env`` is every node's environment (token auth variables go there)."""
+
+    def __init__(self, env: dict[str, str], root: Path | None = None) -> None:
+        # A short path: Ray's Unix sockets live under it (108-byte limit).
+        self.root = root or Path(tempfile.mkdtemp(prefix="dppo-cl-", dir="/tmp"))
+        self.env = env
+        self.nodes: dict[str, subprocess.Popen[bytes]] = {}
+        self.address = ""
+
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None,
+              wait_for: str = "Ray runtime started", timeout: float = 120.0) -> None:
+        """Start a node's process (``args``: the whole command) and wait until its log says ``wait_for``."""
+        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 (closed with the node's life)
+        self.nodes[name] = subprocess.Popen(args, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while wait_for not in self.log(name):
+            if self.nodes[name].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"Ray node {name} did not start:\n{self.log(name)[-3000:]}")
+            time.sleep(0.3)
+
+    def start_head(self, cpus: int, *extra: str) -> str:
+        """A head with ``cpus`` CPUs and no dashboard; returns its GCS address."""
+        gcs, client = free_ports(2)
+        self.start("head", [RAY, "start", "--head", "--block", f"--port={gcs}", f"--num-cpus={cpus}",
+                            f"--ray-client-server-port={client}", "--include-dashboard=false", *node_port_flags(),
+                            *self._common(), *extra])
+        self.address = f"127.0.0.1:{gcs}"
+        return self.address
+
+    def start_worker(self, name: str, cpus: int, *extra: str) -> None:
+        """A worker node joining the head (one at a time: two raylets registering at once can time out)."""
+        self.start(name, [RAY, "start", f"--address={self.address}", "--block", f"--num-cpus={cpus}",
+                          *node_port_flags(), *self._common(), *extra])
+
+    def _common(self) -> list[str]:
+        return ["--node-ip-address=127.0.0.1", f"--temp-dir={self.root}", "--object-store-memory=100000000",
+                "--disable-usage-stats"]
+
+    def log(self, name: str) -> str:
+        return (self.root / f"{name}.log").read_text(errors="replace")
+
+    def kill(self, name: str) -> None:
+        """Lose a node whole, as when its machine goes away: SIGKILL to its raylet, agents and workers at once."""
+        proc = self.nodes.pop(name)
+        with contextlib.suppress(psutil.Error):
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            for process in tree:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+        proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Stop every node started here (their whole process trees), then remove the temp dir."""
+        for name in list(self.nodes):
+            self.kill(name)
+        marker = str(self.root)
+        for process in psutil.process_iter(["cmdline"]):  # workers of a killed raylet that outlived it
+            with contextlib.suppress(psutil.Error):
+                if marker in " ".join(process.info["cmdline"] or []):
+                    process.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
