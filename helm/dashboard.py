@@ -67,9 +67,13 @@ def timeseries(title: str, description: str, queries: list[dict[str, Any]], unit
                         "tooltip": {"mode": "multi", "sort": "desc"}}}
 
 
-def stat(title: str, description: str, expr: str, unit: str = "short", decimals: int | None = None) -> Panel:
+def stat(title: str, description: str, expr: str, unit: str = "short", decimals: int | None = None,
+         alarm_at: float | None = None) -> Panel:
+    """A single value; with ``alarm_at`` it turns red from that value up (green below)."""
+    steps = ([{"color": "green", "value": None}, {"color": "red", "value": alarm_at}] if alarm_at is not None
+             else [{"color": "blue", "value": None}])
     defaults: dict[str, Any] = {"unit": unit, "color": {"mode": "thresholds"},
-                                "thresholds": {"mode": "absolute", "steps": [{"color": "blue", "value": None}]}}
+                                "thresholds": {"mode": "absolute", "steps": steps}}
     if decimals is not None:
         defaults["decimals"] = decimals
     return {"type": "stat", "title": title, "description": description, "datasource": DATASOURCE,
@@ -207,24 +211,37 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
     restarts = by_run("dppo_actor_restarts_total")
     dropped = by_run("dppo_segments_dropped_total")
     health = [
-        (6, 8, timeseries(
-            "Actors alive", "dppo_actors_alive against dppo_actors_desired.",
+        (4, 8, stat(
+            "Actors missing", "Degraded when above 0: actors the run asks for that are not alive "
+            "(dppo_actors_desired - dppo_actors_alive). Rounds go on with the actors alive; the missing ones are "
+            "pending replacements (lost with a node or crashed) waiting for the cluster to place them.",
+            by_run("dppo_actors_desired - dppo_actors_alive"), decimals=0, alarm_at=1)),
+        (8, 8, timeseries(
+            "Actors alive, pending, desired", "dppo_actors_alive against dppo_actors_desired, and the "
+            "replacements waiting to be placed and started (dppo_actors_pending).",
             targets((by_run("dppo_actors_alive"), "{{run}} alive"),
+                    (by_run("dppo_actors_pending"), "{{run}} pending"),
                     (by_run("dppo_actors_desired"), "{{run}} desired")), decimals=0, minimum=0)),
         (6, 8, timeseries(
-            "Actor restarts, learner restarts", "Actors replaced after a failure and learner groups restarted after "
+            "Actor losses by cause", "Actors lost with their node (preempted, drained, gone) and actor processes "
+            "that crashed on a live node (only these spend faults.max_actor_restarts), total per run "
+            "(dppo_actor_losses_total).",
+            [target(f"sum by (run, cause) ({by_run('dppo_actor_losses_total')})", "{{run}} {{cause}}")],
+            decimals=0, minimum=0)),
+        (6, 8, timeseries(
+            "Actor restarts, learner restarts", "Actors replaced after a loss and learner groups restarted after "
             "a learner died, total per run (dppo_actor_restarts_total, dppo_learner_restarts_total; 0 until the "
             "first restart).",
             targets((f"sum by (run) ({restarts}) or on(run) {zero_per_run()}", "{{run}} actors"),
                     (f"sum by (run) ({by_run('dppo_learner_restarts_total')}) or on(run) {zero_per_run()}",
                      "{{run}} learners")), decimals=0, minimum=0)),
-        (4, 8, timeseries(
+        (8, 8, timeseries(
             "Checkpoints written", "Checkpoints written (dppo_checkpoints_written_total).",
             [target(by_run("dppo_checkpoints_written_total"), "{{run}}")], decimals=0, minimum=0)),
-        (4, 8, timeseries(
+        (8, 8, timeseries(
             "Checkpoint size", "Size of the last checkpoint (dppo_checkpoint_size_bytes).",
             [target(by_run("dppo_checkpoint_size_bytes"), "{{run}}")], unit="bytes", minimum=0)),
-        (4, 8, timeseries(
+        (8, 8, timeseries(
             "Dropped segments and skipped updates", "Segments not trained on (dppo_segments_dropped_total, "
             "by reason) and updates skipped for NaN/Inf (dppo_updates_skipped_total).",
             targets((f"sum by (run, reason) ({dropped}) or on(run) {zero_per_run()}", "{{run}} dropped {{reason}}"),

@@ -40,6 +40,7 @@ class RunStatus:
     workers_desired: int | None
     actors_desired: int | None
     actors_alive: int | None
+    actors_pending: int | None
     env_steps: int | None
     episode_return_mean: float | None
 
@@ -130,6 +131,7 @@ def status_of(job: dict[str, Any], core: Any) -> RunStatus:
         workers_desired=_int(cluster.get("desiredWorkerReplicas")),
         actors_desired=_int(annotations.get(ACTORS_ANNOTATION)),
         actors_alive=_int(metrics.get("dppo_actors_alive")),
+        actors_pending=_int(metrics.get("dppo_actors_pending")),
         env_steps=_int(metrics.get("dppo_env_steps_total")),
         episode_return_mean=metrics.get("dppo_episode_return_mean"),
     )
@@ -156,9 +158,10 @@ def scrape(core: Any, namespace: str, service: str, port: str) -> dict[str, floa
 
 def table(statuses: list[RunStatus], show_namespace: bool) -> str:
     """Aligned columns, kubectl style."""
-    header = ["NAME", "ENV", "JOB", "DEPLOYMENT", "WORKERS", "ACTORS", "ENV STEPS", "RETURN"]
+    header = ["NAME", "ENV", "JOB", "DEPLOYMENT", "WORKERS", "ACTORS", "PENDING", "ENV STEPS", "RETURN"]
     rows = [[s.name, s.env or "-", s.job_status or "-", s.deployment_status or "-",
              _ratio(s.workers_ready, s.workers_desired), _ratio(s.actors_alive, s.actors_desired),
+             "-" if s.actors_pending is None else str(s.actors_pending),
              "-" if s.env_steps is None else f"{s.env_steps:,}",
              "-" if s.episode_return_mean is None else f"{s.episode_return_mean:.1f}"] for s in statuses]
     if show_namespace:

@@ -85,6 +85,8 @@ class Metrics:
         self.actor_losses = Counter(
             "dppo_actor_losses", "Actors lost, by cause: node (their node went away) or crash (the process died).",
             ["cause"], registry=r)
+        for cause in ("node", "crash"):  # a fixed set: both series exist (at 0) from the start
+            self.actor_losses.labels(cause=cause)
         self.actor_restarts = Counter(
             "dppo_actor_restarts", "Actors replaced after a failure.", ["actor"], registry=r
         )
@@ -156,8 +158,6 @@ class Metrics:
                 counter.labels(actor=str(actor))
         for reason in ("late", "nonfinite"):
             self.segments_dropped.labels(reason=reason)
-        for cause in ("node", "crash"):
-            self.actor_losses.labels(cause=cause)
 
     def record_actor(self, actor: int, sample_seconds: float) -> None:
         label = str(actor)

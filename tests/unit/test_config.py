@@ -27,7 +27,7 @@ def test_a_checkpoint_with_old_keys_loads_without_a_warning() -> None:
 
 
 def test_both_names_of_a_key_are_an_error() -> None:
-    with pytest.raises(ConfigError, match="run.actor_num_cpus and run.actor_cpus are both set; keep only"):
+    with pytest.raises(ConfigError, match=r"run\.actor_num_cpus and run\.actor_cpus are both set; keep only"):
         load_config(sets=["run.actor_num_cpus=1", "run.actor_cpus=2"])
 
 
@@ -38,5 +38,5 @@ def test_the_value_clip_has_its_own_coefficient_defaulting_to_the_ratio_clip() -
 
 def test_the_elastic_floor_cannot_exceed_the_actors() -> None:
     assert load_config(sets=["run.actors=4", "faults.min_actors=4"]).faults.min_actors == 4
-    with pytest.raises(ConfigError, match="faults.min_actors 5 exceeds run.actors 4"):
+    with pytest.raises(ConfigError, match=r"faults\.min_actors 5 exceeds run\.actors 4"):
         load_config(sets=["run.actors=4", "faults.min_actors=5"])

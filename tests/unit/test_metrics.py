@@ -19,7 +19,7 @@ from dppo.run.metrics import Metrics
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 NAME = re.compile(r"^dppo_[a-z][a-z0-9]*(_[a-z0-9]+)*$")
-ALLOWED_LABELS = {"phase", "actor", "reason", "env", "run", "learner"}  # learner: rank < run.learners <= 64
+ALLOWED_LABELS = {"phase", "actor", "reason", "env", "run", "learner", "cause"}  # learner: rank < run.learners <= 64
 # Non-base units and spellings that hide the unit; Prometheus wants seconds and bytes.
 FORBIDDEN_SUFFIXES = ("_ms", "_millis", "_milliseconds", "_microseconds", "_us", "_ns", "_minutes", "_hours",
                       "_days", "_s", "_secs", "_sec", "_kb", "_mb", "_gb", "_kilobytes", "_megabytes", "_percent")

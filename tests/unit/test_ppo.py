@@ -76,7 +76,7 @@ def _trainer(**ppo: object) -> tuple[Trainer, Batch]:
 
 def test_update_reports_every_diagnostic_and_anneals() -> None:
     trainer, batch = _trainer(epochs=2, learning_rate=1e-3, anneal_lr=True)
-    stats = trainer.update(batch, iteration=5)
+    stats = trainer.update(batch, progress=5)
     assert stats.learning_rate == pytest.approx(1e-3 * 0.5)
     assert stats.epochs_run == 2 and stats.skipped_minibatches == 0
     for value in (stats.policy_loss, stats.value_loss, stats.entropy, stats.approx_kl, stats.grad_norm):

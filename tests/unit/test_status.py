@@ -31,6 +31,9 @@ dppo_episode_return_mean 187.25
 # HELP dppo_actors_alive Actors currently alive.
 # TYPE dppo_actors_alive gauge
 dppo_actors_alive 7.0
+# HELP dppo_actors_pending Replacements of lost actors waiting for the cluster to place and start them.
+# TYPE dppo_actors_pending gauge
+dppo_actors_pending 1.0
 # HELP dppo_run_info Constant 1, labelled with the run's env id and name.
 # TYPE dppo_run_info gauge
 dppo_run_info{env="LunarLander-v3",run="big-dppo"} 1.0
@@ -139,9 +142,11 @@ def test_table_shows_every_run_and_reads_metrics_of_the_live_one_only(
         kubeconfig: Path, api_server: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_status("--kubeconfig", str(kubeconfig)) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NAME", "ENV", "JOB", "DEPLOYMENT", "WORKERS", "ACTORS", "ENV", "STEPS", "RETURN"]
-    assert lines[1].split() == ["big-dppo", "LunarLander-v3", "RUNNING", "Running", "2/2", "7/8", "123,456", "187.2"]
-    assert lines[2].split() == ["cartpole-dppo", "CartPole-v1", "SUCCEEDED", "Complete", "0/2", "-/2", "-", "-"]
+    assert lines[0].split() == ["NAME", "ENV", "JOB", "DEPLOYMENT", "WORKERS", "ACTORS", "PENDING", "ENV", "STEPS",
+                                 "RETURN"]
+    assert lines[1].split() == ["big-dppo", "LunarLander-v3", "RUNNING", "Running", "2/2", "7/8", "1", "123,456",
+                                 "187.2"]
+    assert lines[2].split() == ["cartpole-dppo", "CartPole-v1", "SUCCEEDED", "Complete", "0/2", "-/2", "-", "-", "-"]
     # The namespace came from the kubeconfig context; RayJobs were found by the chart's label; metrics
     # were read only for the live run, through the service proxy.
     assert api_server.requests[0].startswith("/apis/ray.io/v1/namespaces/ml/rayjobs?")
@@ -155,6 +160,7 @@ def test_json_output_for_all_namespaces_lists_every_run(
     runs = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in runs] == ["big-dppo", "cartpole-dppo"]
     assert runs[0]["env_steps"] == 123456 and runs[0]["actors_alive"] == 7 and runs[0]["actors_desired"] == 8
+    assert runs[0]["actors_pending"] == 1
     assert runs[0]["episode_return_mean"] == pytest.approx(187.25)
     assert api_server.requests[0].startswith("/apis/ray.io/v1/rayjobs?")
 
