@@ -161,12 +161,13 @@ def machine() -> dict[str, Any]:
 
 
 # ---- the command line ----------------------------------------------------------------------------------
-def add_common_args(parser: argparse.ArgumentParser) -> None:
-    """The options every benchmark takes: where its numbers go and which Ray it runs on."""
+def add_common_args(parser: argparse.ArgumentParser, address: bool = True) -> None:
+    """The options every benchmark takes: where its numbers go and (unless it makes its own) which Ray it uses."""
     parser.add_argument("--json", metavar="FILE", help="write the rows as a JSON list to FILE")
     parser.add_argument("--write-docs", nargs="?", const=str(DOCS_FILE), metavar="FILE",
                         help=f"replace this benchmark's section of FILE (default {DOCS_FILE})")
-    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
+    if address:
+        parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
     parser.add_argument("--section", help="name of the docs section to replace (default: from the command's options)")
 
 

@@ -140,7 +140,10 @@ class ActorPool:
             try:
                 problem, slot.node = ray.get(ref)
             except ray.exceptions.RayActorError as err:
-                raise RunFailure(f"actor {index} failed to start: {first_line(err)}") from err
+                if err.actor_init_failed:  # its constructor raised: the same code fails on any node
+                    raise RunFailure(f"actor {index} failed to start: {first_line(err)}") from err
+                self._replace(index, err)  # lost before it was ready (its node went away first)
+                continue
             if problem is not None:
                 raise EnvLoadError(problem)
             slot.starting = None
@@ -223,7 +226,7 @@ class ActorPool:
 
     def _replace(self, index: int, err: ray.exceptions.RayActorError) -> None:
         """A lost actor: classify the loss (only crashes spend the budget), then a replacement in its slot."""
-        node = self.slots[index].node
+        node = self.slots[index].node or placed_on(self.slots[index].handle)
         cause = self.loss_cause(node, err)
         if cause == "crash":
             self.crashes.spend(err)
@@ -248,6 +251,14 @@ class ActorPool:
         for slot in self.slots:
             ray.kill(slot.handle, no_restart=True)
         self.slots = []
+
+
+def placed_on(handle: ray.actor.ActorHandle) -> str | None:
+    """The node an actor was placed on, from the GCS's actor table (for one lost before it reported it)."""
+    try:
+        return ray._private.state.actors(handle._actor_id.hex())["Address"]["NodeID"] or None
+    except (AttributeError, KeyError, TypeError, RuntimeError):  # a private API: without it, the node is unknown
+        return None
 
 
 def first_line(err: BaseException) -> str:

@@ -18,16 +18,13 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import REPO, load_module
 
+from dppo.bench.prometheus import RATE_INTERVAL, SCRAPE_INTERVAL_S
+from dppo.bench.prometheus import Prometheus as BenchPrometheus
 from dppo.run.metrics import Metrics
-
-SCRAPE_INTERVAL_S = 1
-# What Grafana substitutes: $__rate_interval is max(4 x scrape interval, step + scrape interval).
-RATE_INTERVAL = f"{4 * SCRAPE_INTERVAL_S}s"
 
 dashboard = load_module(REPO / "helm" / "dashboard.py")
 
@@ -38,50 +35,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class Prometheus:
-    """A throwaway Prometheus server scraping one target every second."""
-
-    def __init__(self, binary: str, workdir: Path, target_port: int) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = workdir / "prometheus.yml"
-        config.write_text(
-            f"global:\n  scrape_interval: {SCRAPE_INTERVAL_S}s\n  evaluation_interval: {SCRAPE_INTERVAL_S}s\n"
-            f"scrape_configs:\n  - job_name: dppo\n    static_configs:\n"
-            f"      - targets: ['127.0.0.1:{target_port}']\n"
-        )
-        self.log = (workdir / "prometheus.log").open("w")
-        self.process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {self.process.returncode}; see {self.log.name}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("prometheus did not become ready within 30 s")
-
-    def api(self, path: str, **params: Any) -> Any:
-        query = urllib.parse.urlencode(params)
-        try:
-            with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=10) as response:
-                body = json.load(response)
-        except urllib.error.HTTPError as err:
-            body = json.load(err)
-        assert body["status"] == "success", f"{params}: {body.get('error')}"
-        return body["data"]["result"]
-
-    def query_range(self, expr: str, start: float, end: float) -> list[dict[str, Any]]:
-        return self.api("query_range", query=expr, start=start, end=end, step=SCRAPE_INTERVAL_S)
+class Prometheus(BenchPrometheus):
+    """The package's throwaway Prometheus, with the reads these tests make."""
 
     def run_variable(self) -> list[str]:
         """What Grafana's label_values(dppo_run_info, run) lists."""
