@@ -164,6 +164,8 @@ def test_bad_input_is_a_usage_error(tmp_path: Path) -> None:
         run_bench(["sampling", "--env", "NoSuchEnv-v0"])
     with pytest.raises(SystemExit):
         run_bench(["sampling", "--iterations", "0"])
+    with pytest.raises(UsageError, match=r"--actors 5 do not fit on 2 workers of 2 CPUs"):
+        run_bench(["node-loss", "--actors", "5"])
 
 
 def test_round_command_breaks_the_round_down(ray_address: str, tmp_path: Path) -> None:
