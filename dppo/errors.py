@@ -1,4 +1,8 @@
-"""Errors the CLI turns into exit code 2 and one line on stderr (no traceback)."""
+"""The errors dppo reports to a user, and how any error becomes the one line the user reads."""
+
+import re
+
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colours in Ray's messages
 
 
 class UsageError(ValueError):
@@ -11,4 +15,16 @@ class UnsupportedSpace(UsageError):
 
 class RunFailure(RuntimeError):
     """The run cannot go on (crash-looping actors, a persistently failing env, NaN data or updates): exit 1,
-    after a checkpoint."""
+    after a checkpoint. The message is one line for the user; ``details`` (a traceback) goes to train.log."""
+
+    def __init__(self, message: str, details: str | None = None) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def first_line(err: BaseException | str) -> str:
+    """An error's first non-empty line without terminal escape codes (Ray colours its messages): what a user is
+    shown; the exception's type name when it has no message."""
+    text = _ESCAPES.sub("", str(err))
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    return line or (type(err).__name__ if isinstance(err, BaseException) else "")

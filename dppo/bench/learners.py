@@ -66,7 +66,8 @@ def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: s
             refs = [ray.put(seg) for seg in segments]
             model = ActorCritic(obs_space, action_space, config.model)
 
-            name = "NatureCNN" if model.encoder is not None else f"MLP {hidden}"
+            kind = model.encoder.kind if model.encoder is not None else None
+            name = {"nature": "NatureCNN", None: f"MLP {hidden}"}.get(kind, f"{kind} image encoder")
             shape = {"model": name, "parameters": num_parameters(model), "batch": config.batch_size,
                      "minibatch_size": config.ppo.minibatch_size, "epochs": config.ppo.epochs}
 

@@ -74,4 +74,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     returns = evaluate(checkpoint, args.episodes, args.seed, args.video)
     mean = sum(returns) / len(returns)
     print(f"mean return {mean:.2f} over {len(returns)} episodes (min {min(returns):.2f}, max {max(returns):.2f})")
+    if args.video:
+        from pathlib import Path
+
+        videos = sorted(Path(args.video).glob("*.mp4"))
+        print(f"videos: {len(videos)} mp4 files in {Path(args.video).resolve()}")
     return 0

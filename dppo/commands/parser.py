@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from dppo.cli_args import Parser, fail
 from dppo.commands import bench, evaluate, export, plot, status, train
-from dppo.errors import UsageError
+from dppo.errors import UsageError, first_line
 
 SUBCOMMANDS = (train, evaluate, export, plot, bench, status)  # each module has register(subparsers)
 _SHOW_WARNING = warnings.showwarning
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UsageError as err:
-        fail(str(err).splitlines()[0])
+        fail(first_line(err))
     except KeyboardInterrupt:
         return 130
 

@@ -120,10 +120,10 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
             if config_path is None and files.config.is_file():
                 config_path = str(files.config)
     config = load_config(config_path, overrides, args.sets)
-    from dppo.envs.make import env_spaces
+    from dppo.envs.checks import check_env
     from dppo.rl.spaces import check_spaces
 
-    check_spaces(*env_spaces(config))  # the env can be made and its spaces are supported
+    check_spaces(*check_env(config))  # the env can be made, reset and stepped, and its spaces are supported
     run_dir = resolve_run_dir(run_dir_arg or config.run.run_dir, config.env.name)
     files = RunDir(run_dir)
     fresh_retry = args.auto_resume and resume_state is None
@@ -178,6 +178,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     clock.mark("config")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     from dppo.errors import RunFailure
+    from dppo.run.logs import format_return
 
     try:
         coordinator = start(config, run_dir, resume_state, clock)
@@ -194,14 +195,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         summary = coordinator.run()
     except RunFailure as err:
-        output.to_file(f"run failed: {err}")
+        output.to_file(f"run failed: {err}" + (f"\n{err.details}" if err.details else ""))
         print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
         coordinator.shutdown()
         return 1
     coordinator.shutdown()
     verdict = "solved" if summary["solved"] else "stopped"
     mean = summary["episode_return_mean"]
-    line = (f"{verdict} ({summary['reason']}): return {mean if mean is None else round(mean, 1)} after "
+    line = (f"{verdict} ({summary['reason']}): return {'-' if mean is None else format_return(mean)} after "
             f"{summary['env_steps']:,} env steps, {summary['iterations']} iterations, {summary['wall_s']:.1f} s "
             f"-> {run_dir / 'summary.json'}")
     output.to_file(line)

@@ -16,6 +16,9 @@ class ModelConfig(Section):
     """Hidden-layer activation."""
     init_log_std: float = 0.0
     """Initial log standard deviation of the Gaussian policy (continuous actions only)."""
+    encoder: Literal["auto", "nature", "small", "flatten"] = "auto"
+    """Image encoder: nature (NatureCNN, images of 36 x 36 and more: Atari), small (2 x 2 convolutions, for grids
+    such as MiniGrid's 7 x 7 view), flatten (the pixels into the MLP); auto picks nature or small by size."""
 
     @field_validator("hidden_sizes")
     @classmethod

@@ -10,7 +10,7 @@ import ray
 from dppo.config import Config
 from dppo.distributed.broadcast import Broadcast
 from dppo.envs.user_code import add_import_paths, driver_import_paths
-from dppo.errors import UsageError
+from dppo.errors import UsageError, first_line
 from dppo.rl.segment import Segment
 
 
@@ -26,9 +26,11 @@ class Actor:
         self.problem: str | None = None
         try:
             self.sampler = Sampler(config, actor_id, seed=seed)
-        except UsageError as err:  # the user's env cannot be imported or made here: reported by ready()
+        except Exception as err:  # the user's env cannot be imported, made or reset here
             where = f"actor {actor_id} on node {ray.util.get_node_ip_address()}"
-            self.problem = f"{str(err).splitlines()[0]} [{where}]"
+            what = first_line(err) if isinstance(err, UsageError) else (
+                f"env {config.env.name!r} raised {type(err).__name__} while starting: {first_line(err)}")
+            self.problem = f"{what} [{where}]"  # reported by ready(): bad input, before anything is written
             return
         if not self.sampler.agent.fast:  # image policies act with torch; MLP actors never import it
             import torch

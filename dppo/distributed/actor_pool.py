@@ -29,7 +29,7 @@ from dppo.distributed.actor import start_actor
 from dppo.distributed.broadcast import Broadcast
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.user_code import EnvLoadError
-from dppo.errors import RunFailure
+from dppo.errors import RunFailure, first_line
 from dppo.rl.sampler import EnvFailure, actor_seed
 from dppo.rl.segment import Segment
 
@@ -196,8 +196,9 @@ class ActorPool:
         try:
             segment = ray.get(ref)
         except ray.exceptions.RayTaskError as err:
-            cause = err.cause if isinstance(err.cause, EnvFailure) else err
-            raise RunFailure(f"actor {index}: {cause}") from err
+            if isinstance(err.cause, EnvFailure):
+                raise RunFailure(f"actor {index}: {err.cause}", err.cause.details) from err
+            raise RunFailure(f"actor {index}: {first_line(err)}", str(err)) from err
         except ray.exceptions.RayActorError as err:
             self._replace(index, err)
             return None
@@ -261,6 +262,3 @@ def placed_on(handle: ray.actor.ActorHandle) -> str | None:
         return None
 
 
-def first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from dppo.config import Config
-from dppo.errors import UsageError
+from dppo.errors import UsageError, first_line
 
 TOKEN_HINT = ("set RAY_AUTH_TOKEN to the cluster's token, or put it in ~/.ray/auth_token (or in a file named by "
               "RAY_AUTH_TOKEN_PATH); `ray get-auth-token` on the head prints it (on Kubernetes: the Secret KubeRay "
@@ -44,8 +44,8 @@ def connect_ray(config: Config) -> None:
             cpus = max(os.cpu_count() or 1, math.ceil(needed))
             ray.init(address="local", num_cpus=cpus, include_dashboard=False, **quiet)
     except (ConnectionError, ValueError, RuntimeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UsageError(f"cannot connect to Ray at {address!r}: {first}; check --address / RAY_ADDRESS") from None
+        raise UsageError(f"cannot connect to Ray at {address!r}: {first_line(err)}; check --address / "
+                         "RAY_ADDRESS") from None
 
 
 def is_gcs_address(address: str) -> bool:

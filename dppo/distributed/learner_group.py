@@ -17,7 +17,7 @@ import torch
 
 from dppo.config import Config
 from dppo.distributed.learner import Learner, RemoteLearner
-from dppo.errors import UsageError
+from dppo.errors import UsageError, first_line
 from dppo.rl.agent import Weights
 from dppo.rl.model import ActorCritic
 from dppo.rl.ppo import TrainStats
@@ -109,7 +109,7 @@ class LearnerGroup:
             results = ray.get(calls)
             self.last_weights = ray.get(self.remote[0].weights.remote())
         except ray.exceptions.RayActorError as err:
-            raise LearnerDied(f"a learner process died during the update: {str(err).strip().splitlines()[0]}") from err
+            raise LearnerDied(f"a learner process died during the update: {first_line(err)}") from err
         self.timings = [(update_s, reduce_s) for _stats, update_s, reduce_s in results]
         return results[0][0]
 

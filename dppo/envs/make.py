@@ -10,6 +10,7 @@ Then the configured wrappers, in order. Every way a user's code can fail to load
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,30 @@ def _wrapper_class(name: str) -> Callable[..., Any]:
     return load_callable(name, "wrapper")
 
 
+def unknown_id_hint(env_id: str, module_name: str) -> str:
+    """What to write instead of an id gymnasium does not know. Ids that a package registers on import (MiniGrid,
+    a user's package) need the package named first, and a package by the id's own prefix is often there."""
+    if module_name:
+        return f"did importing {module_name!r} register it?"
+    prefix = env_id.split("/")[0].split("-")[0]
+    package = next((name for name in (prefix.lower(), prefix) if importlib.util.find_spec(name) is not None), None)
+    if package is not None:
+        return (f"if the package {package!r} registers it, name the package first: --env {package}:{env_id} "
+                f"(env.id: {package}:{env_id})")
+    return ("use a registered id such as CartPole-v1, or name the package that registers it, module.path:EnvId-v0 "
+            "(e.g. minigrid:MiniGrid-Empty-5x5-v0), or env.entry_point")
+
+
+def kwargs_error(what: str, kwargs: dict[str, Any], render_mode: str | None, err: TypeError) -> EnvLoadError:
+    """An env constructor refused its arguments: blame render_mode when it was the one (``dppo eval --video``
+    asks for frames), else env.kwargs."""
+    if render_mode is not None and "render_mode" in str(err):
+        return EnvLoadError(f"{what} has no render_mode (its constructor does not take one: {err}), so --video "
+                            "cannot record it; give the env a render_mode argument that supports 'rgb_array', or "
+                            "evaluate without --video")
+    return EnvLoadError(f"{what} rejected env.kwargs {kwargs} ({err}); fix env.kwargs")
+
+
 def _make_registered(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
     env_id = cfg.id or ""
     if env_id.startswith("ALE/"):
@@ -53,11 +78,9 @@ def _make_registered(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
         raise EnvLoadError(f"env {cfg.id!r} needs a package that is not installed ({err}); install its extra, "
                            "e.g. pip install 'dppo[box2d]' or 'dppo[mujoco]'") from None
     except gym.error.Error as err:
-        hint = (f"did importing {module_name!r} register it?" if sep else
-                "use a registered id such as CartPole-v1, module.path:EnvId-v0, or env.entry_point")
-        raise EnvLoadError(f"unknown environment {cfg.id!r} ({err}); {hint}") from None
+        raise EnvLoadError(f"unknown environment {cfg.id!r} ({err}); {unknown_id_hint(env_id, module_name)}") from None
     except TypeError as err:
-        raise EnvLoadError(f"env {cfg.id!r} rejected env.kwargs {cfg.kwargs} ({err}); fix env.kwargs") from None
+        raise kwargs_error(f"env {cfg.id!r}", cfg.kwargs, render_mode, err) from None
 
 
 def _make_entry_point(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
@@ -68,8 +91,7 @@ def _make_entry_point(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
     try:
         env = factory(**kwargs)
     except TypeError as err:
-        raise EnvLoadError(f"env entry point {cfg.entry_point!r} rejected env.kwargs {cfg.kwargs} ({err}); "
-                           "fix env.kwargs") from None
+        raise kwargs_error(f"env entry point {cfg.entry_point!r}", cfg.kwargs, render_mode, err) from None
     if not isinstance(env, gym.Env):
         raise EnvLoadError(f"env entry point {cfg.entry_point!r} returned a {type(env).__name__}, not a "
                            "gymnasium.Env; return an Env instance")

@@ -11,6 +11,7 @@ from torch.distributions import Bernoulli, Categorical, Distribution, Normal
 
 from dppo.config import ModelConfig
 from dppo.rl.actions import ActionSpec
+from dppo.rl.encoders import ImageEncoder, image_encoder, layer_init
 from dppo.rl.spaces import Obs, check_spaces
 
 
@@ -24,13 +25,6 @@ class Tanh(nn.Module):
 
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": Tanh, "relu": nn.ReLU}
-
-
-def layer_init(layer: nn.Module, gain: float, bias: float = 0.0) -> nn.Module:
-    """Orthogonal weights, constant bias: sqrt(2) hidden, 0.01 policy head, 1.0 value head."""
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.constant_(layer.bias, bias)
-    return layer
 
 
 def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, out_gain: float) -> nn.Sequential:
@@ -126,8 +120,9 @@ class ActorCritic(nn.Module):
     """Policy and value networks for every space :mod:`dppo.rl.spaces` encodes.
 
     Vector observations get separate policy and value MLPs (CleanRL's default); an image alone gets a
-    shared NatureCNN trunk with two linear heads; an image plus vectors gets the CNN features with the
-    vector concatenated after them, then the MLP heads (Stable-Baselines3's MultiInputPolicy).
+    shared NatureCNN trunk with two linear heads (a small image: the small CNN or the flattened pixels, then
+    the MLP heads; :mod:`dppo.rl.encoders`); an image plus vectors gets the image features with the vector
+    concatenated after them, then the MLP heads (Stable-Baselines3's MultiInputPolicy).
     Continuous policies are diagonal Gaussians with a state-independent log-std.
     """
 
@@ -136,16 +131,16 @@ class ActorCritic(nn.Module):
         self.obs_spec, self.action_spec = check_spaces(obs_space, action_space)
         self.discrete = self.action_spec.discrete
         out_dim = self.action_spec.out_dim
-        self.encoder: nn.Module | None = None
+        self.encoder: ImageEncoder | None = None
         if self.obs_spec.has_image:
-            self.encoder = NatureCNN(self.obs_spec.image_shape)
-        if self.obs_spec.has_vector:
-            in_dim = self.obs_spec.vector_dim + (512 if self.encoder is not None else 0)
-            self.policy_head: nn.Module = mlp(in_dim, config.hidden_sizes, out_dim, config.activation, 0.01)
-            self.value_head: nn.Module = mlp(in_dim, config.hidden_sizes, 1, config.activation, 1.0)
-        else:
-            self.policy_head = layer_init(nn.Linear(512, out_dim), 0.01)
-            self.value_head = layer_init(nn.Linear(512, 1), 1.0)
+            self.encoder = image_encoder(self.obs_spec.image_shape, config.encoder)
+        features = self.obs_spec.vector_dim + (self.encoder.out_dim if self.encoder is not None else 0)
+        if self.obs_spec.has_vector or self.encoder.kind != "nature":
+            self.policy_head: nn.Module = mlp(features, config.hidden_sizes, out_dim, config.activation, 0.01)
+            self.value_head: nn.Module = mlp(features, config.hidden_sizes, 1, config.activation, 1.0)
+        else:  # NatureCNN's own 512-unit layer is the hidden layer (CleanRL's Atari agent)
+            self.policy_head = layer_init(nn.Linear(features, out_dim), 0.01)
+            self.value_head = layer_init(nn.Linear(features, 1), 1.0)
         if self.action_spec.kind == "gaussian":
             self.log_std = nn.Parameter(torch.full((out_dim,), float(config.init_log_std)))
 

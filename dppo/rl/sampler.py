@@ -18,7 +18,7 @@ from gymnasium.vector import VectorEnv
 
 from dppo.config import Config
 from dppo.envs.make import make_vector_env
-from dppo.errors import UsageError
+from dppo.errors import UsageError, first_line
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.segment import Segment
@@ -27,7 +27,18 @@ from dppo.rl.transforms import EpisodeStats, LearningReward, LifeLoss, ObsNormal
 
 
 class EnvFailure(RuntimeError):
-    """An env kept raising after every retry; carries the env id and the original traceback."""
+    """An env kept raising after every retry: one line naming the env, the actor, the error and where it was
+    raised; ``details`` holds the whole traceback (it reaches train.log, not the terminal)."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def last_frame(err: BaseException) -> str:
+    """Where an exception was raised, as file:line (the one line of its traceback a user needs)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "unknown place"
 
 
 def actor_seed(run_seed: int, actor: int, spawn: int = 0) -> int:
@@ -99,10 +110,9 @@ class Sampler:
             except Exception as err:
                 failures += 1
                 if failures > self.config.faults.env_retries:
-                    raise EnvFailure(
-                        f"env {self.config.env.name} in actor {self.actor_id} failed {failures} times in a row: "
-                        f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
-                    ) from err
+                    raise EnvFailure(f"env {self.config.env.name} in actor {self.actor_id} failed {failures} times "
+                                     f"in a row: {type(err).__name__}: {first_line(err)} (at {last_frame(err)})",
+                                     traceback.format_exc()) from err
                 self._restart_envs()
 
     def _sample_once(self) -> Segment:

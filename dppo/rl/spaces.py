@@ -20,7 +20,24 @@ from dppo.errors import UnsupportedSpace
 from dppo.rl.actions import ActionSpec
 
 WRAPPER_HINT = ("wrap the env (env.wrappers) so it has Box, Discrete, MultiDiscrete or MultiBinary spaces, "
-                "or a Dict/Tuple of those, e.g. gymnasium.wrappers:FlattenObservation")
+                "or a Dict/Tuple of those")
+
+
+def leaf_label(path: tuple[Any, ...]) -> str:
+    """How a leaf of an observation is named in messages: obs, obs['image'], obs[0]['pos']."""
+    return "obs" + "".join(f"[{key!r}]" for key in path)
+
+
+def unsupported(space: gym.Space, path: tuple[Any, ...]) -> UnsupportedSpace:
+    """The leaf dppo cannot encode, named by its path, with a fix that works for it: a Dict key can be dropped
+    (FilterObservation keeps the others; MiniGrid's text `mission` is the common case)."""
+    kind = type(space).__name__
+    if path and isinstance(path[-1], str):
+        return UnsupportedSpace(
+            f"{leaf_label(path)}: {kind} cannot be encoded; drop that key with env.wrappers: [{{name: "
+            f"FilterObservation, kwargs: {{filter_keys: [the keys to keep]}}}}] (for MiniGrid, "
+            f"minigrid.wrappers:ImgObsWrapper keeps the image alone), or {WRAPPER_HINT}")
+    return UnsupportedSpace(f"observation space {space} is not supported ({leaf_label(path)}: {kind}); {WRAPPER_HINT}")
 
 
 def is_image(space: gym.Space) -> bool:
@@ -59,7 +76,7 @@ class Leaf:
     width: int
 
 
-def _leaf_width(space: gym.Space) -> int:
+def _leaf_width(space: gym.Space, path: tuple[Any, ...]) -> int:
     if isinstance(space, gym.spaces.Box):
         return int(np.prod(space.shape))
     if isinstance(space, gym.spaces.Discrete):
@@ -68,7 +85,7 @@ def _leaf_width(space: gym.Space) -> int:
         return int(space.nvec.sum())
     if isinstance(space, gym.spaces.MultiBinary):
         return int(np.prod(space.shape))
-    raise UnsupportedSpace(f"observation space {space} is not supported; {WRAPPER_HINT}")
+    raise unsupported(space, path)
 
 
 def _encode_leaf(space: gym.Space, batch: np.ndarray, out: np.ndarray) -> None:
@@ -126,7 +143,7 @@ class ObsSpec:
                                        "image to its CNN: stack them into one Box or drop one with a wrapper")
             self.image_path, self.image_shape = path, tuple(space.shape)
         else:
-            self.leaves.append((path, Leaf(space, _leaf_width(space))))
+            self.leaves.append((path, Leaf(space, _leaf_width(space, path))))
 
     @property
     def has_image(self) -> bool:

@@ -22,7 +22,7 @@ from dppo.distributed.broadcast import Broadcast, broadcast_arg
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.make import env_spaces
-from dppo.errors import RunFailure
+from dppo.errors import RunFailure, first_line
 from dppo.rl.model import ActorCritic
 from dppo.rl.ppo import TrainStats
 from dppo.rl.sampler import EnvFailure
@@ -54,7 +54,7 @@ class Coordinator:
             try:
                 self.model.load_state_dict(resume["model"])
             except (RuntimeError, KeyError) as err:
-                raise CheckpointError(f"the checkpoint does not fit this model ({str(err).splitlines()[0]}); "
+                raise CheckpointError(f"the checkpoint does not fit this model ({first_line(err)}); "
                                       "resume with the run's own config") from None
         self.run_dir = RunDir(run_dir)
         self.store = CheckpointStore(self.run_dir.checkpoints, config.run.keep_checkpoints)
@@ -73,7 +73,7 @@ class Coordinator:
         try:
             self.learners = LearnerGroup(self.config, *self.spaces, self.model, self.trainer_state)
         except (RuntimeError, KeyError, ValueError) as err:
-            raise CheckpointError(f"the checkpoint does not fit this model ({str(err).splitlines()[0]}); "
+            raise CheckpointError(f"the checkpoint does not fit this model ({first_line(err)}); "
                                   "resume with the run's own config") from None
         self.pool.start()
 
@@ -102,9 +102,10 @@ class Coordinator:
         except Stop:
             reason = "signal"
         except (RunFailure, EnvFailure, LearnerDied) as err:
-            self._checkpoint()
+            if self.state.counters.iteration > 0:  # a run that trained keeps its work; one that never did, nothing
+                self._checkpoint()
             self._finish("error")
-            raise RunFailure(str(err)) from err
+            raise RunFailure(str(err), getattr(err, "details", None)) from err
         self._checkpoint()
         return self._finish(reason)
 

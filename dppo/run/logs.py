@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 TEXT_FIELDS = (
     ("iter", "iteration", "{:d}"), ("steps", "env_steps", "{:,d}"), ("steps/s", "steps_per_s", "{:,.0f}"),
-    ("return", "episode_return_mean", "{:.1f}"), ("episodes", "episodes", "{:d}"),
+    ("return", "episode_return_mean", "{return}"), ("episodes", "episodes", "{:d}"),
     ("pi_loss", "policy_loss", "{:.4f}"), ("v_loss", "value_loss", "{:.4f}"), ("entropy", "entropy", "{:.3f}"),
     ("kl", "approx_kl", "{:.4f}"), ("clip", "clip_fraction", "{:.3f}"), ("ev", "explained_variance", "{:.2f}"),
 )
@@ -21,7 +21,13 @@ TEXT_FIELDS = (
 def _fmt(fmt: str, value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    return fmt.format(value)
+    return format_return(value) if fmt == "{return}" else fmt.format(value)
+
+
+def format_return(value: float) -> str:
+    """Enough digits for the env's scale: 0.955 (MiniGrid), 12.34, 475.3 (CartPole), -1381.2 (Pendulum)."""
+    size = abs(value)
+    return f"{value:.{3 if size < 10 else 2 if size < 100 else 1}f}"
 
 
 def text_line(record: dict[str, Any]) -> str:
@@ -64,7 +70,7 @@ class IterationLog:
         if self.progress is not None:
             self.progress.console.print(line, highlight=False)
             self.progress.update(self.task, completed=record["env_steps"],
-                                 description=f"return {_fmt('{:.1f}', record.get('episode_return_mean'))}")
+                                 description=f"return {_fmt('{return}', record.get('episode_return_mean'))}")
         else:
             print(line, file=self.stream, flush=True)
 

@@ -10,7 +10,7 @@ import gymnasium as gym
 
 from dppo.config import Config, validate
 from dppo.envs.make import env_spaces
-from dppo.errors import UsageError
+from dppo.errors import UsageError, first_line
 from dppo.rl.model import ActorCritic
 from dppo.rl.normalizer import RunningStats
 
@@ -29,6 +29,6 @@ def trained_model(checkpoint: dict[str, Any], spaces: tuple[gym.Space, gym.Space
     try:
         model.load_state_dict(checkpoint["model"])
     except RuntimeError as err:
-        raise UsageError(f"checkpoint does not match env {config.env.name} ({str(err).splitlines()[0]})") from None
+        raise UsageError(f"checkpoint does not match env {config.env.name} ({first_line(err)})") from None
     stats = checkpoint.get("obs_stats")
     return TrainedModel(config, model.eval(), RunningStats.from_state(stats) if stats else None)

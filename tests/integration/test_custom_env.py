@@ -227,6 +227,7 @@ BAD_INPUT = [
     (["--set", "env.entry_point=corridor_env:TextEnv"], "observation space Text("),
     (["--env", "CartPole-v1", "--set", "env.entry_point=corridor_env:CorridorEnv"], "exactly one of env.id"),
     (["--env", "ALE/NoSuchGame-v5"], "unknown environment"),
+    (["--env", "MiniGrid-Empty-5x5-v0"], "--env minigrid:MiniGrid-Empty-5x5-v0"),
 ]
 
 

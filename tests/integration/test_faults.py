@@ -161,7 +161,9 @@ def test_persistent_env_failure_stops_with_checkpoint(dppo_cmd: list[str], ray_a
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
     assert "dppo/Faulty-v0" in err and "injected env failure" in err
-    assert "Traceback" in err  # the env's own traceback is reported
+    # one line for the user: the env's error and where it was raised; its whole traceback in train.log
+    assert err.count("\n") == 1 and "Traceback" not in err and "toy.py:" in err, err
+    assert "Traceback" in (run_dir / "train.log").read_text()
     assert json.loads((run_dir / "summary.json").read_text())["reason"] == "error"
     assert newest_intact(run_dir / "checkpoints") is not None
 

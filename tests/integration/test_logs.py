@@ -81,3 +81,11 @@ def test_bad_input_writes_no_train_log(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "dppo", "train", "--run-dir", str(run_dir), "--env", "nosuch:X-v0"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and not run_dir.exists()
+
+
+def test_the_return_has_enough_digits_for_the_env_s_scale() -> None:
+    from dppo.run.logs import format_return, text_line
+
+    assert [format_return(v) for v in (0.955, -0.5, 12.345, 475.33, -1381.25)] == [
+        "0.955", "-0.500", "12.35", "475.3", "-1381.2"]
+    assert "return=0.955 " in text_line({"episode_return_mean": 0.955})

@@ -8,7 +8,8 @@ import torch
 
 from dppo.config import ModelConfig
 from dppo.rl.agent import Agent
-from dppo.rl.model import ActorCritic, NatureCNN
+from dppo.rl.encoders import NatureCNN
+from dppo.rl.model import ActorCritic
 
 
 def test_discrete_policy_is_categorical_and_near_uniform_at_init() -> None:

@@ -1,0 +1,87 @@
+"""The env check at start: one env made, reset and stepped in the driver, as every actor will, so an env that
+cannot run is bad input (exit 2, one line) before Ray starts and before anything is written.
+
+gymnasium's passive checker (which gym.make and dppo's entry points add) names some mistakes and only warns
+about others; what it lets through would fail later inside an actor's vector env with a message about
+numpy casting. So the shape of what ``reset()`` and ``step()`` return is checked here too, leaf by leaf,
+naming the leaf: ``obs['pos']: ...``. Values are not checked against a Box's bounds (training does not use
+them, and many envs step slightly outside them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+
+from dppo.envs.make import make_env
+from dppo.envs.user_code import EnvLoadError
+from dppo.errors import first_line
+
+if TYPE_CHECKING:
+    from dppo.config import Config
+
+API = ("gymnasium's API: reset() -> (obs, info), step() -> (obs, reward, terminated, truncated, info), every "
+       "observation in the declared observation_space")
+
+
+def check_env(config: Config) -> tuple[gym.Space, gym.Space]:
+    """Make one env, reset it, take one step; the spaces, or EnvLoadError naming the env, the call and the fix."""
+    env = make_env(config.env)
+    name = config.env.name
+    try:
+        space = env.observation_space
+        for call, run, size in (("reset()", lambda: env.reset(seed=config.run.seed), 2),
+                                ("step()", lambda: env.step(env.action_space.sample()), 5)):
+            try:
+                result = run()
+            except Exception as err:
+                raise EnvLoadError(f"env {name!r}: {call} raised {type(err).__name__}: {first_line(err)}; "
+                                   f"fix the env ({API})") from None
+            problem = result_problem(result, size, space)
+            if problem is not None:
+                raise EnvLoadError(f"env {name!r}: {call} returned {problem}; fix the env ({API})")
+        return space, env.action_space
+    finally:
+        with contextlib.suppress(Exception):
+            env.close()
+
+
+def result_problem(result: Any, size: int, space: gym.Space) -> str | None:
+    """What is wrong with a reset (2 items) or step (5 items) result, or None."""
+    if not isinstance(result, tuple) or len(result) != size:
+        got = f"a {len(result)}-tuple" if isinstance(result, tuple) else f"a {type(result).__name__}"
+        return f"{got}, not {'(obs, info)' if size == 2 else '(obs, reward, terminated, truncated, info)'}"
+    if not isinstance(result[-1], dict):
+        return f"info of type {type(result[-1]).__name__}, not a dict"
+    return obs_problem(result[0], space, "obs")
+
+
+def obs_problem(obs: Any, space: gym.Space, path: str) -> str | None:
+    """The first leaf of ``obs`` that does not fit ``space`` (structure, shape, kind of number), named by its path."""
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(obs, dict):
+            return f"{path} of type {type(obs).__name__} where the space is a Dict with keys {list(space.spaces)}"
+        if set(obs) != set(space.spaces):
+            return f"{path} with keys {sorted(obs)} where the space has {sorted(space.spaces)}"
+        return next((p for key, sub in space.spaces.items()
+                     if (p := obs_problem(obs[key], sub, f"{path}[{key!r}]")) is not None), None)
+    if isinstance(space, gym.spaces.Tuple):
+        if not isinstance(obs, tuple) or len(obs) != len(space.spaces):
+            return f"{path} that is not a tuple of {len(space.spaces)}"
+        return next((p for i, sub in enumerate(space.spaces)
+                     if (p := obs_problem(obs[i], sub, f"{path}[{i}]")) is not None), None)
+    if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
+                              gym.spaces.MultiBinary)):
+        return None  # other spaces are refused with their own message when the model is built
+    value = np.asarray(obs)
+    shape = () if isinstance(space, gym.spaces.Discrete) else tuple(space.shape)
+    if value.shape != shape:
+        return f"{path} of shape {value.shape} where {space} has shape {shape}"
+    if not isinstance(space, gym.spaces.Box) and not np.issubdtype(value.dtype, np.integer):
+        return f"{path} of dtype {value.dtype} where {space} holds integers"
+    if not np.issubdtype(value.dtype, np.number) and value.dtype != np.bool_:
+        return f"{path} of dtype {value.dtype}, not numbers"
+    return None

@@ -1,0 +1,51 @@
+"""The README's examples run as written: the command is read from the README itself, so the two cannot drift."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+README = (REPO / "README.md").read_text()
+
+
+def readme_command(marker: str) -> list[str]:
+    """The `dppo ...` line of the README's shell block that mentions ``marker``, as argv."""
+    for block in re.findall(r"```sh\n(.*?)```", README, re.S):
+        for line in block.splitlines():
+            if line.startswith("dppo ") and marker in line:
+                return shlex.split(line.split("#")[0])
+    raise AssertionError(f"no `dppo` command mentioning {marker!r} in README.md")
+
+
+@pytest.mark.slow
+def test_the_minigrid_example_trains_to_the_optimum_as_written(tmp_path, ray_address: str) -> None:
+    argv = readme_command("examples/minigrid.yaml")
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", *argv, "--address", ray_address, "--run-dir", str(run_dir),
+                           "--no-tensorboard"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["solved"] and summary["episode_return_mean"] >= 0.95, summary
+
+
+def test_the_raw_minigrid_env_is_answered_with_the_key_to_drop(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-m", "dppo", "train", "--env", "minigrid:MiniGrid-Empty-5x5-v0",
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "obs['mission']: MissionSpace cannot be encoded; drop that key with" in done.stderr
+    assert "FilterObservation" in done.stderr and not (tmp_path / "run").exists()
+
+
+def test_the_fix_the_message_names_works(tmp_path, ray_address: str) -> None:
+    """FilterObservation, as the message writes it, makes MiniGrid's Dict trainable (image and direction)."""
+    done = subprocess.run([sys.executable, "-m", "dppo", "train", "--env", "minigrid:MiniGrid-Empty-5x5-v0",
+                           "--set", "env.wrappers=[{name: FilterObservation, kwargs: {filter_keys: [image, "
+                           "direction]}}]", "--total-steps", "2048", "--address", ray_address, "--run-dir",
+                           str(tmp_path / "run"), "--no-tensorboard"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
