@@ -90,3 +90,15 @@ def test_overlap_sampling_runs_one_version_behind(dppo_cmd: list[str], ray_addre
     assert records[0]["policy_lag"] == 0  # the first round samples with the initial weights
     assert all(r["policy_lag"] == 1 for r in records[1:])
     assert records[-1]["env_steps"] >= 6000
+    # round k + 1 is sampled during update k with the weights before it: every iteration trains on exactly one
+    # segment per actor, each used once (the round sampling when the run stops is never trained on or counted)
+    per_segment = 8 * 64  # the CartPole preset: E = 8, T = 64
+    assert all(r["segments"] == 2 and r["env_steps_delta"] == 2 * per_segment for r in records)
+    assert records[-1]["env_steps"] == len(records) * 2 * per_segment
+    assert [r["policy_version"] for r in records] == list(range(1, len(records) + 1))
+    again = train(dppo_cmd, ray_address, tmp_path / "again", "--total-steps", "6000", "--set",
+                  "run.overlap_sampling=true")
+    assert again.returncode == 0, again.stderr
+    timing = {"wall_s", "steps_per_s", "iteration_s", "sample_s", "wait_s", "update_s", "sync_s", "checkpoint_s"}
+    assert [{k: v for k, v in r.items() if k not in timing} for r in progress(tmp_path / "again")] == [
+        {k: v for k, v in r.items() if k not in timing} for r in records]  # seeded: the same run twice

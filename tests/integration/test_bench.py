@@ -187,3 +187,24 @@ def test_round_command_breaks_the_round_down(ray_address: str, tmp_path: Path) -
     assert "dppo bench round" in docs.read_text() and "round-CartPole-v1" in docs.read_text()
     with pytest.raises(UsageError, match="--segment-lengths"):
         run_bench(["round", "--segment-lengths", "0"])
+
+
+def test_score_command_times_each_threshold_and_breaks_iterations_down(ray_address: str, tmp_path: Path) -> None:
+    out, docs = tmp_path / "score.json", tmp_path / "benchmarks.md"
+    argv = ["score", "--actors", "1,2", "--thresholds", "20,60,1000", "--total-steps", "12288", "--out-dir",
+            str(tmp_path / "runs"), "--json", str(out), "--write-docs", str(docs), "--address", ray_address]
+    assert run_bench(argv) == 0
+    rows = json.loads(out.read_text())
+    assert [r["actors"] for r in rows] == [1, 2]
+    for row in rows:
+        records = [json.loads(line) for line in (Path(row["run_dir"]) / "progress.jsonl").read_text().splitlines()]
+        first_20 = next(r for r in records if (r["episode_return_mean"] or 0) >= 20)
+        assert row["to_20_s"] == first_20["wall_s"] and row["to_20_steps"] == first_20["env_steps"]
+        assert row["to_1000_s"] is None  # CartPole cannot reach 1000
+        assert 0 < row["of_sampling"] <= 1 and row["sampling_steps_per_s"] >= row["steps_per_s"]
+        assert row["update_s"] > 0 and row["sample_s"] > 0
+    text = docs.read_text()
+    assert "dppo bench score" in text and "score-CartPole-v1" in text and (tmp_path / "bench-score-CartPole-v1.png"
+                                                                             ).stat().st_size > 1000
+    with pytest.raises(UsageError, match="--thresholds"):
+        run_bench(["score", "--thresholds", "x"])
