@@ -177,6 +177,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     config, run_dir, resume_state = prepare(args)
     clock.mark("config")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # A round abandoned when the run stops can hold other actors' errors; the run reports its own, once.
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     from dppo.errors import RunFailure
     from dppo.run.logs import format_return
 

@@ -22,16 +22,17 @@ from dppo.distributed.broadcast import Broadcast, broadcast_arg
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.make import env_spaces
-from dppo.errors import RunFailure, first_line
+from dppo.errors import RunFailure
 from dppo.rl.model import ActorCritic
 from dppo.rl.ppo import TrainStats
 from dppo.rl.sampler import EnvFailure
-from dppo.run.checkpoint import CheckpointError, CheckpointStore
+from dppo.run.checkpoint import CheckpointStore
 from dppo.run.reporting import Reporter, progress_record
 from dppo.run.run_dir import RunDir, strict_json
 from dppo.run.signals import StopSignals
 from dppo.run.state import RunState
 from dppo.run.timing import PhaseTimer
+from dppo.run.trained import load_weights
 
 
 class Coordinator:
@@ -51,11 +52,7 @@ class Coordinator:
             self.record = resume.get("progress")
             self.state.restore(resume)
             self.trainer_state = resume["trainer"]
-            try:
-                self.model.load_state_dict(resume["model"])
-            except (RuntimeError, KeyError) as err:
-                raise CheckpointError(f"the checkpoint does not fit this model ({first_line(err)}); "
-                                      "resume with the run's own config") from None
+            load_weights(self.model, resume)
         self.run_dir = RunDir(run_dir)
         self.store = CheckpointStore(self.run_dir.checkpoints, config.run.keep_checkpoints)
         self.reporter = Reporter(config, self.run_dir)
@@ -70,11 +67,7 @@ class Coordinator:
     def start(self) -> None:
         """Start the learners and the actors; every actor has made its envs when this returns, so an env that
         cannot be made anywhere is bad input before anything is written."""
-        try:
-            self.learners = LearnerGroup(self.config, *self.spaces, self.model, self.trainer_state)
-        except (RuntimeError, KeyError, ValueError) as err:
-            raise CheckpointError(f"the checkpoint does not fit this model ({first_line(err)}); "
-                                  "resume with the run's own config") from None
+        self.learners = LearnerGroup(self.config, *self.spaces, self.model, self.trainer_state)
         self.pool.start()
 
     # ---- the loop ------------------------------------------------------------------------------------

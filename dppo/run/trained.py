@@ -10,9 +10,10 @@ import gymnasium as gym
 
 from dppo.config import Config, validate
 from dppo.envs.make import env_spaces
-from dppo.errors import UsageError, first_line
+from dppo.errors import first_line
 from dppo.rl.model import ActorCritic
 from dppo.rl.normalizer import RunningStats
+from dppo.run.checkpoint import CheckpointError
 
 
 @dataclass
@@ -26,9 +27,15 @@ def trained_model(checkpoint: dict[str, Any], spaces: tuple[gym.Space, gym.Space
     """The checkpoint's model for ``spaces`` (default: its env's, made once to read them)."""
     config = validate(checkpoint["config"], warn=False)
     model = ActorCritic(*(spaces or env_spaces(config)), config.model)
-    try:
-        model.load_state_dict(checkpoint["model"])
-    except RuntimeError as err:
-        raise UsageError(f"checkpoint does not match env {config.env.name} ({first_line(err)})") from None
+    load_weights(model, checkpoint)
     stats = checkpoint.get("obs_stats")
     return TrainedModel(config, model.eval(), RunningStats.from_state(stats) if stats else None)
+
+
+def load_weights(model: ActorCritic, checkpoint: dict[str, Any]) -> None:
+    """The checkpoint's weights into ``model``, or CheckpointError: they were trained for another network."""
+    try:
+        model.load_state_dict(checkpoint["model"])
+    except (RuntimeError, KeyError) as err:
+        raise CheckpointError(f"the checkpoint does not fit this model ({first_line(err)}); use the run's own "
+                              "config (env and model sections)") from None
