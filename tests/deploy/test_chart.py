@@ -294,6 +294,132 @@ def test_learners_are_a_second_worker_group(helm_bin: str) -> None:
     assert "learners" not in training_config(default)["run"]
 
 
+RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+              "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def actor_group(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    groups = one(objects, "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    return next(g for g in groups if g["groupName"] == "actors")
+
+
+def test_autoscaling_renders_the_autoscaler_and_the_actor_group_bounds(helm_bin: str, cr_schemas: dict) -> None:
+    """autoscaling.enabled: KubeRay's in-tree autoscaler with the chart's options and a restricted sidecar, and
+    the actor group between minReplicas and maxReplicas, starting with what `actors` needs."""
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "autoscaling.yaml"))
+    rayjob = one(objects, "RayJob")
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    # The CRD schema knows these fields: a misspelt one would fail the matrix's validation.
+    broken = copy.deepcopy(rayjob)
+    broken["spec"]["rayClusterSpec"]["autoscalerOptions"]["idleTimeoutSecond"] = 60
+    with pytest.raises(jsonschema.ValidationError):
+        validate_object(broken, cr_schemas)
+    assert cluster["enableInTreeAutoscaling"] is True
+    assert cluster["autoscalerOptions"] == {
+        "version": "v2", "upscalingMode": "Conservative", "idleTimeoutSeconds": 120,
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": RESTRICTED,
+        "volumeMounts": [{"name": "autoscaler-api-token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                          "readOnly": True}]}
+    actors = actor_group(objects)
+    assert (actors["replicas"], actors["minReplicas"], actors["maxReplicas"]) == (3, 1, 4)  # 6 actors, 2 per pod
+    assert actors["rayStartParams"] == {"num-cpus": "2"}
+    # The dppo config is the user's: run.actors is the target, no fault settings are added.
+    config = training_config(objects)
+    assert config["run"]["actors"] == 6 and "faults" not in config
+    # maxReplicas defaults to what `actors` needs.
+    actors = actor_group(render(helm_bin, "--set", "autoscaling.enabled=true", "--set", "actors=5",
+                                "--set", "actorsPerPod=2"))
+    assert (actors["replicas"], actors["minReplicas"], actors["maxReplicas"]) == (3, 0, 3)
+    # Off by default: a fixed group and no autoscaler.
+    cluster = one(render(helm_bin), "RayJob")["spec"]["rayClusterSpec"]
+    assert cluster["enableInTreeAutoscaling"] is False and "autoscalerOptions" not in cluster
+    (actors,) = cluster["workerGroupSpecs"]
+    assert actors["replicas"] == actors["minReplicas"] == actors["maxReplicas"] == 2
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ([], (3, 1, 4)),                                           # what 6 actors at 2 per pod need
+    (["--set", "autoscaling.initialReplicas=0"], (1, 1, 4)),   # clamped up to minReplicas
+    (["--set", "autoscaling.initialReplicas=9"], (4, 1, 4)),   # clamped down to maxReplicas
+    (["--set", "autoscaling.maxReplicas=2"], (2, 1, 2)),       # fewer pods than the actors need
+    (["--set", "autoscaling.minReplicas=4"], (4, 4, 4)),       # more
+    (["--set", "autoscaling.minReplicas=0", "--set", "autoscaling.initialReplicas=0"], (0, 0, 4)),
+])
+def test_autoscaling_start_is_clamped_into_min_and_max(helm_bin: str, args: list[str],
+                                                        expected: tuple[int, int, int]) -> None:
+    actors = actor_group(render(helm_bin, "-f", str(VALUES_DIR / "autoscaling.yaml"), *args))
+    assert (actors["replicas"], actors["minReplicas"], actors["maxReplicas"]) == expected
+
+
+def test_autoscaler_alone_gets_the_api_token(helm_bin: str) -> None:
+    """The autoscaler needs a service-account token (KubeRay's ServiceAccount and Role for it); the head pod still
+    automounts none, so the learner's container has none: the token is projected into the autoscaler only."""
+    rayjob = one(render(helm_bin, "-f", str(VALUES_DIR / "autoscaling.yaml")), "RayJob")
+    head_spec = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head_spec["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in head_spec  # KubeRay sets its autoscaler ServiceAccount
+    volume = next(v for v in head_spec["volumes"] if v["name"] == "autoscaler-api-token")
+    sources = volume["projected"]["sources"]
+    assert sources[0] == {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}
+    assert sources[1]["configMap"] == {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert "autoscaler-api-token" not in {m["name"] for m in head_container(rayjob)["volumeMounts"]}
+    default_head = one(render(helm_bin), "RayJob")["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert "autoscaler-api-token" not in {v["name"] for v in default_head["volumes"]}
+
+
+def test_learners_group_stays_fixed_with_autoscaling(helm_bin: str) -> None:
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "learners.yaml"), "-f", str(VALUES_DIR / "autoscaling.yaml"))
+    cluster = one(objects, "RayJob")["spec"]["rayClusterSpec"]
+    actors, learners = cluster["workerGroupSpecs"]
+    assert (actors["replicas"], actors["minReplicas"], actors["maxReplicas"]) == (3, 1, 4)
+    assert learners["groupName"] == "learners"
+    assert learners["replicas"] == learners["minReplicas"] == learners["maxReplicas"] == 2
+    assert kuberay_admission_errors(one(objects, "RayJob")) == []
+
+
+def test_network_policy_lets_the_head_reach_the_api_server_only_with_autoscaling(helm_bin: str) -> None:
+    """The autoscaler sidecar talks to the API server from the head pod: a second policy opens that egress for the
+    head only, on the API server ports; without autoscaling there is no such egress."""
+    default = one(render(helm_bin), "NetworkPolicy")
+    policies = {p["metadata"]["name"]: p for p in by_kind(render(helm_bin, "-f", str(VALUES_DIR / "autoscaling.yaml")),
+                                                          "NetworkPolicy")}
+    assert set(policies) == {"r-dppo", "r-dppo-apiserver"}
+    assert policies["r-dppo"]["spec"] == default["spec"]  # the run's own policy is unchanged
+    api = policies["r-dppo-apiserver"]["spec"]
+    assert api["podSelector"]["matchLabels"] == {**default["spec"]["podSelector"]["matchLabels"],
+                                                 "app.kubernetes.io/component": "head"}
+    assert api["policyTypes"] == ["Egress"] and "ingress" not in api
+    assert api["egress"] == [{"to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}, {"ipBlock": {"cidr": "172.18.0.0/16"}}],
+                              "ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}]
+    # Defaults: any address, 443 and 6443.
+    api = next(p for p in by_kind(render(helm_bin, "--set", "autoscaling.enabled=true"), "NetworkPolicy")
+               if p["metadata"]["name"] == "r-dppo-apiserver")["spec"]
+    assert api["egress"][0]["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}]
+    assert {p["port"] for p in api["egress"][0]["ports"]} == {443, 6443}
+    # No API-server egress without autoscaling, and no policy at all with the NetworkPolicy off.
+    for rule in default["spec"]["egress"]:
+        assert not {p["port"] for p in rule.get("ports", [])} & {443, 6443}
+    assert not by_kind(render(helm_bin, "-f", str(VALUES_DIR / "autoscaling.yaml"), "--set",
+                              "networkPolicy.enabled=false"), "NetworkPolicy")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--set", "autoscaling.minReplicas=3"],
+     "autoscaling.minReplicas=3 is above autoscaling.maxReplicas=2 (its default: ceil(actors / actorsPerPod) = "
+     "ceil(2 / 1)); lower minReplicas or raise maxReplicas"),
+    (["--set", "autoscaling.minReplicas=3", "--set", "autoscaling.maxReplicas=2"],
+     "autoscaling.minReplicas=3 is above autoscaling.maxReplicas=2; lower minReplicas"),
+    (["--set", "autoscaling.maxReplicas=1", "--set", "config.faults.min_actors=2"],
+     "config.faults.min_actors=2 needs more actors than autoscaling.maxReplicas=1 pods hold (1 per pod)"),
+])
+def test_bad_autoscaling_bounds_fail_at_render_time(helm_bin: str, args: list[str], message: str) -> None:
+    out = helm(helm_bin, "template", "r", str(CHART), "--set", "autoscaling.enabled=true", *args)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+    # Unused while autoscaling is off.
+    assert helm(helm_bin, "template", "r", str(CHART), *args).returncode == 0
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--set", "learners.replicas=1"], "learners.replicas=1: use 0"),
     (["--set", "learners.replicas=3"], "learners.replicas=3 must divide ppo.minibatch_size=512"),
@@ -437,6 +563,16 @@ BAD_VALUES = [
     (["--set", "metrics.port=6379"], "at '/metrics/port'"),
     (["--set", "runtimeEnv.py_modules=a.zip"], "at '/runtimeEnv/py_modules': got string, want array"),
     (["--set", "runtimeEnv.env_vars.N=1"], "at '/runtimeEnv/env_vars/N': got number, want string"),
+    (["--set", "autoscaling.minReplicas=-1"], "at '/autoscaling/minReplicas': minimum: got -1, want 0"),
+    (["--set", "autoscaling.maxReplicas=0"], "at '/autoscaling/maxReplicas': minimum: got 0, want 1"),
+    (["--set", "autoscaling.initialReplicas=-1"], "at '/autoscaling/initialReplicas': minimum"),
+    (["--set", "autoscaling.maxReplica=4"], "additional properties 'maxReplica' not allowed"),
+    (["--set", "autoscaling.enabled=yes"], "at '/autoscaling/enabled': got string, want boolean"),
+    (["--set", "autoscaling.idleTimeoutSeconds=-1"], "at '/autoscaling/idleTimeoutSeconds': minimum"),
+    (["--set", "autoscaling.upscalingMode=Fast"], "at '/autoscaling/upscalingMode'"),
+    (["--set", "autoscaling.version=v3"], "at '/autoscaling/version'"),
+    (["--set", "autoscaling.resources.limits.memory=-1"], "at '/autoscaling/resources/limits/memory'"),
+    (["--set", "networkPolicy.apiServerPorts[0]=0"], "at '/networkPolicy/apiServerPorts/0': minimum"),
 ]
 
 
@@ -528,6 +664,29 @@ def kuberay_admission_errors(rayjob: dict[str, Any]) -> list[str]:
             errors.append("rayStartParams.labels")
     if spec.get("submitterPodTemplate", {}).get("spec", {}).get("restartPolicy", "Never") != "Never":
         errors.append("submitter restartPolicy must be Never")
+    autoscaling = cluster.get("enableInTreeAutoscaling", False)
+    options = cluster.get("autoscalerOptions", {})
+    for group in cluster["workerGroupSpecs"]:
+        low, high = group.get("minReplicas"), group.get("maxReplicas")
+        if not autoscaling and (low is None or high is None):
+            errors.append("minReplicas and maxReplicas needed without autoscaling")
+        if (low is not None and low < 0) or (high is not None and high < 0):
+            errors.append("negative minReplicas or maxReplicas")
+        if low is not None and high is not None and low > high:
+            errors.append("minReplicas > maxReplicas")
+        if autoscaling and group.get("suspend"):
+            errors.append("a suspended worker group with autoscaling")
+    if options.get("idleTimeoutSeconds", 0) < 0:
+        errors.append("autoscalerOptions.idleTimeoutSeconds < 0")
+    if autoscaling and options.get("version") == "v2":
+        for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+            if group["template"]["spec"].get("restartPolicy", "Never") != "Never":
+                errors.append("restartPolicy must be Never or unset with autoscaler v2")
+    head_env = {e["name"] for e in head_container(rayjob).get("env", [])}
+    if not autoscaling and "RAY_enable_autoscaler_v2" in head_env:
+        errors.append("RAY_enable_autoscaler_v2 without enableInTreeAutoscaling")
+    if autoscaling and "version" in options and "RAY_enable_autoscaler_v2" in head_env:
+        errors.append("both autoscalerOptions.version and RAY_enable_autoscaler_v2")
     return errors
 
 
@@ -565,6 +724,16 @@ def test_notes_list_the_commands_for_the_values_in_use(helm_bin: str) -> None:
     assert f"http://127.0.0.1:3000/d/{uid}" in text and "svc/prom-grafana" in text
     assert "resumes from the newest one" in text
     assert "RAY_AUTH_TOKEN" not in text
+
+
+def test_notes_on_autoscaling(helm_bin: str) -> None:
+    assert "Autoscaling is on" not in notes(helm_bin)
+    text = notes(helm_bin, "-f", str(VALUES_DIR / "autoscaling.yaml"))
+    assert "6 actors on 3 worker pod(s) at the start, autoscaled between 1 and 4" in text
+    assert "-c autoscaler" in text and "after 120 s" in text
+    assert "NetworkPolicy r-dppo-apiserver" in text and "443, 6443" in text and "never get a pod" not in text
+    text = notes(helm_bin, "-f", str(VALUES_DIR / "autoscaling.yaml"), "--set", "autoscaling.maxReplicas=2")
+    assert "autoscaling.maxReplicas=2 holds 4 of the 6 actors" in text
 
 
 def test_notes_on_retries_and_submitter_logs(helm_bin: str) -> None:

@@ -61,8 +61,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository $tag }}
 {{- end }}
 
+{{/* Actor worker pods that `actors` needs: ceil(actors / actorsPerPod). */}}
 {{- define "dppo.workerReplicas" -}}
 {{- div (add (int .Values.actors) (sub (int .Values.actorsPerPod) 1)) (int .Values.actorsPerPod) }}
+{{- end }}
+
+{{/* autoscaling.maxReplicas, by default the pods `actors` needs. */}}
+{{- define "dppo.autoscalingMax" -}}
+{{- if kindIs "invalid" .Values.autoscaling.maxReplicas }}{{ include "dppo.workerReplicas" . }}{{ else }}{{ int .Values.autoscaling.maxReplicas }}{{ end }}
+{{- end }}
+
+{{/* The actor group's starting pods: with autoscaling, autoscaling.initialReplicas (default: what `actors`
+needs) clamped into [minReplicas, maxReplicas]; without, what `actors` needs. */}}
+{{- define "dppo.actorReplicas" -}}
+{{- if .Values.autoscaling.enabled }}
+{{- $initial := include "dppo.workerReplicas" . | int }}
+{{- if not (kindIs "invalid" .Values.autoscaling.initialReplicas) }}{{ $initial = int .Values.autoscaling.initialReplicas }}{{ end }}
+{{- max (int .Values.autoscaling.minReplicas) (min $initial (include "dppo.autoscalingMax" . | int)) }}
+{{- else }}
+{{- include "dppo.workerReplicas" . }}
+{{- end }}
 {{- end }}
 
 {{- define "dppo.configPath" -}}/etc/dppo/config.yaml{{- end }}
