@@ -15,6 +15,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from conftest import load_module
 
 from dppo.config import validate as validate_config
 
@@ -573,6 +574,12 @@ BAD_VALUES = [
     (["--set", "autoscaling.version=v3"], "at '/autoscaling/version'"),
     (["--set", "autoscaling.resources.limits.memory=-1"], "at '/autoscaling/resources/limits/memory'"),
     (["--set", "networkPolicy.apiServerPorts[0]=0"], "at '/networkPolicy/apiServerPorts/0': minimum"),
+    # config: the rules of dppo train's own config, at helm install
+    (["--set", "config.ppo.learnin_rate=1"], "at '/config/ppo': additional properties 'learnin_rate' not allowed"),
+    (["--set", "config.run.total_steps=abc"], "at '/config/run/total_steps': got string, want integer"),
+    (["--set", "config.ppo.gamma=1.5"], "at '/config/ppo/gamma'"),
+    (["--set", "config.run.log_format=xml"], "at '/config/run/log_format'"),
+    (["--set", "config.env.wrappers[0].kwargs=1"], "at '/config/env/wrappers/0'"),
 ]
 
 
@@ -764,3 +771,34 @@ def test_packaged_chart_carries_presets_and_dashboard(helm_bin: str, tmp_path: P
                                "env=LunarLander-v3", "--set", "monitoring.dashboard=true"],
                               capture_output=True, text=True, timeout=120, check=True)
     assert [d for d in yaml.safe_load_all(packaged.stdout) if d] == objects
+
+
+def test_the_config_schema_is_dppo_s_own() -> None:
+    """values.schema.json's `config` is generated from dppo's config (helm/values_schema.py), never hand-written."""
+    generator = load_module(REPO / "helm" / "values_schema.py")
+    assert generator.main(["--check"]) == 0, "run: python helm/values_schema.py"
+
+
+@pytest.mark.parametrize("args", [
+    ["--set", "config.ppo.learning_rate=3e-4", "--set", "config.run.torch_threads=2"],  # a renamed key still works
+    ["--set-string", "config.run.total_steps=2e6"],  # as YAML 1.1 reads 2e6, and dppo accepts it
+    ["--set", "config.env.wrappers[0]=FlattenObservation", "--set", "config.env.wrappers[1].name=TimeLimit",
+     "--set", "config.env.wrappers[1].kwargs.max_episode_steps=9"],
+])
+def test_config_values_dppo_accepts_render_and_validate(helm_bin: str, args: list[str]) -> None:
+    config = training_config(render(helm_bin, *args))
+    validate_config(config)
+
+
+def test_an_entry_point_beside_the_env_id_is_refused_at_render_time(helm_bin: str) -> None:
+    out = helm(helm_bin, "template", "r", str(CHART), "--set", "config.env.entry_point=mysim.envs:Warehouse")
+    assert out.returncode != 0
+    assert "config.env.entry_point=mysim.envs:Warehouse and env=CartPole-v1 are both set" in out.stderr
+    objects = render(helm_bin, "--set", "env=null", "--set", "config.env.entry_point=mysim.envs:Warehouse")
+    config = training_config(objects)
+    assert config["env"]["id"] is None and config["env"]["entry_point"] == "mysim.envs:Warehouse"
+    assert validate_config(config).env.name == "mysim.envs:Warehouse"
+    rayjob = next(o for o in objects if o["kind"] == "RayJob")
+    assert rayjob["metadata"]["annotations"]["dppo.io/env"] == "mysim.envs:Warehouse"
+    out = helm(helm_bin, "template", "r", str(CHART), "--set", "env=null")
+    assert out.returncode != 0 and "env is empty and config.env.entry_point is not set" in out.stderr

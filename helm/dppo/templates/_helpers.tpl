@@ -106,8 +106,14 @@ dppo train --config {{ include "dppo.configPath" . }}{{ if .Values.persistence.e
 
 {{/*
 The full training config: the preset for .Values.env (as `dppo train --env` picks it), the free-form
-.Values.config deep-merged over it, then the keys the chart manages.
+.Values.config deep-merged over it, then the keys the chart manages. An entry point (config.env.entry_point)
+replaces the registered id: the env value is then empty.
 */}}
+
+{{/* How the run's env is named: the registered id, or the entry point. */}}
+{{- define "dppo.envName" -}}
+{{- .Values.env | default (((.Values.config | default dict).env | default dict).entry_point) -}}
+{{- end }}
 {{- define "dppo.config" -}}
 {{- $preset := dict }}
 {{- range $path, $_ := .Files.Glob "presets/*.yaml" }}
@@ -116,8 +122,15 @@ The full training config: the preset for .Values.env (as `dppo train --env` pick
 {{- $preset = $data }}
 {{- end }}
 {{- end }}
+{{- $entryPoint := (((.Values.config | default dict).env | default dict).entry_point | default "") }}
+{{- if and $entryPoint .Values.env }}
+{{- fail (printf "config.env.entry_point=%s and env=%s are both set: an entry point replaces the registered id; set env to null (or \"\") to train the entry point, or drop config.env.entry_point" $entryPoint .Values.env) }}
+{{- end }}
+{{- if not (or $entryPoint .Values.env) }}
+{{- fail "env is empty and config.env.entry_point is not set: name the env, e.g. env=CartPole-v1, or config.env.entry_point=mypackage.envs:MyEnv" }}
+{{- end }}
 {{- $managed := dict
-  "env" (dict "id" .Values.env)
+  "env" (ternary (dict "id" nil) (dict "id" .Values.env) (not .Values.env))
   "run" (dict "actors" (int .Values.actors) "actor_cpus" 1 "run_dir" (include "dppo.runDir" .) "name" (include "dppo.fullname" .))
   "metrics" (dict "port" (int .Values.metrics.port) "host" "0.0.0.0" "linger_s" .Values.metrics.lingerSeconds) }}
 {{- if not (kindIs "invalid" .Values.envsPerActor) }}{{ $_ := set $managed.env "num_envs" (int .Values.envsPerActor) }}{{ end }}
