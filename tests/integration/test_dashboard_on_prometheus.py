@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import socket
 import subprocess
 import time
 import urllib.error
@@ -22,17 +21,12 @@ from pathlib import Path
 import pytest
 from conftest import REPO, load_module
 
+from dppo.bench.local_cluster import free_ports
 from dppo.bench.prometheus import RATE_INTERVAL, SCRAPE_INTERVAL_S
 from dppo.bench.prometheus import Prometheus as BenchPrometheus
 from dppo.run.metrics import Metrics
 
 dashboard = load_module(REPO / "helm" / "dashboard.py")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Prometheus(BenchPrometheus):
@@ -62,15 +56,6 @@ class Prometheus(BenchPrometheus):
         window = max(1, math.ceil(time.time() - since))
         result = self.api("query", query=f"count_over_time(dppo_iteration[{window}s])")
         return int(float(result[0]["value"][1])) if result else 0
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self.log.close()
 
 
 def panel_queries(run: str) -> list[tuple[str, str]]:
@@ -158,7 +143,7 @@ def test_every_panel_has_data_for_the_metrics_module(prometheus_bin: str, tmp_pa
 def test_every_panel_has_data_for_a_real_training_run(prometheus_bin: str, ray_address: str, dppo_cmd: list[str],
                                                        tmp_path: Path) -> None:
     """A short CartPole run scraped end to end; the final counter equals summary.json's env_steps."""
-    metrics_port = free_port()
+    metrics_port = free_ports(1)[0]
     prom = Prometheus(prometheus_bin, tmp_path, metrics_port)
     run_dir = tmp_path / "e2e-run"
     try:
