@@ -21,8 +21,11 @@ def load_module(path: Path) -> ModuleType:
     """A Python file that is not part of the package (the dashboard generator beside the chart), as a module."""
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = sys.modules.get(spec.name)
+    if module is None or getattr(module, "__file__", None) != str(path):
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses and pickling look their module up there
+        spec.loader.exec_module(module)
     return module
 
 
@@ -120,3 +123,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if IN_CI and skipped and session.exitstatus == 0:
         reporter.write_line(f"CI=true: {len(skipped)} test(s) skipped; every test must run in CI", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def docker_image() -> Iterator[Any]:
+    """The real image, built once per session and loaded into a private Docker daemon (tests/deploy/image_build.py):
+    the image test and the emulation of the chart's pods as containers share it."""
+    build = load_module(REPO / "tests" / "deploy" / "image_build.py")
+    missing = build.missing_tools()
+    require(not missing, f"the image tests need {', '.join(missing)}: apt-get install buildah mmdebstrap "
+                         "docker.io (.ci/run does), or run them where they are")
+    require(os.geteuid() == 0, "the image tests run buildah (chroot isolation) and dockerd as root")
+    with build.built_image() as image:
+        yield image
