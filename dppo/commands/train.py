@@ -121,9 +121,11 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
                 config_path = str(files.config)
     config = load_config(config_path, overrides, args.sets)
     from dppo.envs.checks import check_env
-    from dppo.rl.spaces import check_spaces
+    from dppo.rl.spaces import check_first_observation, check_spaces
 
-    check_spaces(*check_env(config))  # the env can be made, reset and stepped, and its spaces are supported
+    obs_space, action_space, first = check_env(config)  # the env can be made, reset and stepped
+    obs_spec, action_spec = check_spaces(obs_space, action_space, config.model)  # its spaces are supported
+    check_first_observation(obs_spec, action_spec, first, config.env.name)
     run_dir = resolve_run_dir(run_dir_arg or config.run.run_dir, config.env.name)
     files = RunDir(run_dir)
     fresh_retry = args.auto_resume and resume_state is None

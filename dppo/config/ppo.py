@@ -16,6 +16,13 @@ class ModelConfig(Section):
     """Hidden-layer activation."""
     init_log_std: float = 0.0
     """Initial log standard deviation of the Gaussian policy (continuous actions only)."""
+    action_mask_key: str | None = "action_mask"
+    """The key of a Dict observation that holds an action mask (0/1 per action of a Discrete, per value of each
+    MultiDiscrete component): masked actions get probability 0 when sampling, training, evaluating and in
+    exported policies. The default key is used when the observation has it; another key must be there; null:
+    no mask."""
+    mask_in_network: bool = False
+    """Also feed the mask to the network as input (it always masks the distribution)."""
     encoder: Literal["auto", "nature", "small", "flatten"] = "auto"
     """Image encoder: nature (NatureCNN, images of 36 x 36 and more: Atari), small (2 x 2 convolutions, for grids
     such as MiniGrid's 7 x 7 view), flatten (the pixels into the MLP); auto picks nature or small by size."""

@@ -12,6 +12,7 @@ TOY_ENVS = {
     "dppo/MatchBits-v0": ("MatchEnv", {"kind": "bits"}, None),
     "dppo/MatchDigits-v0": ("MatchEnv", {"kind": "digits"}, None),
     "dppo/DictMatch-v0": ("MatchEnv", {"kind": "dict"}, None),
+    "dppo/MaskedGrid-v0": ("MaskedGrid", {}, 50),
 }
 
 for _env_id, (_cls, _kwargs, _limit) in TOY_ENVS.items():

@@ -27,12 +27,14 @@ API = ("gymnasium's API: reset() -> (obs, info), step() -> (obs, reward, termina
        "observation in the declared observation_space")
 
 
-def check_env(config: Config) -> tuple[gym.Space, gym.Space]:
-    """Make one env, reset it, take one step; the spaces, or EnvLoadError naming the env, the call and the fix."""
+def check_env(config: Config) -> tuple[gym.Space, gym.Space, Any]:
+    """Make one env, reset it, take one step: the spaces and the first observation, or EnvLoadError naming the
+    env, the call and the fix."""
     env = make_env(config.env)
     name = config.env.name
     try:
         space = env.observation_space
+        first = None
         for call, run, size in (("reset()", lambda: env.reset(seed=config.run.seed), 2),
                                 ("step()", lambda: env.step(env.action_space.sample()), 5)):
             try:
@@ -43,7 +45,8 @@ def check_env(config: Config) -> tuple[gym.Space, gym.Space]:
             problem = result_problem(result, size, space)
             if problem is not None:
                 raise EnvLoadError(f"env {name!r}: {call} returned {problem}; fix the env ({API})")
-        return space, env.action_space
+            first = result[0] if first is None else first
+        return space, env.action_space, first
     finally:
         with contextlib.suppress(Exception):
             env.close()

@@ -10,6 +10,8 @@
   target, the action must reproduce it; reward per step is the fraction matched, 10 steps an episode
   (optimal return 10). They exercise MultiBinary, MultiDiscrete and Dict(image + Discrete) spaces with a
   task simple enough to learn in a few thousand steps.
+- ``dppo/MaskedGrid-v0``: a grid with walls whose observation carries an ``action_mask`` of the legal moves
+  (an illegal move ends the episode), for action masking.
 """
 
 from __future__ import annotations
@@ -134,3 +136,47 @@ class MatchEnv(gym.Env):
         reward = float(np.mean(np.asarray(action) == self.target))
         self.t += 1
         return self._draw(), reward, self.t >= 10, False, {}
+
+
+class MaskedGrid(gym.Env):
+    """A 5 x 5 grid with walls: walk from the top-left corner to the bottom-right one (+1, -0.01 a step). A move
+    into a wall or off the grid ends the episode (-1). The observation carries ``action_mask``, 1 for each legal
+    move, so a masked policy never makes one: the action-masking test and benchmark env."""
+
+    WALLS = frozenset({(1, 1), (1, 2), (1, 3), (3, 1), (3, 2), (3, 3)})
+    MOVES = ((-1, 0), (1, 0), (0, -1), (0, 1))  # up, down, left, right
+    SIZE = 5
+
+    def __init__(self, empty_mask_at: int | None = None) -> None:
+        self.observation_space = gym.spaces.Dict({
+            "position": gym.spaces.MultiDiscrete([self.SIZE, self.SIZE]), "action_mask": gym.spaces.MultiBinary(4)})
+        self.action_space = gym.spaces.Discrete(4)
+        self.position, self.t = (0, 0), 0
+        self.empty_mask_at = empty_mask_at  # a broken env: from this step of an episode its mask allows nothing
+
+    def _legal(self, position: tuple[int, int]) -> list[bool]:
+        return [self._inside((position[0] + dr, position[1] + dc)) for dr, dc in self.MOVES]
+
+    def _inside(self, cell: tuple[int, int]) -> bool:
+        return 0 <= cell[0] < self.SIZE and 0 <= cell[1] < self.SIZE and cell not in self.WALLS
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        legal = self._legal(self.position)
+        if self.empty_mask_at is not None and self.t >= self.empty_mask_at:
+            legal = [False] * len(legal)
+        return {"position": np.array(self.position, np.int64), "action_mask": np.array(legal, np.int8)}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        super().reset(seed=seed)
+        self.position, self.t = (0, 0), 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        self.t += 1
+        dr, dc = self.MOVES[int(action)]
+        target = (self.position[0] + dr, self.position[1] + dc)
+        if not self._inside(target):
+            return self._obs(), -1.0, True, False, {"illegal": True}
+        self.position = target
+        done = target == (self.SIZE - 1, self.SIZE - 1)
+        return self._obs(), 1.0 if done else -0.01, done, False, {}

@@ -2,7 +2,10 @@
 
 Discrete and MultiDiscrete are categoricals, MultiBinary independent Bernoullis, a float Box a diagonal
 Gaussian with state-independent log-std. The numpy sampling and log-probs here are the actors' fast path;
-:class:`dppo.rl.model.ActionDist` computes the same in torch (tests compare them on every space).
+:class:`dppo.rl.model.ActionDist` computes the same in torch (tests compare them on every space). An action
+mask (0/1 per action of a Discrete, per value of each MultiDiscrete component) sets the masked actions' logits
+to MASKED_LOGIT: their probability is 0, and entropies and log-probs stay finite (CleanRL's invalid-action
+masking, Huang and Ontañón 2022).
 """
 
 from __future__ import annotations
@@ -15,6 +18,11 @@ import numpy as np
 from dppo.errors import UnsupportedSpace
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+MASKED_LOGIT = -1e8
+
+
+class NoLegalAction(ValueError):
+    """An action mask that allows no action (in some row, for some component): the env's fault."""
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -58,6 +66,20 @@ class ActionSpec:
     def discrete(self) -> bool:
         return self.kind != "gaussian"
 
+    def apply_mask(self, out: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """The logits with masked actions at MASKED_LOGIT; NoLegalAction when a row allows nothing somewhere."""
+        if mask is None:
+            return out
+        mask = np.asarray(mask, bool).reshape(len(out), -1)
+        start = 0
+        for j, n in enumerate(self.nvec):
+            empty = ~mask[:, start:start + n].any(axis=1)
+            if empty.any():
+                part = f" component {j}" if len(self.nvec) > 1 else ""
+                raise NoLegalAction(f"row {int(np.flatnonzero(empty)[0])} of the mask allows no action{part}")
+            start += n
+        return np.where(mask, out, MASKED_LOGIT)
+
     def to_env(self, actions: np.ndarray) -> np.ndarray:
         """Stored actions (B, ...) -> the values the env's action space holds."""
         space = self.space
@@ -68,9 +90,10 @@ class ActionSpec:
         return actions.astype(space.dtype)
 
     def sample(self, out: np.ndarray, log_std: np.ndarray | None, rng: np.random.Generator,
-               greedy: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(actions, log-probs) from the policy head's output (B, out_dim), float64 math."""
+               greedy: bool, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(actions, log-probs) from the policy head's output (B, out_dim), float64 math; masked actions never."""
         rows = len(out)
+        out = self.apply_mask(out, mask)
         if self.kind == "categorical":
             actions = np.empty((rows, len(self.nvec)), np.int64)
             log_prob = np.zeros(rows)
@@ -96,9 +119,11 @@ class ActionSpec:
         actions = (out + noise).astype(np.float32)
         return actions.reshape(rows, *self.stored_shape), self.log_prob(out, log_std, actions)
 
-    def log_prob(self, out: np.ndarray, log_std: np.ndarray | None, actions: np.ndarray) -> np.ndarray:
+    def log_prob(self, out: np.ndarray, log_std: np.ndarray | None, actions: np.ndarray,
+                 mask: np.ndarray | None = None) -> np.ndarray:
         """log pi(actions) summed over the independent parts, float32."""
         rows = len(out)
+        out = self.apply_mask(out, mask)
         flat = np.asarray(actions).reshape(rows, -1)
         if self.kind == "categorical":
             total = np.zeros(rows)

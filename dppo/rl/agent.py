@@ -58,7 +58,7 @@ class Agent:
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig,
                  seed: int | None = None) -> None:
         self.obs_space, self.action_space, self.config = obs_space, action_space, config
-        self.obs_spec, self.action_spec = check_spaces(obs_space, action_space)
+        self.obs_spec, self.action_spec = check_spaces(obs_space, action_space, config)
         self.discrete = self.action_spec.discrete
         self.fast = not self.obs_spec.has_image
         self.relu = config.activation == "relu"
@@ -143,7 +143,8 @@ class Agent:
         self._ready()
         out = self._mlp(self.policy_layers, obs.vector)
         value = self._mlp(self.value_layers, obs.vector)[:, 0].astype(np.float32)
-        actions, log_probs = self.action_spec.sample(out, getattr(self, "log_std", None), self.rng, greedy)
+        actions, log_probs = self.action_spec.sample(out, getattr(self, "log_std", None), self.rng, greedy,
+                                                     obs.mask)
         return actions, log_probs, value
 
     def _act_torch(self, obs: Obs, greedy: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dppo.rl.actions import MASKED_LOGIT
 from dppo.rl.model import ActorCritic
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.spaces import Obs, at_path, stack
@@ -53,9 +54,17 @@ class DeterministicPolicy(nn.Module):
         elif self.action_spec.kind == "categorical":
             self.register_buffer("start", torch.as_tensor(np.asarray(space.start).reshape(-1), dtype=torch.int64))
 
+    def input_paths(self) -> list[tuple[Any, ...]]:
+        """The observation's leaves the graph takes, in order: the image, the vector's leaves, the action mask
+        (one input when the mask is also a leaf of the vector)."""
+        spec = self.obs_spec
+        paths = ([spec.image_path] if spec.has_image else []) + [path for path, _ in spec.leaves]
+        if spec.has_mask and (spec.mask_key,) not in paths:
+            paths.append((spec.mask_key,))
+        return paths
+
     def input_names(self) -> list[str]:
-        names = [leaf_name(self.obs_spec.image_path)] if self.obs_spec.has_image else []
-        return names + [leaf_name(path) for path, _ in self.obs_spec.leaves]
+        return [leaf_name(path) for path in self.input_paths()]
 
     def _encode(self, i: int, space: gym.Space, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
@@ -69,6 +78,8 @@ class DeterministicPolicy(nn.Module):
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         image = inputs[0] if self.obs_spec.has_image else None
         leaves = inputs[1:] if self.obs_spec.has_image else inputs
+        leaves = leaves[:len(self.leaves)]
+        mask = inputs[self.input_paths().index((self.obs_spec.mask_key,))] if self.obs_spec.has_mask else None
         vector = None
         if leaves:
             vector = torch.cat([self._encode(i, s, x) for i, (s, x) in enumerate(zip(self.leaves, leaves,
@@ -76,6 +87,8 @@ class DeterministicPolicy(nn.Module):
             if self.normalize:
                 vector = ((vector - self.mean) / self.std).clamp(-self.obs_clip, self.obs_clip)
         out = self.model.policy_head(self.model.features(Obs(image=image, vector=vector)))
+        if mask is not None:  # the masked actions are never the mode
+            out = out.masked_fill(mask.reshape(out.shape) == 0, MASKED_LOGIT)
         spec = self.action_spec
         rows = out.shape[0]
         if spec.kind == "categorical":
@@ -91,6 +104,6 @@ def example_inputs(policy: DeterministicPolicy, rows: int = 2, seed: int = 0) ->
     space = policy.obs_spec.space
     space.seed(seed)
     batch = stack([space.sample() for _ in range(rows)], space)
-    paths = ([policy.obs_spec.image_path] if policy.obs_spec.has_image else []) + [
-        p for p, _ in policy.obs_spec.leaves]
-    return tuple(torch.as_tensor(np.asarray(at_path(batch, p))) for p in paths)
+    if policy.obs_spec.has_mask:  # every row allows some action
+        batch[policy.obs_spec.mask_key][..., 0] = 1
+    return tuple(torch.as_tensor(np.asarray(at_path(batch, p))) for p in policy.input_paths())

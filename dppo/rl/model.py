@@ -10,7 +10,7 @@ from torch import nn
 from torch.distributions import Bernoulli, Categorical, Distribution, Normal
 
 from dppo.config import ModelConfig
-from dppo.rl.actions import ActionSpec
+from dppo.rl.actions import MASKED_LOGIT, ActionSpec
 from dppo.rl.encoders import ImageEncoder, image_encoder, layer_init
 from dppo.rl.spaces import Obs, check_spaces
 
@@ -70,9 +70,12 @@ class ActionDist:
     (see :class:`dppo.rl.actions.ActionSpec`). Argument validation is off: it costs more than the math here.
     """
 
-    def __init__(self, spec: ActionSpec, out: torch.Tensor, log_std: torch.Tensor | None) -> None:
+    def __init__(self, spec: ActionSpec, out: torch.Tensor, log_std: torch.Tensor | None,
+                 mask: torch.Tensor | None = None) -> None:
         self.spec = spec
         self.rows = out.shape[0]
+        if mask is not None:  # masked actions: probability 0 (see dppo.rl.actions.MASKED_LOGIT)
+            out = out.masked_fill(~mask.reshape(out.shape).bool(), MASKED_LOGIT)
         if spec.kind == "categorical":
             self.parts: list[Distribution] = [Categorical(logits=logits, validate_args=False)
                                               for logits in out.split(spec.nvec, dim=-1)]
@@ -128,7 +131,7 @@ class ActorCritic(nn.Module):
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig) -> None:
         super().__init__()
-        self.obs_spec, self.action_spec = check_spaces(obs_space, action_space)
+        self.obs_spec, self.action_spec = check_spaces(obs_space, action_space, config)
         self.discrete = self.action_spec.discrete
         out_dim = self.action_spec.out_dim
         self.encoder: ImageEncoder | None = None
@@ -159,8 +162,8 @@ class ActorCritic(nn.Module):
         image = self.encoder(obs.image)
         return image if obs.vector is None else torch.cat([image, obs.vector.float()], -1)
 
-    def distribution(self, features: torch.Tensor) -> ActionDist:
-        return ActionDist(self.action_spec, self.policy_head(features), getattr(self, "log_std", None))
+    def distribution(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> ActionDist:
+        return ActionDist(self.action_spec, self.policy_head(features), getattr(self, "log_std", None), mask)
 
     @staticmethod
     def log_prob(dist: ActionDist, actions: torch.Tensor) -> torch.Tensor:
@@ -172,8 +175,9 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: Obs | torch.Tensor) -> tuple[ActionDist, torch.Tensor]:
         """Action distribution and V(obs) for a batch of observations."""
+        obs = self.as_obs(obs)
         features = self.features(obs)
-        return self.distribution(features), self.value_head(features).squeeze(-1)
+        return self.distribution(features, obs.mask), self.value_head(features).squeeze(-1)
 
     def value(self, obs: Obs | torch.Tensor) -> torch.Tensor:
         return self.value_head(self.features(obs)).squeeze(-1)

@@ -19,6 +19,7 @@ from gymnasium.vector import VectorEnv
 from dppo.config import Config
 from dppo.envs.make import make_vector_env
 from dppo.errors import UsageError, first_line
+from dppo.rl.actions import NoLegalAction
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.segment import Segment
@@ -107,6 +108,10 @@ class Sampler:
         while True:
             try:
                 return self._sample_once()
+            except NoLegalAction as err:  # the env's mask, not a passing fault: no retry helps
+                raise EnvFailure(f"env {self.config.env.name} in actor {self.actor_id} returned an action mask that "
+                                 f"allows no action ({err}); every observation must allow at least one",
+                                 traceback.format_exc()) from err
             except Exception as err:
                 failures += 1
                 if failures > self.config.faults.env_retries:

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 
 from dppo.errors import UnsupportedSpace
-from dppo.rl.actions import ActionSpec
+from dppo.rl.actions import ActionSpec, NoLegalAction
 
+if TYPE_CHECKING:
+    from dppo.config import ModelConfig
+
+DEFAULT_MASK_KEY = "action_mask"  # the common convention: a Dict observation's action_mask key
 WRAPPER_HINT = ("wrap the env (env.wrappers) so it has Box, Discrete, MultiDiscrete or MultiBinary spaces, "
                 "or a Dict/Tuple of those")
 
@@ -47,16 +51,19 @@ def is_image(space: gym.Space) -> bool:
 
 @dataclass
 class Obs:
-    """A batch of encoded observations: ``image`` (B, H, W, C) uint8 and/or ``vector`` (B, D) float32.
+    """A batch of encoded observations: ``image`` (B, H, W, C) uint8 and/or ``vector`` (B, D) float32, and the
+    action ``mask`` (B, A) bool when the observation carries one.
 
     Works for numpy arrays and torch tensors alike; rows are indexed together.
     """
 
     image: Any = None
     vector: Any = None
+    mask: Any = None
 
     def parts(self) -> dict[str, Any]:
-        return {k: v for k, v in (("image", self.image), ("vector", self.vector)) if v is not None}
+        return {k: v for k, v in (("image", self.image), ("vector", self.vector), ("mask", self.mask))
+                if v is not None}
 
     def map(self, fn: Callable[[Any], Any]) -> Obs:
         return Obs(**{k: fn(v) for k, v in self.parts().items()})
@@ -120,20 +127,29 @@ def take(batch: Any, rows: np.ndarray) -> Any:
 
 
 class ObsSpec:
-    """Encodes batches of an observation space into :class:`Obs` (see the module docstring)."""
+    """Encodes batches of an observation space into :class:`Obs` (see the module docstring). ``mask_key`` names
+    the Dict key that holds an action mask (see ModelConfig.action_mask_key): it becomes ``Obs.mask`` and, unless
+    ``mask_in_network``, stays out of the network's input."""
 
-    def __init__(self, space: gym.Space) -> None:
+    def __init__(self, space: gym.Space, mask_key: str | None = None, mask_in_network: bool = False) -> None:
         self.space = space
+        self.mask_key = mask_key if isinstance(space, gym.spaces.Dict) and mask_key in space.spaces else None
+        if mask_key is not None and self.mask_key is None and mask_key != DEFAULT_MASK_KEY:
+            keys = list(space.spaces) if isinstance(space, gym.spaces.Dict) else []
+            raise UnsupportedSpace(f"model.action_mask_key={mask_key!r} is not a key of the observation "
+                                   f"{keys or space}; name the key that holds the mask, or set it to null for no mask")
+        self.mask_size = int(np.prod(space[self.mask_key].shape)) if self.mask_key else 0
         self.image_path: tuple[Any, ...] | None = None
         self.image_shape: tuple[int, ...] | None = None
         self.leaves: list[tuple[tuple[Any, ...], Leaf]] = []
-        self._walk(space, ())
+        self._walk(space, (), skip=None if mask_in_network else self.mask_key)
         self.vector_dim = sum(leaf.width for _, leaf in self.leaves)
 
-    def _walk(self, space: gym.Space, path: tuple[Any, ...]) -> None:
+    def _walk(self, space: gym.Space, path: tuple[Any, ...], skip: str | None = None) -> None:
         if isinstance(space, gym.spaces.Dict):
             for key, sub in space.spaces.items():
-                self._walk(sub, (*path, key))
+                if not (path == () and key == skip):
+                    self._walk(sub, (*path, key))
         elif isinstance(space, gym.spaces.Tuple):
             for index, sub in enumerate(space.spaces):
                 self._walk(sub, (*path, index))
@@ -153,11 +169,16 @@ class ObsSpec:
     def has_vector(self) -> bool:
         return bool(self.leaves)
 
+    @property
+    def has_mask(self) -> bool:
+        return self.mask_key is not None
+
     def empty(self, leading: tuple[int, ...]) -> Obs:
         """Uninitialized buffers for ``leading`` rows, e.g. (T, E) for a segment."""
         return Obs(
             image=np.empty((*leading, *self.image_shape), np.uint8) if self.has_image else None,
             vector=np.empty((*leading, self.vector_dim), np.float32) if self.has_vector else None,
+            mask=np.empty((*leading, self.mask_size), bool) if self.has_mask else None,
         )
 
     def encode(self, batch: Any, out: Obs | None = None) -> Obs:
@@ -172,6 +193,8 @@ class ObsSpec:
             for path, leaf in self.leaves:
                 _encode_leaf(leaf.space, at_path(batch, path), out.vector[:, start:start + leaf.width])
                 start += leaf.width
+        if self.has_mask:
+            out.mask[:] = np.asarray(batch[self.mask_key]).reshape(rows, -1) != 0
         return out
 
     def encode_many(self, items: Sequence[Any]) -> Obs:
@@ -201,6 +224,29 @@ def _first_leaf(batch: Any) -> Any:
     return np.asarray(batch)
 
 
-def check_spaces(obs_space: gym.Space, action_space: gym.Space) -> tuple[ObsSpec, ActionSpec]:
-    """Both specs, or UnsupportedSpace naming the space and the fix."""
-    return ObsSpec(obs_space), ActionSpec(action_space)
+def check_spaces(obs_space: gym.Space, action_space: gym.Space,
+                 model: ModelConfig | None = None) -> tuple[ObsSpec, ActionSpec]:
+    """Both specs, or UnsupportedSpace naming the space and the fix (an action mask must fit the actions)."""
+    mask_key = DEFAULT_MASK_KEY if model is None else model.action_mask_key
+    obs_spec = ObsSpec(obs_space, mask_key, model is not None and model.mask_in_network)
+    action_spec = ActionSpec(action_space)
+    if obs_spec.has_mask:
+        label = leaf_label((obs_spec.mask_key,))
+        if action_spec.kind != "categorical":
+            raise UnsupportedSpace(f"{label} is an action mask, and masks apply to Discrete and MultiDiscrete actions, "
+                                   f"not {action_space}; drop the key or set model.action_mask_key to null")
+        if obs_spec.mask_size != action_spec.out_dim:
+            raise UnsupportedSpace(f"{label} holds {obs_spec.mask_size} values, but {action_space} needs one per "
+                                   f"action ({action_spec.out_dim}; for MultiDiscrete one per value of each component)")
+    return obs_spec, action_spec
+
+
+def check_first_observation(obs_spec: ObsSpec, action_spec: ActionSpec, obs: Any, env_name: str) -> None:
+    """An env whose first observation's mask allows no action cannot be trained: bad input, named."""
+    if obs_spec.has_mask:
+        try:
+            action_spec.apply_mask(np.zeros((1, action_spec.out_dim)), obs_spec.encode_one(obs).mask)
+        except NoLegalAction as err:
+            raise UnsupportedSpace(f"env {env_name!r}: the action mask of reset()'s observation "
+                                   f"({leaf_label((obs_spec.mask_key,))}) allows no action ({err}); every "
+                                   "observation must allow at least one") from None

@@ -31,7 +31,23 @@ SPACES = [
     (gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (36, 36, 1), np.uint8), "flip": gym.spaces.Discrete(2),
                       "speed": gym.spaces.Box(-5, 5, (2,), np.float32)}), gym.spaces.Discrete(4)),
     (gym.spaces.Box(0, 255, (4, 36, 36), np.uint8), gym.spaces.MultiBinary(3)),
+    # an action mask: an input of the exported graph, and the mode is never a masked action
+    (gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (3,)), "action_mask": gym.spaces.MultiBinary(5)}),
+     gym.spaces.Discrete(5, start=1)),
+    (gym.spaces.Dict({"pos": gym.spaces.Discrete(4), "action_mask": gym.spaces.MultiBinary(5)}),
+     gym.spaces.MultiDiscrete([3, 2])),
 ]
+
+
+def legal(samples: list, action_space: gym.Space) -> list:
+    """Samples whose action mask (if any) allows at least one value of every component."""
+    nvec = [int(action_space.n)] if isinstance(action_space, gym.spaces.Discrete) else list(
+        getattr(action_space, "nvec", []))
+    for sample in samples:
+        if isinstance(sample, dict) and "action_mask" in sample:
+            for start in np.cumsum([0, *nvec[:-1]]):
+                sample["action_mask"][start] = 1
+    return samples
 
 
 def run_exported(path: Path, fmt: str, inputs: tuple[torch.Tensor, ...]) -> np.ndarray:
@@ -66,12 +82,11 @@ def test_exported_policy_equals_dppo_greedy_actions(tmp_path: Path, fmt: str, ob
     agent = Agent(obs_space, action_space, ModelConfig(init_log_std=-0.5), seed=0)
     agent.load(export_weights(model), 1)
     obs_space.seed(7)
-    samples = [obs_space.sample() for _ in range(9)]  # a batch size the export never saw: dynamic batch
+    samples = legal([obs_space.sample() for _ in range(9)], action_space)  # 9 rows: a dynamic batch
     from dppo.rl.spaces import at_path, stack
 
     batch = stack(samples, obs_space)
-    paths = ([model.obs_spec.image_path] if model.obs_spec.has_image else []) + [p for p, _ in model.obs_spec.leaves]
-    inputs = tuple(torch.as_tensor(np.asarray(at_path(batch, p))) for p in paths)
+    inputs = tuple(torch.as_tensor(np.asarray(at_path(batch, p))) for p in policy.input_paths())
     got = run_exported(path, fmt, inputs)
     expected = dppo_greedy(agent, obs_stats, samples)
     assert got.shape == expected.shape and got.dtype == expected.dtype
