@@ -42,8 +42,9 @@ def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: s
     from dppo.config import load_config
     from dppo.distributed.learner_group import LearnerGroup
     from dppo.envs.make import env_spaces
-    from dppo.rl.model import ActorCritic, num_parameters
+    from dppo.rl.model import num_parameters
     from dppo.rl.ppo import Trainer
+    from dppo.rl.recurrent import build_model
     from dppo.rl.sampler import Sampler
 
     preset_minibatch = load_config(overrides={"env.id": env_id}).ppo.minibatch_size
@@ -64,7 +65,7 @@ def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: s
                     segments.append(sampler.sample())
                     sampler.close()
             refs = [ray.put(seg) for seg in segments]
-            model = ActorCritic(obs_space, action_space, config.model)
+            model = build_model(obs_space, action_space, config.model)
 
             kind = model.encoder.kind if model.encoder is not None else None
             name = {"nature": "NatureCNN", None: f"MLP {hidden}"}.get(kind, f"{kind} image encoder")
@@ -72,7 +73,7 @@ def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: s
                      "minibatch_size": config.ppo.minibatch_size, "epochs": config.ppo.epochs}
 
             for threads in (1, 2):
-                trainer = Trainer(ActorCritic(obs_space, action_space, config.model), config.ppo, 1_000_000,
+                trainer = Trainer(build_model(obs_space, action_space, config.model), config.ppo, 1_000_000,
                                   config.run.seed, torch.device("cpu"))
                 seconds = []
                 with torch_threads(threads):

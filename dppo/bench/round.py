@@ -75,11 +75,11 @@ def _paired_rounds(config: Config, iterations: int) -> tuple[Row, Any, Any]:
 
     from dppo.distributed.broadcast import Broadcast, broadcast_arg
     from dppo.rl.agent import export_weights
-    from dppo.rl.model import ActorCritic
+    from dppo.rl.recurrent import build_model
     from dppo.rl.sampler import Sampler
 
     sampler = Sampler(config)
-    model = ActorCritic(sampler.envs.single_observation_space, sampler.envs.single_action_space, config.model)
+    model = build_model(sampler.envs.single_observation_space, sampler.envs.single_action_space, config.model)
     weights = export_weights(model)  # the model is never updated here: one export serves every load below
     sampler.set_weights(weights, 0)  # weights before the first step, as in an actor
     try:

@@ -37,7 +37,7 @@ def _in_process(config: Config, iterations: int, raw: bool) -> float:
     import torch
 
     from dppo.envs.make import make_vector_env
-    from dppo.rl.model import ActorCritic
+    from dppo.rl.recurrent import build_model
     from dppo.rl.sampler import Sampler
 
     steps = config.ppo.segment_length
@@ -52,7 +52,7 @@ def _in_process(config: Config, iterations: int, raw: bool) -> float:
             sampler.close()
             return iterations * steps * config.env.num_envs / elapsed
         envs = make_vector_env(config)
-        model = ActorCritic(envs.single_observation_space, envs.single_action_space, config.model)
+        model = build_model(envs.single_observation_space, envs.single_action_space, config.model)
         obs, _ = envs.reset(seed=config.run.seed)
         start = None
         with torch.inference_mode():
@@ -73,12 +73,12 @@ def _ray_sampling(config: Config, actors: int, iterations: int) -> tuple[float, 
     import ray
 
     from dppo.envs.make import make_env
-    from dppo.rl.model import ActorCritic
+    from dppo.rl.recurrent import build_model
 
     config.run.actors = actors
     config.run.actor_cpus = actor_cpus(actors)
     env = make_env(config.env)
-    model = ActorCritic(env.observation_space, env.action_space, config.model)
+    model = build_model(env.observation_space, env.action_space, config.model)
     env.close()
     with sampling_actors(config, actors) as handles:
         pids = ray.get([h.pid.remote() for h in handles])

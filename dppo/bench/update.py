@@ -86,15 +86,16 @@ def _update_row(config: Config, hidden: list[int], actors: int, iterations: int,
     from dppo.distributed.learner_group import resolve_device
     from dppo.envs.make import make_env
     from dppo.rl.agent import export_weights
-    from dppo.rl.model import ActorCritic, num_parameters
+    from dppo.rl.model import num_parameters
     from dppo.rl.ppo import Trainer
+    from dppo.rl.recurrent import build_model
 
     learner_device = resolve_device(device)
     config.model.hidden_sizes = hidden
     config.run.actors = actors
     config.run.actor_cpus = actor_cpus(actors)
     env = make_env(config.env)
-    model = ActorCritic(env.observation_space, env.action_space, config.model)
+    model = build_model(env.observation_space, env.action_space, config.model)
     env.close()
     trainer = Trainer(model, config.ppo, 1_000_000, config.run.seed, learner_device)
     broadcast_s = _broadcast_seconds(config, model, actors, iterations)

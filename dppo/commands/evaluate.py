@@ -35,6 +35,8 @@ def make_eval_env(config: Any, video_dir: str | None) -> Any:
 
 def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: str | None = None) -> list[float]:
     """Raw returns of ``episodes`` greedy episodes, seeds ``seed``, ``seed + 1``, ..."""
+    import numpy as np
+
     from dppo.config import validate
     from dppo.rl.agent import Agent, export_weights
     from dppo.rl.transforms import ObsNormalizer
@@ -59,6 +61,7 @@ def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: st
                 total += float(reward)
                 done = terminated or truncated
             returns.append(total)
+            agent.end_episodes(np.ones(1, bool))  # a recurrent policy starts the next episode with a fresh memory
     finally:
         env.close()
     return returns

@@ -52,7 +52,7 @@ def export(policy: DeterministicPolicy, output: Path, fmt: str) -> None:
                 batch = torch.export.Dim("batch")
                 names = policy.input_names()
                 with contextlib.redirect_stdout(io.StringIO()):
-                    torch.onnx.export(policy, inputs, tmp, input_names=names, output_names=["action"],
+                    torch.onnx.export(policy, inputs, tmp, input_names=names, output_names=policy.output_names(),
                                       dynamic_shapes={"inputs": tuple({0: batch} for _ in names)}, dynamo=True,
                                       external_data=False)
         os.replace(tmp, output)
@@ -97,5 +97,5 @@ def cmd_export(args: argparse.Namespace) -> int:
     policy = DeterministicPolicy(trained.model, trained.obs_stats, trained.config.env.obs_clip)
     export(policy, args.output, fmt)
     print(f"wrote {args.output} ({fmt}; env {trained.config.env.name}; inputs {', '.join(policy.input_names())}; "
-          "output action)")
+          f"outputs {', '.join(policy.output_names())})")
     return 0

@@ -23,6 +23,12 @@ class ModelConfig(Section):
     no mask."""
     mask_in_network: bool = False
     """Also feed the mask to the network as input (it always masks the distribution)."""
+    recurrent: Literal["none", "lstm"] = "none"
+    """lstm: an LSTM between the encoder and the policy and value heads, for envs where one observation is not
+    enough. Actors carry its state across steps and segments and reset it where an episode ends; the update
+    replays whole env columns (ppo.minibatch_size must be a multiple of ppo.segment_length)."""
+    lstm_hidden_size: int = Field(128, ge=1)
+    """Units of the LSTM (model.recurrent: lstm)."""
     encoder: Literal["auto", "nature", "small", "flatten"] = "auto"
     """Image encoder: nature (NatureCNN, images of 36 x 36 and more: Atari), small (2 x 2 convolutions, for grids
     such as MiniGrid's 7 x 7 view), flatten (the pixels into the MLP); auto picks nature or small by size."""

@@ -31,6 +31,16 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _whole_columns(self) -> Config:
+        columns = self.ppo.segment_length * self.run.learners
+        if self.model.recurrent == "lstm" and self.ppo.minibatch_size % columns:
+            raise ValueError(
+                f"ppo.minibatch_size {self.ppo.minibatch_size} is not a whole number of env columns for "
+                f"model.recurrent: lstm (the update replays each env's {self.ppo.segment_length} steps in order); "
+                f"make it a multiple of ppo.segment_length x run.learners = {columns}")
+        return self
+
+    @model_validator(mode="after")
     def _floor_fits(self) -> Config:
         if self.faults.min_actors > self.run.actors:
             raise ValueError(f"faults.min_actors {self.faults.min_actors} exceeds run.actors {self.run.actors}; "

@@ -18,6 +18,7 @@ from dppo.config import Config
 from dppo.rl.agent import Weights, export_weights
 from dppo.rl.model import ActorCritic
 from dppo.rl.ppo import Trainer, TrainStats
+from dppo.rl.recurrent import build_model
 from dppo.rl.segment import Segment
 
 
@@ -46,7 +47,7 @@ class Learner:
         torch.set_num_threads(config.run.learner_threads)
         self.config, self.rank, self.world = config, rank, world
         self.device = torch.device(device)
-        self.model = model if model is not None else ActorCritic(obs_space, action_space, config.model)
+        self.model = model if model is not None else build_model(obs_space, action_space, config.model)
         self.reducer = AllReduce(world) if world > 1 else None
         self.trainer = Trainer(self.model, config.ppo, config.num_iterations, config.run.seed, self.device,
                                self.reducer, rank)

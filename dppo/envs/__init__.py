@@ -13,6 +13,7 @@ TOY_ENVS = {
     "dppo/MatchDigits-v0": ("MatchEnv", {"kind": "digits"}, None),
     "dppo/DictMatch-v0": ("MatchEnv", {"kind": "dict"}, None),
     "dppo/MaskedGrid-v0": ("MaskedGrid", {}, 50),
+    "dppo/CueCorridor-v0": ("CueCorridor", {}, 100),
 }
 
 for _env_id, (_cls, _kwargs, _limit) in TOY_ENVS.items():

@@ -12,6 +12,8 @@
   task simple enough to learn in a few thousand steps.
 - ``dppo/MaskedGrid-v0``: a grid with walls whose observation carries an ``action_mask`` of the legal moves
   (an illegal move ends the episode), for action masking.
+- ``dppo/CueCorridor-v0``: a cue shown once, then a choice several steps later that must name it: a task only a
+  policy with memory (``model.recurrent: lstm``) solves.
 """
 
 from __future__ import annotations
@@ -180,3 +182,32 @@ class MaskedGrid(gym.Env):
         self.position = target
         done = target == (self.SIZE - 1, self.SIZE - 1)
         return self._obs(), 1.0 if done else -0.01, done, False, {}
+
+
+class CueCorridor(gym.Env):
+    """A memory task: the first observation shows a cue (-1 or +1), the next ``length`` show none, and the last
+    step's action must name the cue (0 for -1, 1 for +1): reward +1 if it does, -1 if not. Observation: (cue,
+    choose-now flag, steps taken / length). A feed-forward policy cannot beat a coin flip (expected return 0);
+    one with memory gets 1."""
+
+    def __init__(self, length: int = 5) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.length = length
+        self.t, self.cue = 0, 1
+
+    def _obs(self) -> np.ndarray:
+        cue = float(self.cue) if self.t == 0 else 0.0
+        return np.array([cue, float(self.t == self.length), self.t / self.length], np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t, self.cue = 0, int(self.np_random.choice([-1, 1]))
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if self.t < self.length:
+            self.t += 1
+            return self._obs(), 0.0, False, False, {}
+        reward = 1.0 if (int(action) == 1) == (self.cue == 1) else -1.0
+        return self._obs(), reward, True, False, {}

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from dppo.rl.model import ActorCritic
+    from dppo.rl.recurrent import Memory
 
 Weights = dict[str, np.ndarray]
 Layers = list[tuple[np.ndarray, np.ndarray]]
@@ -60,7 +61,10 @@ class Agent:
         self.obs_space, self.action_space, self.config = obs_space, action_space, config
         self.obs_spec, self.action_spec = check_spaces(obs_space, action_space, config)
         self.discrete = self.action_spec.discrete
-        self.fast = not self.obs_spec.has_image
+        self.recurrent = config.recurrent == "lstm"
+        self.fast = not self.obs_spec.has_image and not self.recurrent
+        self.memory: Memory | None = None  # a recurrent policy's LSTM state, one row per env
+        self.starts = np.ones(0, bool)  # rows whose next observation starts an episode (memory zeroed then)
         self.relu = config.activation == "relu"
         self.version = -1
         self._model: ActorCritic | None = None
@@ -79,9 +83,9 @@ class Agent:
         if self._model is None:
             import torch
 
-            from dppo.rl.model import ActorCritic
+            from dppo.rl.recurrent import build_model
 
-            model = ActorCritic(self.obs_space, self.action_space, self.config)
+            model = build_model(self.obs_space, self.action_space, self.config)
             if self._weights is not None:
                 model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in self._weights.items()})
             model.eval()
@@ -151,12 +155,18 @@ class Agent:
         import torch
 
         with torch.inference_mode():
-            dist, value = self.model(obs.map(torch.as_tensor))
+            if self.recurrent:
+                memory, starts = self.memory_state(len(obs))
+                dist, value, self.memory = self.model.step(obs.map(torch.as_tensor), memory, torch.as_tensor(starts))
+                self.starts[:] = False
+            else:
+                dist, value = self.model(obs.map(torch.as_tensor))
             action = dist.mode() if greedy else dist.sample()
             log_prob = dist.log_prob(action)
         return action.numpy(), log_prob.numpy(), value.numpy()
 
-    def value(self, obs: Obs | np.ndarray) -> np.ndarray:
+    def value(self, obs: Obs | np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """V(obs); ``rows``: which envs these observations belong to (a recurrent policy reads their memory)."""
         obs = self.as_obs(obs)
         if self.fast:
             self._ready()
@@ -164,4 +174,23 @@ class Agent:
         import torch
 
         with torch.inference_mode():
-            return self.model.value(obs.map(torch.as_tensor)).numpy()
+            if not self.recurrent:
+                return self.model.value(obs.map(torch.as_tensor)).numpy()
+            (h, c), starts = self.memory_state(len(obs) if rows is None else len(self.starts))
+            index = np.arange(len(obs)) if rows is None else np.asarray(rows)
+            pick = torch.as_tensor(index)
+            _, value, _ = self.model.step(obs.map(torch.as_tensor), (h[:, pick], c[:, pick]),
+                                          torch.as_tensor(starts[index]))
+            return value.numpy()
+
+    def memory_state(self, rows: int) -> tuple[Memory, np.ndarray]:
+        """The recurrent memory of ``rows`` envs and which of them start an episode next (zeros, all starting,
+        until the first step)."""
+        if self.memory is None or self.memory[0].shape[1] != rows:
+            self.memory, self.starts = self.model.initial_memory(rows), np.ones(rows, bool)
+        return self.memory, self.starts
+
+    def end_episodes(self, done: np.ndarray) -> None:
+        """The envs in ``done`` start new episodes: their memory is zeroed before their next observation."""
+        if self.recurrent and len(self.starts) == len(done):
+            self.starts |= done

@@ -1,7 +1,8 @@
 """Batch: one iteration's segments as the flat rows the PPO update samples minibatches from.
 
 GAE runs per segment, on its own (T, E) time axis (:mod:`dppo.rl.advantages`); then every array is flattened
-to N x T x E rows and concatenated, once, on the learner's device.
+to N x T x E rows and concatenated, once, on the learner's device. A recurrent policy's rows are ordered by
+env column (row c * T + t), so that a minibatch of whole columns replays each env's steps in order.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from dppo.rl.advantages import gae
 from dppo.rl.segment import Segment
 from dppo.rl.spaces import Obs
 
+SAMPLE_FIELDS = ("actions", "log_probs", "values", "advantages", "returns")
+
 
 class Batch(NamedTuple):
-    """Flattened samples of one iteration: N x T x E rows."""
+    """Flattened samples of one iteration: N x T x E rows (recurrent: also where episodes start and the memory
+    each env column started from)."""
 
     obs: Obs  # of tensors
     actions: torch.Tensor
@@ -25,23 +29,35 @@ class Batch(NamedTuple):
     values: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
-
+    starts: torch.Tensor | None = None  # (rows,) bool
+    memory: tuple[torch.Tensor, torch.Tensor] | None = None  # (h, c), each (1, columns, hidden)
+    steps: int = 0  # T: the length of a column
 
 
 def build_batch(segments: list[Segment], gamma: float, lam: float, device: torch.device) -> Batch:
     """GAE per segment (each has its own time axis), then flatten and concatenate."""
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in Batch._fields if k != "obs"}
+    recurrent = segments[0].starts is not None
+
+    def rows_of(array: np.ndarray) -> np.ndarray:  # (T, E, ...) -> (T * E, ...), time- or column-major
+        array = array.swapaxes(0, 1) if recurrent else array
+        return array.reshape(array.shape[0] * array.shape[1], *array.shape[2:])
+
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in (*SAMPLE_FIELDS, "starts")}
     obs_parts: dict[str, list[np.ndarray]] = {}
     for seg in segments:
         advantages, returns = gae(seg.rewards, seg.values, seg.terminated, seg.truncated,
                                   seg.final_values, seg.last_values, gamma, lam)
-        rows = seg.rewards.size
         for name, part in seg.obs.parts().items():
-            obs_parts.setdefault(name, []).append(part.reshape(rows, *part.shape[2:]))
-        parts["actions"].append(seg.actions.reshape(rows, *seg.actions.shape[2:]))
-        parts["log_probs"].append(seg.log_probs.reshape(rows))
-        parts["values"].append(seg.values.reshape(rows))
-        parts["advantages"].append(advantages.reshape(rows))
-        parts["returns"].append(returns.reshape(rows))
+            obs_parts.setdefault(name, []).append(rows_of(part))
+        for name, array in (("actions", seg.actions), ("log_probs", seg.log_probs), ("values", seg.values),
+                            ("advantages", advantages), ("returns", returns), ("starts", seg.starts)):
+            if array is not None:
+                parts[name].append(rows_of(array))
     obs = Obs(**{name: torch.as_tensor(np.concatenate(p), device=device) for name, p in obs_parts.items()})
-    return Batch(obs, *(torch.as_tensor(np.concatenate(parts[k]), device=device) for k in Batch._fields[1:]))
+    samples = (torch.as_tensor(np.concatenate(parts[k]), device=device) for k in SAMPLE_FIELDS)
+    if not recurrent:
+        return Batch(obs, *samples)
+    memory = np.concatenate([seg.initial_memory for seg in segments], axis=1)  # (2, columns, hidden)
+    h, c = (torch.as_tensor(m[None], device=device) for m in memory)
+    return Batch(obs, *samples, starts=torch.as_tensor(np.concatenate(parts["starts"]), device=device),
+                 memory=(h, c), steps=segments[0].rewards.shape[0])

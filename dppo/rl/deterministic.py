@@ -21,6 +21,9 @@ from dppo.rl.model import ActorCritic
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.spaces import Obs, at_path, stack
 
+STATE_INPUTS = ("state.h", "state.c")
+STATE_OUTPUTS = ("next_state.h", "next_state.c")
+
 
 def leaf_name(path: tuple[Any, ...]) -> str:
     return ".".join(["obs", *(str(p) for p in path)])
@@ -47,6 +50,7 @@ class DeterministicPolicy(nn.Module):
             self.register_buffer("mean", torch.as_tensor(obs_stats.mean, dtype=torch.float32))
             self.register_buffer("std", torch.as_tensor(np.sqrt(obs_stats.var + 1e-8), dtype=torch.float32))
         self.obs_clip = float(obs_clip)
+        self.recurrent = model.recurrent
         space = self.action_spec.space
         if self.action_spec.kind == "gaussian":
             self.register_buffer("low", torch.as_tensor(space.low.reshape(-1), dtype=torch.float32))
@@ -64,7 +68,12 @@ class DeterministicPolicy(nn.Module):
         return paths
 
     def input_names(self) -> list[str]:
-        return [leaf_name(path) for path in self.input_paths()]
+        """The observation's leaves, then (recurrent policies) the LSTM state: zeros at an episode's start."""
+        return [leaf_name(path) for path in self.input_paths()] + (list(STATE_INPUTS) if self.recurrent else [])
+
+    def output_names(self) -> list[str]:
+        """The action, then (recurrent policies) the LSTM state to pass in with the next observation."""
+        return ["action", *(STATE_OUTPUTS if self.recurrent else ())]
 
     def _encode(self, i: int, space: gym.Space, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
@@ -75,18 +84,30 @@ class DeterministicPolicy(nn.Module):
             return (picked == getattr(self, f"values_{i}")).float()
         return x.reshape(rows, -1).float()
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.recurrent:
+            *obs_inputs, h, c = inputs
+            features, (h, c) = self.model.lstm(self.features(*obs_inputs)[None], (h[None], c[None]))
+            return self.action(features[0], *obs_inputs), h[0], c[0]
+        return self.action(self.features(*inputs), *inputs)
+
+    def features(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The encoder's output for the raw observation leaves (encoded and normalized here)."""
         image = inputs[0] if self.obs_spec.has_image else None
         leaves = inputs[1:] if self.obs_spec.has_image else inputs
         leaves = leaves[:len(self.leaves)]
-        mask = inputs[self.input_paths().index((self.obs_spec.mask_key,))] if self.obs_spec.has_mask else None
         vector = None
         if leaves:
             vector = torch.cat([self._encode(i, s, x) for i, (s, x) in enumerate(zip(self.leaves, leaves,
                                                                                       strict=True))], -1)
             if self.normalize:
                 vector = ((vector - self.mean) / self.std).clamp(-self.obs_clip, self.obs_clip)
-        out = self.model.policy_head(self.model.features(Obs(image=image, vector=vector)))
+        return self.model.features(Obs(image=image, vector=vector))
+
+    def action(self, features: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+        """The policy's mode, never a masked action."""
+        out = self.model.policy_head(features)
+        mask = inputs[self.input_paths().index((self.obs_spec.mask_key,))] if self.obs_spec.has_mask else None
         if mask is not None:  # the masked actions are never the mode
             out = out.masked_fill(mask.reshape(out.shape) == 0, MASKED_LOGIT)
         spec = self.action_spec
@@ -106,4 +127,7 @@ def example_inputs(policy: DeterministicPolicy, rows: int = 2, seed: int = 0) ->
     batch = stack([space.sample() for _ in range(rows)], space)
     if policy.obs_spec.has_mask:  # every row allows some action
         batch[policy.obs_spec.mask_key][..., 0] = 1
-    return tuple(torch.as_tensor(np.asarray(at_path(batch, p))) for p in policy.input_paths())
+    inputs = tuple(torch.as_tensor(np.asarray(at_path(batch, p))) for p in policy.input_paths())
+    if policy.recurrent:  # the state at an episode's start
+        inputs += tuple(torch.zeros(rows, policy.model.hidden_size) for _ in STATE_INPUTS)
+    return inputs

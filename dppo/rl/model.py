@@ -129,7 +129,11 @@ class ActorCritic(nn.Module):
     Continuous policies are diagonal Gaussians with a state-independent log-std.
     """
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig) -> None:
+    recurrent = False
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig,
+                 head_inputs: int | None = None) -> None:
+        """``head_inputs``: the width the heads take when something (an LSTM) sits between features and heads."""
         super().__init__()
         self.obs_spec, self.action_spec = check_spaces(obs_space, action_space, config)
         self.discrete = self.action_spec.discrete
@@ -137,13 +141,14 @@ class ActorCritic(nn.Module):
         self.encoder: ImageEncoder | None = None
         if self.obs_spec.has_image:
             self.encoder = image_encoder(self.obs_spec.image_shape, config.encoder)
-        features = self.obs_spec.vector_dim + (self.encoder.out_dim if self.encoder is not None else 0)
+        self.feature_dim = self.obs_spec.vector_dim + (self.encoder.out_dim if self.encoder is not None else 0)
+        width = head_inputs or self.feature_dim
         if self.obs_spec.has_vector or self.encoder.kind != "nature":
-            self.policy_head: nn.Module = mlp(features, config.hidden_sizes, out_dim, config.activation, 0.01)
-            self.value_head: nn.Module = mlp(features, config.hidden_sizes, 1, config.activation, 1.0)
+            self.policy_head: nn.Module = mlp(width, config.hidden_sizes, out_dim, config.activation, 0.01)
+            self.value_head: nn.Module = mlp(width, config.hidden_sizes, 1, config.activation, 1.0)
         else:  # NatureCNN's own 512-unit layer is the hidden layer (CleanRL's Atari agent)
-            self.policy_head = layer_init(nn.Linear(features, out_dim), 0.01)
-            self.value_head = layer_init(nn.Linear(features, 1), 1.0)
+            self.policy_head = layer_init(nn.Linear(width, out_dim), 0.01)
+            self.value_head = layer_init(nn.Linear(width, 1), 1.0)
         if self.action_spec.kind == "gaussian":
             self.log_std = nn.Parameter(torch.full((out_dim,), float(config.init_log_std)))
 

@@ -8,6 +8,7 @@ Adam eps 1e-5, linear learning-rate annealing, optional target-KL early stop.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import NamedTuple, Protocol
 
@@ -149,19 +150,14 @@ class Trainer:
         lr = self.learning_rate(progress)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        size = len(batch.actions)
-        mb_size = min(cfg.minibatch_size, size)
-        mb_size -= mb_size % self.reducer.world  # every learner's shard of a minibatch is the same size
         sums = dict.fromkeys(("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"), 0.0)
         steps = skipped = epochs_run = 0
         self.model.train()
         for _epoch in range(cfg.epochs):
             epochs_run += 1
-            order = torch.randperm(size, generator=self.generator).to(self.device)
             epoch_kl = []
-            for start in range(0, size - mb_size + 1, mb_size):
-                idx = order[start:start + mb_size][self.rank::self.reducer.world]
-                new_logp, entropy, new_values = self.model.evaluate(batch.obs[idx], batch.actions[idx])
+            for idx in self._minibatches(batch):
+                new_logp, entropy, new_values = self._evaluate(batch, idx)
                 terms = ppo_loss(new_logp, batch.log_probs[idx], batch.advantages[idx], new_values,
                                  batch.values[idx], batch.returns[idx], entropy, cfg, self.reducer)
                 loss = terms.policy_loss - cfg.entropy_coef * terms.entropy + cfg.value_coef * terms.value_loss
@@ -191,6 +187,28 @@ class Trainer:
         ev = explained_variance(batch.values.cpu().numpy(), batch.returns.cpu().numpy())
         return TrainStats(**means, explained_variance=ev, learning_rate=lr, epochs_run=epochs_run,
                           skipped_minibatches=skipped)
+
+    def _minibatches(self, batch: Batch) -> Iterator[torch.Tensor]:
+        """This learner's rows of each minibatch of one epoch, in a fresh random order. Feed-forward: rows;
+        recurrent: whole env columns (rows c * T .. c * T + T - 1). Every learner's shard is the same size."""
+        unit = batch.steps or 1  # rows per sampling unit
+        units = len(batch.actions) // unit
+        mb_units = min(self.config.minibatch_size // unit, units)
+        mb_units -= mb_units % self.reducer.world
+        order = torch.randperm(units, generator=self.generator).to(self.device)
+        offsets = torch.arange(unit, device=self.device)
+        for start in range(0, units - mb_units + 1, mb_units):
+            picked = order[start:start + mb_units][self.rank::self.reducer.world]
+            yield picked if unit == 1 else (picked[:, None] * unit + offsets).reshape(-1)
+
+    def _evaluate(self, batch: Batch, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """log pi(a|s), entropy and V(s) of the rows ``idx`` under the current weights."""
+        if batch.memory is None:
+            return self.model.evaluate(batch.obs[idx], batch.actions[idx])
+        columns = idx[::batch.steps] // batch.steps
+        memory = (batch.memory[0][:, columns], batch.memory[1][:, columns])
+        return self.model.evaluate_columns(batch.obs[idx], batch.actions[idx], batch.starts[idx], memory,
+                                           batch.steps)
 
     def _average_gradients(self) -> None:
         """The mean of the learners' shard gradients is the gradient of the global minibatch's mean loss:

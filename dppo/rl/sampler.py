@@ -86,6 +86,7 @@ class Sampler:
         self.env_resets += 1
         self.envs = self._start_envs()
         self.learning_reward.end_episodes(np.ones(self.config.env.num_envs, bool))
+        self.agent.end_episodes(np.ones(self.config.env.num_envs, bool))
         self.episodes.reset()
 
     def set_weights(self, weights: Weights, version: int, obs_stats: RunningStats | None = None,
@@ -131,11 +132,14 @@ class Sampler:
         for transform in (self.normalize_obs, self.learning_reward):
             transform.start(steps, num_envs)
         self.episodes.start()
+        memory = self._memory_at_start(steps, num_envs)
         start = time.perf_counter()
         last = spec.empty((num_envs,))  # the observation after the segment: the bootstrap's input
         nonfinite = self._encode(self.obs, obs_buf[0])
         obs = self.obs
         for t in range(steps):
+            if memory is not None:
+                memory["starts"][t] = self.agent.starts
             action, log_prob, value = self.agent.act(self.normalize_obs(obs_buf[t]))
             act_buf[t], logp_buf[t], value_buf[t] = action, log_prob, value
             next_obs, reward, terminated, truncated, info = self.envs.step(action_spec.to_env(action))
@@ -153,10 +157,11 @@ class Sampler:
             if cut.any():  # a time limit, not a terminal state: bootstrap from V(final obs)
                 final = spec.encode_rows(info["final_obs"], np.flatnonzero(cut))
                 scrub_nonfinite(final.vector)
-                final_value_buf[t, cut] = self.agent.value(self.normalize_obs(final))
+                final_value_buf[t, cut] = self.agent.value(self.normalize_obs(final), rows=np.flatnonzero(cut))
             if done.any():
                 self.episodes.end_episodes(done)
                 self.learning_reward.end_episodes(done)
+                self.agent.end_episodes(done)
             obs = next_obs
         self.obs = obs
         last_values = self.agent.value(self.normalize_obs(last))
@@ -169,8 +174,15 @@ class Sampler:
             policy_version=self.agent.version, actor_id=self.actor_id,
             sample_seconds=time.perf_counter() - start,
             obs_stats=self.normalize_obs.summary(), return_stats=self.learning_reward.summary(),
-            nonfinite=nonfinite,
+            nonfinite=nonfinite, **(memory or {}),
         )
+
+    def _memory_at_start(self, steps: int, num_envs: int) -> dict[str, np.ndarray] | None:
+        """A recurrent policy's segment carries the memory it started from and where episodes start."""
+        if not self.agent.recurrent:
+            return None
+        (h, c), _ = self.agent.memory_state(num_envs)
+        return {"initial_memory": np.stack([h[0].numpy(), c[0].numpy()]), "starts": np.empty((steps, num_envs), bool)}
 
     def close(self) -> None:
         self.envs.close()

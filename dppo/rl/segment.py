@@ -35,6 +35,8 @@ class Segment:
     obs_stats: RunningStats | None = None  # what this segment's observations add to the global stats
     return_stats: RunningStats | None = None  # same for the discounted return (reward scaling)
     nonfinite: bool = False  # NaN/Inf seen in raw observations or rewards
+    initial_memory: np.ndarray | None = None  # recurrent policies: (2, E, hidden) float32, the LSTM's (h, c) at t=0
+    starts: np.ndarray | None = None  # recurrent policies: (T, E) bool, obs_t starts an episode (memory zeroed)
 
     @property
     def num_steps(self) -> int:

@@ -23,8 +23,8 @@ from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.make import env_spaces
 from dppo.errors import RunFailure
-from dppo.rl.model import ActorCritic
 from dppo.rl.ppo import TrainStats
+from dppo.rl.recurrent import build_model
 from dppo.rl.sampler import EnvFailure
 from dppo.run.checkpoint import CheckpointStore
 from dppo.run.reporting import Reporter, progress_record
@@ -44,7 +44,7 @@ class Coordinator:
         torch.manual_seed(config.run.seed)  # the initial weights
         np.random.seed(config.run.seed)
         self.spaces = env_spaces(config)
-        self.model = ActorCritic(*self.spaces, config.model)
+        self.model = build_model(*self.spaces, config.model)
         self.state = RunState(config, self.model.obs_spec.vector_dim)
         self.trainer_state = None
         self.record: dict[str, Any] | None = None  # the last iteration's progress record, kept in its checkpoint

@@ -13,6 +13,7 @@ from dppo.envs.make import env_spaces
 from dppo.errors import first_line
 from dppo.rl.model import ActorCritic
 from dppo.rl.normalizer import RunningStats
+from dppo.rl.recurrent import build_model
 from dppo.run.checkpoint import CheckpointError
 
 
@@ -26,7 +27,7 @@ class TrainedModel:
 def trained_model(checkpoint: dict[str, Any], spaces: tuple[gym.Space, gym.Space] | None = None) -> TrainedModel:
     """The checkpoint's model for ``spaces`` (default: its env's, made once to read them)."""
     config = validate(checkpoint["config"], warn=False)
-    model = ActorCritic(*(spaces or env_spaces(config)), config.model)
+    model = build_model(*(spaces or env_spaces(config)), config.model)
     load_weights(model, checkpoint)
     stats = checkpoint.get("obs_stats")
     return TrainedModel(config, model.eval(), RunningStats.from_state(stats) if stats else None)

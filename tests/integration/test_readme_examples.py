@@ -49,3 +49,18 @@ def test_the_fix_the_message_names_works(tmp_path, ray_address: str) -> None:
                            "direction]}}]", "--total-steps", "2048", "--address", ray_address, "--run-dir",
                            str(tmp_path / "run"), "--no-tensorboard"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_lstm_example_is_the_file_and_solves_its_memory_task(tmp_path, ray_address: str) -> None:
+    import yaml
+
+    shown = re.search(r"```yaml\n# examples/cue-corridor-lstm.yaml[^\n]*\n(.*?)```", README, re.S)
+    assert shown and yaml.safe_load(shown.group(1)) == yaml.safe_load((REPO / "examples/cue-corridor-lstm.yaml")
+                                                                       .read_text())
+    argv = readme_command("examples/cue-corridor-lstm.yaml")
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", *argv, "--address", ray_address, "--run-dir", str(run_dir),
+                           "--no-tensorboard"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["solved"] and summary["episode_return_mean"] >= 0.95, summary
