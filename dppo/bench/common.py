@@ -42,8 +42,10 @@ def parse_counts(text: str, name: str = "--actors", minimum: int = 1) -> list[in
 
 
 def check_env_id(env_id: str) -> str:
-    """``env_id`` if gymnasium knows it (ALE ids need ale-py), else a usage error."""
+    """``env_id`` if gymnasium knows it (ALE ids need ale-py; dppo's own ``dppo/...`` envs too), else a usage error."""
     import gymnasium
+
+    import dppo.envs  # noqa: F401 - registers the dppo/... envs
 
     if env_id.startswith("ALE/"):
         from dppo.envs.atari import require_ale

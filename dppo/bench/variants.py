@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dppo.bench.common import Row, add_common_args, check_env_id, machine, parse_counts, torch_threads
 from dppo.bench.docs import emit
-from dppo.bench.learn import EVAL_SEED, learn_one, mean_std
+from dppo.bench.learn import EVAL_SEED, learn_one
 from dppo.cli_args import positive
 from dppo.errors import UsageError
 from dppo.run.curves import plot_runs
@@ -31,6 +31,12 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
         raise UsageError(f"--variant {text!r} is not NAME or NAME:KEY=VALUE[,KEY=VALUE]; e.g. "
                          "--variant lstm:model.recurrent=lstm")
     return name.strip(), items
+
+
+def spread(values: list[float]) -> str:
+    """mean +- std over seeds, to 3 decimals (toy envs' returns are small numbers)."""
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.3f} +- {std:.3f}"
 
 
 def steps_to_reach(run_dir: Path, level: float) -> int | None:
@@ -60,16 +66,18 @@ def actor_us_per_step(env_id: str, sets: list[str], segments: int = 5) -> float:
     return 1e6 * elapsed / (segments * config.ppo.segment_length * config.env.num_envs)
 
 
-def variant_row(env_id: str, name: str, sets: list[str], seeds: list[int], out_dir: Path, args: argparse.Namespace
+def variant_row(env_id: str, name: str, own: list[str], seeds: list[int], out_dir: Path, args: argparse.Namespace
                 ) -> Row:
+    """``own``: the variant's overrides, applied after the common ``--set`` ones."""
+    sets = [*args.sets, *own]
     runs = [learn_one(env_id, seed, out_dir / name, args.total_steps, args.episodes, args.timeout, sets)
             for seed in seeds]
     reached = [steps_to_reach(Path(r["run_dir"]), args.solved_at) for r in runs] if args.solved_at is not None else []
     solved = [s for s in reached if s is not None]
     return {
-        "env": env_id, "variant": name, "overrides": " ".join(sets) or "-", "seeds": len(runs),
-        "env_steps": runs[0]["env_steps"], "train": mean_std([r["episode_return_mean"] for r in runs]),
-        "eval": mean_std([r["eval_return"] for r in runs]),
+        "env": env_id, "variant": name, "overrides": " ".join(own) or "-", "seeds": len(runs),
+        "env_steps": runs[0]["env_steps"], "train": spread([r["episode_return_mean"] for r in runs]),
+        "eval": spread([r["eval_return"] for r in runs]),
         "solved": f"{len(solved)}/{len(runs)}" if args.solved_at is not None else None,
         "steps_to_solve": int(statistics.median(solved)) if solved else None,
         "actor_us_per_step": round(actor_us_per_step(env_id, sets), 1),
@@ -107,17 +115,16 @@ def cmd_variants(args: argparse.Namespace) -> int:
     seeds = parse_counts(args.seeds, "--seeds", minimum=0)
     out_dir = args.out_dir or Path("runs") / f"bench-variants-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     info = machine()
-    rows = [variant_row(env_id, name, [*args.sets, *sets], seeds, out_dir, args) for name, sets in variants]
+    rows = [variant_row(env_id, name, sets, seeds, out_dir, args) for name, sets in variants]
     key = args.section or f"variants-{env_id.replace('/', '_')}"
     figure = Path(args.write_docs).parent / f"bench-{key}.png" if args.write_docs else out_dir / f"{key}.png"
     plot_runs([Path(r["run_dir"]) for row in rows for r in row["per_seed"]], figure)
-    for row in rows:
-        row["train"], row["eval"] = (f"{row[k]['mean']:.2f} +- {row[k]['std']:.2f}" for k in ("train", "eval"))
     note = (f"Each variant trained once per seed to the same budget (early stopping off); `train`: mean +- std over "
             f"seeds of the last 100 training episodes' return; `eval`: of `dppo eval` ({args.episodes} deterministic "
             f"episodes per seed, seeds from {EVAL_SEED}); `solved`: seeds whose training return reached "
             f"{args.solved_at}, `steps_to_solve` the median env steps they took; `actor_us_per_step`: one actor "
-            "(a Sampler, one thread, random weights) per env step; `wall_s`: mean launch-to-exit time of a run.")
+            "(a Sampler, one thread, random weights) per env step; `wall_s`: mean launch-to-exit time of a run. "
+            f"Every variant: {' '.join(args.sets) or 'the preset (the defaults for an env without one)'}.")
     columns = ["variant", "overrides", "seeds", "env_steps", "train", "eval", "solved", "steps_to_solve",
                "actor_us_per_step", "wall_s"]
     emit(args, rows, columns, key, f"Variants, {env_id}", note, info, figure)

@@ -71,3 +71,29 @@ def test_a_run_past_its_timeout_is_stopped_with_its_whole_process_tree(tmp_path:
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_with(marker) == []
+
+
+@pytest.mark.slow
+def test_variants_table_compares_a_mask_on_and_off(tmp_path: Path) -> None:
+    rows_file = tmp_path / "rows.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "dppo", "bench", "variants", "--env", "dppo/MaskedGrid-v0", "--variant", "mask",
+         "--variant", "no-mask:model.action_mask_key=null", "--seeds", "1", "--total-steps", "2048", "--episodes",
+         "2", "--solved-at", "-5", "--out-dir", str(tmp_path / "runs"), "--json", str(rows_file),
+         "--set", "run.actors=1"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    mask, no_mask = json.loads(rows_file.read_text())
+    assert (mask["variant"], no_mask["variant"], no_mask["overrides"]) == ("mask", "no-mask",
+                                                                         "model.action_mask_key=null")
+    for row in (mask, no_mask):  # every return reaches -5: solved at the first iteration, 1024 env steps
+        assert row["solved"] == "1/1" and row["steps_to_solve"] == 1024 and row["actor_us_per_step"] > 0
+        config = (Path(row["per_seed"][0]["run_dir"]) / "config.yaml").read_text()
+        assert ("action_mask_key: null" in config) == (row is no_mask)
+    assert (tmp_path / "runs" / "variants-dppo_MaskedGrid-v0.png").stat().st_size > 10_000
+
+
+def test_variants_rejects_a_malformed_variant(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "dppo", "bench", "variants", "--env", "CartPole-v1", "--variant",
+                           "lstm:model.recurrent"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "NAME:KEY=VALUE" in done.stderr
+    assert not (tmp_path / "runs").exists()
