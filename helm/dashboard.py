@@ -129,6 +129,11 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
             "Episode return (100-episode mean)", "dppo_episode_return_mean: what the target_return stop uses.",
             [target(by_run("dppo_episode_return_mean"), "{{run}}")], axis_label="return")),
         (12, 8, timeseries(
+            "Evaluation return", "dppo_eval_return_mean: the mean return of the last evaluation of the weights "
+            "(run.eval_every; greedy unless run.eval_mode: sampled), beside the training episodes' mean.",
+            targets((by_run("dppo_eval_return_mean"), "{{run}} evaluation"),
+                    (by_run("dppo_episode_return_mean"), "{{run}} training")), axis_label="return")),
+        (12, 8, timeseries(
             "Episode return quantiles", "p10 / p50 / p90 of the returns of episodes finished in the window, "
             "interpolated from the dppo_episode_return histogram's buckets.",
             targets(*[(quantile(q, "dppo_episode_return", "run"), f"{{{{run}}}} p{round(q * 100)}")

@@ -1,4 +1,5 @@
-"""`dppo bench variants`: one env, several config variants side by side (a mask on or off, an LSTM or not).
+"""`dppo bench variants`: one env, several config variants side by side (a mask on or off, an LSTM or not,
+evaluation while training on or off).
 
 Each variant is trained once per seed to the same budget with `dppo train` (as `dppo bench learn` does) and
 evaluated with `dppo eval`; the row adds the env steps each seed took to first reach ``--solved-at`` (the
@@ -80,6 +81,7 @@ def variant_row(env_id: str, name: str, own: list[str], seeds: list[int], out_di
         "eval": spread([r["eval_return"] for r in runs]),
         "solved": f"{len(solved)}/{len(runs)}" if args.solved_at is not None else None,
         "steps_to_solve": int(statistics.median(solved)) if solved else None,
+        "train_steps_per_s": round(statistics.fmean(r["env_steps"] / r["train_s"] for r in runs)),
         "actor_us_per_step": round(actor_us_per_step(env_id, sets), 1),
         "wall_s": round(statistics.fmean(r["wall_s"] for r in runs), 1),
         "per_seed": [{**{k: r[k] for k in ("seed", "episode_return_mean", "eval_return", "wall_s", "run_dir")},
@@ -123,9 +125,10 @@ def cmd_variants(args: argparse.Namespace) -> int:
             f"seeds of the last 100 training episodes' return; `eval`: of `dppo eval` ({args.episodes} deterministic "
             f"episodes per seed, seeds from {EVAL_SEED}); `solved`: seeds whose training return reached "
             f"{args.solved_at}, `steps_to_solve` the median env steps they took; `actor_us_per_step`: one actor "
-            "(a Sampler, one thread, random weights) per env step; `wall_s`: mean launch-to-exit time of a run. "
+            "(a Sampler, one thread, random weights) per env step; `train_steps_per_s`: env steps over training time "
+            "(start-up excluded), mean over seeds; `wall_s`: mean launch-to-exit time of a run. "
             f"Every variant: {' '.join(args.sets) or 'the preset (the defaults for an env without one)'}.")
     columns = ["variant", "overrides", "seeds", "env_steps", "train", "eval", "solved", "steps_to_solve",
-               "actor_us_per_step", "wall_s"]
+               "train_steps_per_s", "actor_us_per_step", "wall_s"]
     emit(args, rows, columns, key, f"Variants, {env_id}", note, info, figure)
     return 0

@@ -13,6 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--checkpoint", required=True, help="a ckpt-*.pt file or a run directory")
     ev.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
     ev.add_argument("--seed", type=int, default=0, help="seed of the first episode")
+    ev.add_argument("--best", action="store_true",
+                    help="the run's best evaluated weights (checkpoints/best.pt, run.eval_every) instead of the latest")
     ev.add_argument("--video", help="record videos of the episodes into this directory (needs moviepy)")
     ev.set_defaults(func=cmd_eval)
 
@@ -35,10 +37,9 @@ def make_eval_env(config: Any, video_dir: str | None) -> Any:
 
 def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: str | None = None) -> list[float]:
     """Raw returns of ``episodes`` greedy episodes, seeds ``seed``, ``seed + 1``, ..."""
-    import numpy as np
-
     from dppo.config import validate
     from dppo.rl.agent import Agent, export_weights
+    from dppo.rl.episodes import run_episodes
     from dppo.rl.transforms import ObsNormalizer
     from dppo.run.trained import trained_model
 
@@ -51,17 +52,7 @@ def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: st
         normalize = ObsNormalizer(trained.obs_stats is not None, config.env.obs_clip, agent.obs_spec.vector_dim)
         if trained.obs_stats is not None:
             normalize.stats = trained.obs_stats
-        returns = []
-        for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            total, done = 0.0, False
-            while not done:
-                action, _, _ = agent.act(normalize(agent.obs_spec.encode_one(obs)), greedy=True)
-                obs, reward, terminated, truncated, _ = env.step(agent.action_spec.to_env(action)[0])
-                total += float(reward)
-                done = terminated or truncated
-            returns.append(total)
-            agent.end_episodes(np.ones(1, bool))  # a recurrent policy starts the next episode with a fresh memory
+        returns = run_episodes(agent, env, normalize, episodes, seed, greedy=True)
     finally:
         env.close()
     return returns
@@ -72,7 +63,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         fail("--episodes must be >= 1")
     from dppo.run.checkpoint import load
 
-    checkpoint = load(args.checkpoint)
+    checkpoint = load(args.checkpoint, best=args.best)
     import_from_cwd()
     returns = evaluate(checkpoint, args.episodes, args.seed, args.video)
     mean = sum(returns) / len(returns)

@@ -74,6 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "raw observation in, env action out, dynamic batch dimension.")
     ex.add_argument("--checkpoint", required=True, help="a ckpt-*.pt file or a run directory")
     ex.add_argument("-o", "--output", required=True, type=Path, help="file to write, e.g. policy.onnx")
+    ex.add_argument("--best", action="store_true",
+                    help="the run's best evaluated weights (checkpoints/best.pt, run.eval_every) instead of the latest")
     ex.add_argument("--format", choices=FORMATS, help="default: from the file name (.pt/.ts: torchscript, else onnx)")
     ex.set_defaults(func=cmd_export)
 
@@ -81,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from dppo.run.checkpoint import load
 
-    checkpoint = load(args.checkpoint)
+    checkpoint = load(args.checkpoint, best=args.best)
     import_from_cwd()
     fmt = format_for(args.output, args.format)
     if fmt == "onnx":

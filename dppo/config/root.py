@@ -41,6 +41,13 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _evaluation_for_target(self) -> Config:
+        if self.run.target_on == "evaluation" and not self.run.eval_every:
+            raise ValueError("run.target_on: evaluation judges run.target_return on evaluation returns, and "
+                             "run.eval_every is 0 (off); set run.eval_every (e.g. 5) or run.target_on: training")
+        return self
+
+    @model_validator(mode="after")
     def _floor_fits(self) -> Config:
         if self.faults.min_actors > self.run.actors:
             raise ValueError(f"faults.min_actors {self.faults.min_actors} exceeds run.actors {self.run.actors}; "

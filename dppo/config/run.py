@@ -60,6 +60,19 @@ class RunConfig(Section):
     """Per-iteration log lines on stdout: human-readable text or one JSON object per line."""
     tensorboard: bool = True
     """Write TensorBoard event files to <run_dir>/tensorboard/ (every progress.jsonl scalar, env steps on x)."""
+    eval_every: int = Field(0, ge=0)
+    """Evaluate the current weights every this many iterations on an evaluation actor of its own, without
+    holding up training (0: off): the return goes to progress.jsonl (eval_return_mean ...), TensorBoard,
+    Prometheus and summary.json, and the best evaluated weights to checkpoints/best.pt."""
+    eval_episodes: int = Field(10, ge=1)
+    """Episodes per evaluation."""
+    eval_mode: Literal["greedy", "sampled"] = "greedy"
+    """greedy: the policy's mode, as `dppo eval`; sampled: actions drawn as in training."""
+    eval_cpus: float = Field(0.0, ge=0)
+    """Ray CPUs the evaluation actor reserves (0: it fits anywhere, sharing the cores with the rest)."""
+    target_on: Literal["training", "evaluation"] = "training"
+    """What target_return is judged on: the last 100 training episodes, or the last evaluation's mean return
+    (needs eval_every)."""
 
 
 class MetricsConfig(Section):

@@ -22,6 +22,7 @@ from dppo.run.run_dir import atomic_write
 
 MAGIC = b"DPPO-CKPT-1\n"
 NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
+BEST = "best.pt"  # the best evaluated weights (run.eval_every), beside the latest; never resumed from
 log = logging.getLogger(__name__)
 
 
@@ -50,8 +51,16 @@ def decode(data: bytes, source: str) -> dict[str, Any]:
         raise CheckpointError(f"{source} cannot be loaded ({type(err).__name__}); use another checkpoint") from None
 
 
-def load(path: str | Path) -> dict[str, Any]:
+def load(path: str | Path, best: bool = False) -> dict[str, Any]:
+    """A ckpt-*.pt file, or a run directory's newest intact checkpoint (``best``: its checkpoints/best.pt)."""
     path = Path(path)
+    if best:
+        if not path.is_dir():
+            raise CheckpointError(f"--best needs a run directory, and {str(path)!r} is not one")
+        path = (path / "checkpoints" if (path / "checkpoints").is_dir() else path) / BEST
+        if not path.is_file():
+            raise CheckpointError(f"no {BEST} in {str(path.parent)!r}: the run did not evaluate (run.eval_every) "
+                                  "or no evaluation finished; drop --best for the latest checkpoint")
     if path.is_dir():
         found = newest_intact(path / "checkpoints" if (path / "checkpoints").is_dir() else path)
         if found is None:
@@ -76,6 +85,12 @@ class CheckpointStore:
         atomic_write(self.directory / "latest", path.name.encode() + b"\n")
         for old in self.list()[: -self.keep]:
             old.unlink(missing_ok=True)
+        return path
+
+    def save_best(self, state: dict[str, Any]) -> Path:
+        """Write ``best.pt`` atomically (the same format; not a resume point, never pruned)."""
+        path = self.directory / BEST
+        atomic_write(path, encode(state))
         return path
 
     def has(self, iteration: int) -> bool:

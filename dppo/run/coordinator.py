@@ -19,6 +19,7 @@ import torch
 from dppo.config import Config
 from dppo.distributed.actor_pool import ActorPool, Gathered, Stop
 from dppo.distributed.broadcast import Broadcast, broadcast_arg
+from dppo.distributed.evaluation import EvalResult, Evaluation, EvaluationStopped
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.make import env_spaces
@@ -59,6 +60,7 @@ class Coordinator:
         self.signals = StopSignals()
         self.pool = ActorPool(config, self.reporter, lambda: self.signals.received is not None)
         self.learners: LearnerGroup | None = None
+        self.evaluation = Evaluation(config)
         faults = config.faults
         self.learner_restarts = RestartBudget("learner", faults.max_learner_restarts, faults.restart_window_s)
         self.startup_s: dict[str, float] = {}  # start-up phases (set by `dppo train`), into summary.json
@@ -80,12 +82,14 @@ class Coordinator:
                 timer = PhaseTimer()
                 with timer.phase("sync"):  # weights + normalizer stats, once per iteration
                     broadcast = broadcast_arg(self._broadcast())
+                    self.evaluation.submit(broadcast, self.state.counters.iteration, self.state.counters.env_steps)
                 with timer.phase("gather"):  # ray.wait as segments arrive; dead actors replaced
                     gathered = self.pool.gather(ahead or self.pool.dispatch(broadcast))
                     ahead = self.pool.dispatch(broadcast) if self.config.run.overlap_sampling else None
                 with timer.phase("update"):
                     stats = self._update(gathered)
                 record, new_returns, phases = self._account(gathered, stats, timer)
+                self._evaluated(record)
                 self.record = record
                 with timer.phase("checkpoint"):
                     if self.state.counters.iteration % self.config.run.checkpoint_every == 0:
@@ -161,6 +165,26 @@ class Coordinator:
         record = progress_record(self.state, gathered.segments, steps, stats, phases, timer.elapsed())
         return record, new_returns, phases
 
+    def _evaluated(self, record: dict[str, Any]) -> None:
+        """A finished evaluation into this iteration's record; its weights to best.pt when they are the best."""
+        try:
+            result = self.evaluation.collect()
+        except EvaluationStopped as err:
+            self.reporter.message(str(err))
+            return
+        if result is not None:
+            record.update(result.record())
+            if self.state.count_evaluation(result.mean):
+                self._save_best(result, record)
+
+    def _save_best(self, result: EvalResult, record: dict[str, Any]) -> None:
+        """best.pt: the evaluated weights with the statistics they were evaluated with, in the checkpoint format."""
+        broadcast = result.broadcast
+        state = self.state.to_checkpoint({k: torch.from_numpy(np.array(v)) for k, v in broadcast.weights.items()},
+                                         None, record)
+        state["obs_stats"] = broadcast.obs_stats.to_state() if broadcast.obs_stats is not None else None
+        self.store.save_best(state)
+
     def _checkpoint(self) -> None:
         """Save the newest checkpoint (unless this iteration's is on disk already)."""
         iteration = self.state.counters.iteration
@@ -182,6 +206,7 @@ class Coordinator:
         return summary
 
     def shutdown(self) -> None:
+        self.evaluation.shutdown()
         self.pool.shutdown()
         if self.learners is not None:
             self.learners.shutdown()

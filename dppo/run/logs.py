@@ -31,7 +31,10 @@ def format_return(value: float) -> str:
 
 
 def text_line(record: dict[str, Any]) -> str:
-    return " ".join(f"{label}={_fmt(fmt, record.get(key))}" for label, key, fmt in TEXT_FIELDS)
+    line = " ".join(f"{label}={_fmt(fmt, record.get(key))}" for label, key, fmt in TEXT_FIELDS)
+    if "eval_return_mean" in record:  # an evaluation finished this iteration (run.eval_every)
+        line += f" eval={_fmt('{return}', record['eval_return_mean'])}@{record['eval_env_steps']:,}"
+    return line
 
 
 class IterationLog:

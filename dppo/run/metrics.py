@@ -34,6 +34,7 @@ DIAGNOSTIC_GAUGES: dict[str, tuple[str, str]] = {
     "grad_norm": ("dppo_grad_norm", "Global gradient norm before clipping (mean over minibatches)."),
     "policy_version": ("dppo_policy_version", "Version of the weights broadcast to the actors."),
     "episode_return_mean": ("dppo_episode_return_mean", "Mean return of the last 100 finished episodes."),
+    "eval_return_mean": ("dppo_eval_return_mean", "Mean return of the last evaluation (run.eval_every)."),
     "episode_length_mean": ("dppo_episode_length_steps", "Mean length in steps of the last 100 finished episodes."),
     "steps_per_s": ("dppo_env_steps_per_second", "Env steps per second over the last iteration."),
     "iteration": ("dppo_iteration", "Iterations completed."),

@@ -141,6 +141,8 @@ class Reporter:
             "env_steps": c.env_steps, "iterations": c.iteration, "episodes": c.episodes,
             "episode_return_mean": state.return_mean(), "target_return": self.config.run.target_return,
             "run": self.name, "env": self.config.env.name, **asdict(self.faults),
+            **({"eval_return_mean": c.eval_return_last, "eval_return_best": c.eval_return_best}
+               if self.config.run.eval_every else {}),
             "startup_s": startup_s, "first_iteration_s": first_iteration_s,
             "finished_at": time.time(),  # epoch seconds: what follows (shutdown, exit) is the process's end
         })

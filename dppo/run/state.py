@@ -34,6 +34,8 @@ class Counters:
     wall_s: float = 0.0
     policy_version: int = 0
     bad_updates_in_row: int = 0
+    eval_return_last: float | None = None  # run.eval_every: the last evaluation's mean return
+    eval_return_best: float | None = None  # and the best one (checkpoints/best.pt holds its weights)
 
 
 class RunState:
@@ -80,17 +82,29 @@ class RunState:
         return steps, returns
 
     def stop_reason(self) -> str | None:
-        """target_return (over a full window), total_steps or time_limit, in that order; None: go on."""
+        """target_return (over a full window of training episodes, or on the last evaluation: run.target_on),
+        total_steps or time_limit, in that order; None: go on."""
         run = self.config.run
-        mean = self.return_mean()
-        if (run.target_return is not None and mean is not None and len(self.recent_returns) >= RETURN_WINDOW
-                and mean >= run.target_return):
+        if run.target_on == "evaluation":
+            mean, enough = self.counters.eval_return_last, True
+        else:
+            mean, enough = self.return_mean(), len(self.recent_returns) >= RETURN_WINDOW
+        if run.target_return is not None and mean is not None and enough and mean >= run.target_return:
             return "target_return"
         if self.counters.env_steps >= run.total_steps:
             return "total_steps"
         if run.time_limit_s is not None and self.counters.wall_s >= run.time_limit_s:
             return "time_limit"
         return None
+
+    def count_evaluation(self, mean: float) -> bool:
+        """An evaluation's mean return in; True when it is the best so far."""
+        c = self.counters
+        c.eval_return_last = mean
+        best = c.eval_return_best is None or mean > c.eval_return_best
+        if best:
+            c.eval_return_best = mean
+        return best
 
     def count_update(self, skipped_minibatches: int) -> int:
         """Updates with NaN/Inf losses or gradients in a row (their minibatches were skipped); a good update

@@ -18,6 +18,8 @@ def tag(key: str) -> str:
     """progress.jsonl key -> TensorBoard tag."""
     if key in LOSSES:
         return f"losses/{key}"
+    if key.startswith("eval_"):  # evaluation while training (run.eval_every)
+        return f"eval/{key[len('eval_'):]}"
     if key.endswith("_s") or key == "steps_per_s":
         return f"time/{key}"
     return f"charts/{key}"

@@ -1,0 +1,131 @@
+"""Evaluation while training (``run.eval_every``): whole episodes with the current weights on an actor of its own.
+
+Every ``run.eval_every`` iterations the driver hands the evaluation actor that iteration's broadcast (the weights
+and the frozen observation statistics the actors sample with) and goes on training: it looks for the result with
+``ray.wait(timeout=0)`` after each later iteration and never waits for it, and while one evaluation runs the next
+due one is skipped. Episodes are the same loop as ``dppo eval`` (:func:`dppo.rl.episodes.run_episodes`), on the
+training env with its wrappers, raw returns; every evaluation plays the same env seeds (run.seed + 1,000,003 on),
+so evaluations compare with each other and with ``dppo eval --seed`` of the same seed. An env that raises is
+reported once and evaluation stops; training goes on.
+"""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from dppo.config import Config
+from dppo.distributed.broadcast import Broadcast
+from dppo.envs.user_code import add_import_paths, driver_import_paths
+from dppo.errors import first_line
+
+EVAL_SEED_OFFSET = 1_000_003  # evaluation episodes' seeds: apart from every training actor's (dppo.rl.sampler)
+
+
+class EvaluationStopped(RuntimeError):
+    """The evaluation actor's env raised: evaluation is off for the rest of the run (the message says why)."""
+
+
+class Evaluator:
+    """What runs in the evaluation actor's process: one env, one agent, the episode loop."""
+
+    def __init__(self, config: Config, import_paths: list[str]) -> None:
+        from dppo.envs.make import make_env
+        from dppo.rl.agent import Agent
+        from dppo.rl.transforms import ObsNormalizer
+
+        warnings.filterwarnings("ignore", module="gymnasium")
+        add_import_paths(import_paths)
+        self.config = config
+        self.env = make_env(config.env)
+        seed = config.run.seed + EVAL_SEED_OFFSET
+        self.agent = Agent(self.env.observation_space, self.env.action_space, config.model, seed=seed)
+        self.normalize = ObsNormalizer(False, config.env.obs_clip, self.agent.obs_spec.vector_dim)
+
+    def evaluate(self, broadcast: Broadcast, episodes: int, seed: int) -> list[float]:
+        from dppo.rl.episodes import run_episodes
+
+        self.agent.load(broadcast.weights, broadcast.version)
+        if broadcast.obs_stats is not None:  # the frozen statistics of this broadcast, as the actors use them
+            self.normalize.enabled, self.normalize.stats = self.agent.obs_spec.vector_dim > 0, broadcast.obs_stats
+        return run_episodes(self.agent, self.env, self.normalize, episodes, seed,
+                            greedy=self.config.run.eval_mode == "greedy")
+
+
+@dataclass
+class EvalResult:
+    """The returns of one evaluation and what was evaluated: the weights after ``iteration`` iterations."""
+
+    iteration: int
+    env_steps: int
+    returns: list[float]
+    broadcast: Broadcast
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.returns)
+
+    def record(self) -> dict[str, Any]:
+        """The progress.jsonl keys of this evaluation."""
+        std = statistics.pstdev(self.returns) if len(self.returns) > 1 else 0.0
+        return {"eval_return_mean": self.mean, "eval_return_std": std, "eval_episodes": len(self.returns),
+                "eval_env_steps": self.env_steps}
+
+
+class Evaluation:
+    """The driver's side: submit when due, collect when done, never block a training round."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.every = config.run.eval_every
+        self.actor: ray.actor.ActorHandle | None = None
+        self.in_flight: tuple[ray.ObjectRef, int, int, Broadcast] | None = None
+        self.seed = config.run.seed + EVAL_SEED_OFFSET  # every evaluation plays the same episodes: comparable
+        self.problem: str | None = None  # set when evaluation stopped: the one line that says why
+
+    @property
+    def on(self) -> bool:
+        return self.every > 0 and self.problem is None
+
+    def submit(self, broadcast: Broadcast | ray.ObjectRef, iteration: int, env_steps: int) -> None:
+        """Start an evaluation of ``broadcast`` (the weights after ``iteration`` iterations) if one is due and none
+        is running."""
+        if not self.on or iteration == 0 or iteration % self.every or self.in_flight is not None:
+            return
+        if self.actor is None:
+            remote = ray.remote(Evaluator).options(num_cpus=self.config.run.eval_cpus, max_restarts=0)
+            self.actor = remote.remote(self.config, driver_import_paths())
+        if isinstance(broadcast, ray.ObjectRef):
+            broadcast = ray.get(broadcast)
+        ref = self.actor.evaluate.remote(broadcast, self.config.run.eval_episodes, self.seed)
+        self.in_flight = (ref, iteration, env_steps, broadcast)
+
+    def collect(self, timeout_s: float = 0.0) -> EvalResult | None:
+        """The running evaluation's result if it is done (waiting at most ``timeout_s``), else None; raises
+        EvaluationStopped once if it failed."""
+        if self.in_flight is None:
+            return None
+        ref, iteration, env_steps, broadcast = self.in_flight
+        ready, _ = ray.wait([ref], timeout=timeout_s)
+        if not ready:
+            return None
+        self.in_flight = None
+        try:
+            return EvalResult(iteration, env_steps, ray.get(ref), broadcast)
+        except ray.exceptions.RayActorError:  # the actor's process or node went away: a new one next time
+            self.actor = None
+            return None
+        except ray.exceptions.RayError as err:
+            cause = getattr(err, "cause", None) or err
+            self.problem = (f"evaluation stopped: env {self.config.env.name} raised in the evaluation actor: "
+                            f"{type(cause).__name__}: {first_line(cause)}; training goes on")
+            raise EvaluationStopped(self.problem) from None
+
+    def shutdown(self) -> None:
+        if self.actor is not None:
+            ray.kill(self.actor)
+            self.actor = None

@@ -1,0 +1,92 @@
+"""Evaluation while training on a real Ray: evaluations land in progress.jsonl, TensorBoard and summary.json
+without holding up a round, the best evaluated weights are kept as best.pt (and `dppo eval --best` plays them to
+the same return), run.target_return can be judged on evaluations, and an evaluation env that fails stops only the
+evaluation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dppo.distributed.evaluation import EVAL_SEED_OFFSET
+
+CARTPOLE = ["--env", "CartPole-v1", "--seed", "3", "--no-tensorboard"]
+
+
+def dppo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dppo", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def progress(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
+
+
+def test_evaluations_are_recorded_and_the_best_is_kept(ray_address: str, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = dppo("train", *CARTPOLE, "--total-steps", "24576", "--set", "run.eval_every=2", "--set",
+                "run.eval_episodes=3", "--set", "run.learners=2", "--address", ray_address, "--run-dir", str(run),
+                "--set", "run.tensorboard=true")
+    assert done.returncode == 0, done.stderr
+    records = progress(run)
+    evaluated = [r for r in records if "eval_return_mean" in r]
+    assert evaluated and all(set(r) >= {"eval_return_std", "eval_episodes", "eval_env_steps"} for r in evaluated)
+    for r in evaluated:  # the weights after an even iteration, evaluated while later ones trained
+        assert r["eval_episodes"] == 3 and r["eval_env_steps"] % 2048 == 0 and r["eval_env_steps"] < r["env_steps"]
+    assert "eval=" in done.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    best = max(r["eval_return_mean"] for r in evaluated)
+    assert summary["eval_return_best"] == best and summary["eval_return_mean"] == evaluated[-1]["eval_return_mean"]
+    # best.pt holds the weights and statistics that were evaluated: the same episodes give the same return
+    played = dppo("eval", "--checkpoint", str(run), "--best", "--episodes", "3", "--seed", str(3 + EVAL_SEED_OFFSET))
+    assert played.returncode == 0 and f"mean return {best:.2f}" in played.stdout, (played.stdout, best)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard")).Reload()
+    assert len(events.Scalars("eval/return_mean")) == len(evaluated)
+
+
+def test_the_target_can_be_judged_on_evaluations(ray_address: str, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = dppo("train", *CARTPOLE, "--total-steps", "300000", "--target-return", "60", "--set", "run.eval_every=1",
+                "--set", "run.target_on=evaluation", "--address", ray_address, "--run-dir", str(run))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["solved"] and summary["reason"] == "target_return" and summary["eval_return_mean"] >= 60
+    assert progress(run)[-1]["eval_return_mean"] >= 60 and summary["env_steps"] < 300000
+
+
+def test_an_evaluation_env_that_fails_stops_only_the_evaluation(ray_address: str, tmp_path: Path) -> None:
+    # every process's env raises once at its 300th step: the training actors recreate theirs and go on (env_retries),
+    # the evaluation has no retry and stops, saying so once
+    done = dppo("train", "--env", "dppo/Faulty-v0", "--set", "env.kwargs.fail_at=300", "--set", "run.eval_every=1",
+                "--set", "run.eval_episodes=20", "--total-steps", "16384", "--no-tensorboard", "--address",
+                ray_address, "--run-dir", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("evaluation stopped: env dppo/Faulty-v0 raised in the evaluation actor") == 1
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["env_steps"] >= 16384 and summary["reason"] == "total_steps"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["train", "--set", "run.target_on=evaluation"], "run.target_on: evaluation judges run.target_return on "
+                                                     "evaluation returns, and run.eval_every is 0 (off)"),
+    (["train", "--set", "run.eval_mode=best"], "run.eval_mode"),
+])
+def test_bad_evaluation_settings_are_one_line(args: list[str], words: str, tmp_path: Path) -> None:
+    done = dppo(*args, "--run-dir", str(tmp_path / "run"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_best_without_evaluations_is_one_line(ray_address: str, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert dppo("train", *CARTPOLE, "--total-steps", "1024", "--address", ray_address, "--run-dir",
+                str(run)).returncode == 0
+    for command in ("eval", "export"):
+        extra = ["-o", str(tmp_path / "p.onnx")] if command == "export" else []
+        done = dppo(command, "--checkpoint", str(run), "--best", *extra)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no best.pt in" in done.stderr, done.stderr
