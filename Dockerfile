@@ -34,7 +34,7 @@ RUN --mount=type=bind,from=wheel,source=/tmp/wheels,target=/tmp/wheels \
       if [ "$VARIANT" = cpu ]; then index=https://download.pytorch.org/whl/cpu; else index=https://pypi.org/simple; fi; \
     fi; \
     pip install --no-cache-dir --index-url "$index" "torch==${TORCH_VERSION}"; \
-    pip install --no-cache-dir "ray[default]==${RAY_VERSION}" --requirement /tmp/wheels/requirements.txt; \
+    pip install --no-cache-dir "ray[default,tune]==${RAY_VERSION}" --requirement /tmp/wheels/requirements.txt; \
     dppo --help >/dev/null
 # The base image's non-root `ray` user, by number so Kubernetes can check runAsNonRoot.
 USER 1000:100

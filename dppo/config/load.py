@@ -3,6 +3,7 @@ validates the result and every error becomes one line that names the field and t
 
 from __future__ import annotations
 
+import copy
 import re
 import warnings
 from pathlib import Path
@@ -137,16 +138,20 @@ def load_config(
     path: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
     sets: list[str] | None = None,
+    base: dict[str, Any] | None = None,
 ) -> Config:
     """Build the resolved config: preset or file, then flag overrides (dotted keys), then ``--set`` items.
 
     Without ``path`` the preset for the requested env id is used (CartPole-v1 when none is given), so
-    ``dppo train --env Pendulum-v1`` gets tuned hyperparameters.
+    ``dppo train --env Pendulum-v1`` gets tuned hyperparameters. ``base``: a resolved config (as a dict) to
+    start from instead (a sweep's trials).
     """
     overrides = overrides or {}
     pairs = [(key.split("."), value) for key, value in overrides.items() if value is not None]
     pairs += [parse_override(item) for item in sets or []]
-    if path is not None:
+    if base is not None:
+        data = copy.deepcopy(base)
+    elif path is not None:
         data = read_yaml(path)
     else:
         env_id = next((v for k, v in pairs if k == ["env", "id"]), DEFAULT_ENV_ID)

@@ -93,6 +93,10 @@ class CheckpointStore:
         atomic_write(path, encode(state))
         return path
 
+    def newest_path(self, iteration: int) -> Path | None:
+        """This iteration's checkpoint file if it is the newest on disk."""
+        return self.directory / f"ckpt-{iteration:08d}.pt" if self.has(iteration) else None
+
     def has(self, iteration: int) -> bool:
         """This iteration's checkpoint is the newest on disk."""
         existing = self.list()

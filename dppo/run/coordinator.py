@@ -10,6 +10,7 @@ drives live beside it: the actors (:mod:`dppo.distributed.actor_pool`), the lear
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,13 @@ from dppo.run.trained import load_weights
 class Coordinator:
     """The driver of a run: owns the run's state, files and sinks, and drives the actors and the learners."""
 
-    def __init__(self, config: Config, run_dir: Path, resume: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: Config, run_dir: Path, resume: dict[str, Any] | None = None,
+                 on_iteration: Callable[[dict[str, Any], Path | None], None] | None = None) -> None:
+        """``on_iteration``: called with each progress record and the checkpoint written that iteration, if any
+        (a sweep's trial reports both to Ray Tune)."""
         self.config = config
+        self.on_iteration = on_iteration
+        self.record_extra: dict[str, Any] = {}  # keys added to every progress record (a sweep's hyperparameters)
         torch.set_num_threads(config.run.learner_threads)  # before the model: its orthogonal init uses them
         torch.manual_seed(config.run.seed)  # the initial weights
         np.random.seed(config.run.seed)
@@ -96,6 +102,8 @@ class Coordinator:
                         self._checkpoint()
                 record["checkpoint_s"] = phases["checkpoint"] = timer.seconds["checkpoint"]
                 self.reporter.iteration(record, gathered.segments, new_returns, phases)
+                if self.on_iteration is not None:
+                    self.on_iteration(record, self.store.newest_path(self.state.counters.iteration))
         except Stop:
             reason = "signal"
         except (RunFailure, EnvFailure, LearnerDied) as err:
@@ -163,7 +171,7 @@ class Coordinator:
         phases = {"sync": timer.seconds["sync"], "sample": sample_s,
                   "wait": max(0.0, timer.seconds["gather"] - sample_s), "update": timer.seconds["update"]}
         record = progress_record(self.state, gathered.segments, steps, stats, phases, timer.elapsed())
-        return record, new_returns, phases
+        return {**record, **self.record_extra}, new_returns, phases
 
     def _evaluated(self, record: dict[str, Any]) -> None:
         """A finished evaluation into this iteration's record; its weights to best.pt when they are the best."""

@@ -64,3 +64,17 @@ def test_the_lstm_example_is_the_file_and_solves_its_memory_task(tmp_path, ray_a
     assert done.returncode == 0, done.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["solved"] and summary["episode_return_mean"] >= 0.95, summary
+
+
+def test_the_sweep_example_is_the_file_and_checks_out() -> None:
+    import yaml
+
+    from dppo.sweep.spec import load_sweep
+
+    shown = re.search(r"```yaml\n(base: \{env: Pendulum-v1\}.*?)```", README, re.S)
+    assert shown and yaml.safe_load(shown.group(1)) == yaml.safe_load((REPO / "examples/sweep-pendulum.yaml")
+                                                                       .read_text())
+    sweep = load_sweep(REPO / "examples/sweep-pendulum.yaml")
+    assert sweep.spec.scheduler.name == "asha" and set(sweep.space) == {"ppo.learning_rate", "ppo.gae_lambda",
+                                                                        "ppo.clip_coef"}
+    assert readme_command("examples/sweep-pendulum.yaml")[:2] == ["dppo", "sweep"]

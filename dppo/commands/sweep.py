@@ -1,0 +1,80 @@
+"""`dppo sweep`: many dppo runs on one Ray cluster, searched and scheduled by Ray Tune (:mod:`dppo.sweep`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from dppo.cli_args import fail, import_from_cwd
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    sw = sub.add_parser("sweep", help="many trainings at once with Ray Tune: search, ASHA, population-based training",
+                        description="Runs the trials of a sweep file (see the README's 'Sweeps'), each a full dppo "
+                        "run in <out-dir>/trials/<trial>, and writes trials.csv, trials.md, trials.png and "
+                        "best-config.yaml into <out-dir>.")
+    sw.add_argument("--config", required=True, help="the sweep file (YAML)")
+    sw.add_argument("--out-dir", type=Path, help="the sweep directory (default runs/<name>-<timestamp>)")
+    sw.add_argument("--resume", action="store_true", help="continue the sweep in --out-dir: finished trials are kept")
+    sw.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
+    sw.set_defaults(func=cmd_sweep)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    import_from_cwd()
+    from dppo.sweep.spec import load_sweep
+
+    sweep = load_sweep(args.config)  # every problem with the file: one line, exit 2, nothing written
+    if args.resume and args.out_dir is None:
+        fail("--resume needs the sweep to continue: pass --out-dir DIR")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    sweep_dir = (args.out_dir or Path("runs") / f"{sweep.spec.name}-{stamp}").resolve()
+    if args.resume and not (sweep_dir / "tune").is_dir():
+        fail(f"--resume: no sweep in {str(sweep_dir)!r}; start it without --resume")
+    if not args.resume and (sweep_dir / "tune").exists():
+        fail(f"{str(sweep_dir)!r} already holds a sweep; pass --resume to continue it or another --out-dir")
+    from dppo.envs.checks import check_env
+
+    check_env(sweep.trial_config({}))  # the env can be made, reset and stepped, before any trial starts
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+    from dppo.distributed.cluster import connect_ray
+
+    base = sweep.trial_config({})
+    base.run.address = args.address or base.run.address
+    connect_ray(base)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    grid = run_tuner(sweep, sweep_dir, args.resume)
+    from dppo.sweep.results import trial_rows, write_results
+
+    rows = trial_rows(sweep_dir, grid, sweep.spec.metric)
+    best = write_results(sweep, sweep_dir, rows)
+    failed = [r for r in rows if r["state"] == "ERROR"]
+    print(f"sweep {sweep.spec.name}: {len(rows)} trials, {len(failed)} failed -> {sweep_dir / 'trials.md'}"
+          + (f"; best config {best}" if best else ""), flush=True)
+    return 0
+
+
+def run_tuner(sweep: Any, sweep_dir: Path, resume: bool) -> Any:
+    """Tune's Tuner over the trials (restored from sweep_dir/tune with --resume)."""
+    from ray import tune
+
+    from dppo.sweep.events import TrialEvents
+    from dppo.sweep.schedulers import make_scheduler
+    from dppo.sweep.trainable import run_trial, trial_resources
+
+    trainable = tune.with_resources(tune.with_parameters(run_trial, sweep=sweep, sweep_dir=str(sweep_dir)),
+                                    trial_resources(sweep))
+    if resume:
+        return tune.Tuner.restore(str(sweep_dir / "tune"), trainable, resume_unfinished=True,
+                                  restart_errored=False).fit()
+    spec = sweep.spec
+    tuner = tune.Tuner(
+        trainable, param_space={k: d.tune_domain() for k, d in sweep.space.items()},
+        tune_config=tune.TuneConfig(metric=spec.metric, mode="max", num_samples=spec.trials,
+                                    max_concurrent_trials=spec.concurrent, scheduler=make_scheduler(sweep)),
+        run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0, callbacks=[TrialEvents()],
+                                  failure_config=tune.FailureConfig(max_failures=0)))
+    return tuner.fit()

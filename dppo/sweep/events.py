@@ -1,0 +1,30 @@
+"""One log line per trial event (started, restored from another trial's checkpoint, finished, failed)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ray import tune
+
+
+class TrialEvents(tune.Callback):
+    """Prints the events of the sweep's trials to stderr, one line each."""
+
+    def _line(self, trial: Any, what: str) -> None:
+        params = " ".join(f"{k}={v}" for k, v in sorted(trial.config.items()))
+        print(f"trial {trial.trial_id} {what} ({params})", file=sys.stderr, flush=True)
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._line(trial, "started")
+
+    def on_trial_restore(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._line(trial, "restored from a checkpoint")
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        result = trial.last_result or {}
+        self._line(trial, f"finished at {result.get('env_steps', 0):,} env steps, return "
+                          f"{result.get('episode_return_mean')}")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._line(trial, "failed; the other trials go on")

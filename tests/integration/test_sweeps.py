@@ -1,0 +1,88 @@
+"""Sweeps on a real Ray with Ray Tune: population-based training continues exploited trials with the perturbed
+hyperparameters in effect, a failing trial is reported while the others finish, a stopped sweep resumes keeping
+its finished trials, and a bad sweep file is one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+SMALL = {"run.total_steps": 8192, "run.actors": 1, "run.actor_cpus": 0.5, "run.tensorboard": False}
+
+
+def sweep_file(tmp_path: Path, **spec: object) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": {"env": "CartPole-v1"}, "set": SMALL, "trials": 2, "concurrent": 2,
+                                    "driver_cpus": 0.25, **spec}))
+    return path
+
+
+def dppo_sweep(path: Path, out: Path, *extra: str, address: str | None = None) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "dppo", "sweep", "--config", str(path), "--out-dir", str(out), *extra]
+    return subprocess.run(argv + (["--address", address] if address else []), capture_output=True, text=True,
+                          timeout=600)
+
+
+def progress(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+
+
+def test_pbt_continues_exploited_trials_with_the_perturbed_hyperparameters(ray_address: str, tmp_path: Path) -> None:
+    path = sweep_file(tmp_path, space={"ppo.learning_rate": "loguniform(1e-4, 1e-2)"},
+                      scheduler={"name": "pbt", "perturbation_interval": 2, "quantile": 0.5})
+    done = dppo_sweep(path, tmp_path / "out", address=ray_address)
+    assert done.returncode == 0, done.stderr[-3000:]
+    iterations = 16  # 8192 steps / (1 actor x 8 envs x 64 steps)
+    changed = False
+    for run_dir in (tmp_path / "out" / "trials").iterdir():
+        own = [r for r in progress(run_dir) if r["trial"] == run_dir.name]  # (a restored line is its source's)
+        assert own and own[-1]["env_steps"] == 8192
+        for r in own:  # the rate in effect is the trial's current value, annealed: never the source's
+            expected = r["hp/ppo.learning_rate"] * (1 - (r["iteration"] - 1) / iterations)
+            assert r["learning_rate"] == pytest.approx(expected, rel=1e-9), (run_dir.name, r["iteration"])
+        changed |= len({r["hp/ppo.learning_rate"] for r in own}) > 1
+    assert changed, "no trial exploited another and continued with perturbed values"
+    table = (tmp_path / "out" / "trials.md").read_text()
+    assert (table.count("TERMINATED") == 2 and "restored from a checkpoint" in done.stderr) or "started" in done.stderr
+    best = yaml.safe_load((tmp_path / "out" / "best-config.yaml").read_text())
+    assert best["env"]["id"] == "CartPole-v1" and best["run"]["run_dir"] is None
+    assert (tmp_path / "out" / "trials.png").stat().st_size > 10_000
+
+
+def test_a_failing_trial_is_reported_and_a_resumed_sweep_keeps_finished_trials(ray_address: str,
+                                                                                tmp_path: Path) -> None:
+    path = sweep_file(tmp_path, base={"env": "dppo/Faulty-v0"},
+                      set={**SMALL, "faults.env_retries": 0, "env.kwargs.persistent": True},
+                      space={"env.kwargs.fail_at": "grid([null, 300])"}, trials=1)
+    out = tmp_path / "out"
+    done = dppo_sweep(path, out, address=ray_address)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "1 failed" in done.stdout and "failed; the other trials go on" in done.stderr
+    rows = {r["state"]: r for r in __import__("csv").DictReader((out / "trials.csv").open())}
+    assert set(rows) == {"ERROR", "TERMINATED"} and int(rows["TERMINATED"]["env_steps"]) == 8192
+    finished = Path(out / "trials" / rows["TERMINATED"]["trial"] / "progress.jsonl")
+    before = finished.read_text()
+    resumed = dppo_sweep(path, out, "--resume", address=ray_address)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert finished.read_text() == before  # the finished trial was kept, not run again
+    assert "TERMINATED" in (out / "trials.md").read_text()
+
+
+@pytest.mark.parametrize("spec, words", [
+    ({"space": {"ppo.learnin_rate": "loguniform(1e-4, 1e-3)"}}, "sweep space ppo.learnin_rate: 0.0001 does not fit"),
+    ({"space": {"ppo.epochs": "loguniform(1e-4, 1e-3)"}}, "sweep space ppo.epochs: 0.0001 does not fit the config"),
+    ({"space": {"ppo.learning_rate": "lognormal(1, 2)"}}, "is not one of loguniform(a, b)"),
+    ({"space": {"ppo.learning_rate": "loguniform(1e-3, 1e-4)"}}, "has the wrong arguments"),
+    ({"space": {"ppo.gamma": "choice([0.9])"}, "scheduler": {"name": "hyperband"}}, "scheduler.name"),
+    ({"space": {"ppo.gamma": "choice([0.9])"}, "scheduler": {"name": "pbt", "quantile": 0.9}}, "scheduler.quantile"),
+    ({"space": {"run.seed": "grid([1, 2])"}, "scheduler": {"name": "pbt"}}, "scheduler pbt needs a space key"),
+])
+def test_a_bad_sweep_file_is_one_line_and_nothing_is_written(spec: dict, words: str, tmp_path: Path) -> None:
+    done = dppo_sweep(sweep_file(tmp_path, **spec), tmp_path / "out")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
