@@ -28,6 +28,8 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 RUN_SELECTOR = 'dppo_run_info{run=~"$run"}'
 RATE = "$__rate_interval"
 GRID_WIDTH = 24
+SWEEP_ROW = "Sweep"
+SWEEP_PREFIX = "Sweep: "  # the sweep row's panel titles (they have data for a `dppo sweep` only)
 
 Panel = dict[str, Any]
 
@@ -254,7 +256,38 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
             decimals=0, minimum=0)),
     ]
     return [("Overview", overview), ("Learning", learning), ("Throughput", throughput),
-            ("Iteration phases", phases), ("PPO diagnostics", ppo), ("Actors and checkpoints", health)]
+            ("Iteration phases", phases), ("PPO diagnostics", ppo), ("Actors and checkpoints", health),
+            (SWEEP_ROW, sweep_panels())]
+
+
+def sweep_panels() -> list[tuple[int, int, Panel]]:
+    """A `dppo sweep`'s row: its driver serves every trial's learner metrics with a ``trial`` label (pick the
+    sweep's name in the Run variable); empty for a single run."""
+    per_trial = '{trial!=""}'
+    return [
+        (12, 8, timeseries(
+            f"{SWEEP_PREFIX}episode return by trial", "dppo_episode_return_mean of each trial of the sweep "
+            "(label trial): ASHA's stopped trials end early, PBT's exploits jump to another trial's curve.",
+            [target(by_run(f"dppo_episode_return_mean{per_trial}"), "{{trial}}")], axis_label="return")),
+        (12, 8, timeseries(
+            f"{SWEEP_PREFIX}trials by state", "Trials of the sweep by Tune state (dppo_sweep_trials).",
+            [target(by_run("dppo_sweep_trials"), "{{state}}")], decimals=0, minimum=0)),
+        (8, 8, timeseries(
+            f"{SWEEP_PREFIX}learning rate by trial", "dppo_learning_rate of each trial: under PBT a step is a "
+            "perturbation taking effect.",
+            [target(by_run(f"dppo_learning_rate{per_trial}"), "{{trial}}")], unit="sci", minimum=0)),
+        (8, 8, timeseries(
+            f"{SWEEP_PREFIX}env steps per second by trial", "Rate of each trial's dppo_env_steps_total: the "
+            "trials share the cluster.",
+            [target(by_run(f"rate(dppo_env_steps_total{per_trial}[{RATE}])"), "{{trial}}")],
+            unit="suffix:steps/s", minimum=0)),
+        (8, 8, timeseries(
+            f"{SWEEP_PREFIX}restores and failures", "Trials restored from a checkpoint (PBT exploits, paused "
+            "trials going on: dppo_sweep_trial_restores_total) and trials that failed "
+            "(dppo_sweep_trial_failures_total).",
+            targets((by_run("dppo_sweep_trial_restores_total"), "restores"),
+                    (by_run("dppo_sweep_trial_failures_total"), "failures")), decimals=0, minimum=0)),
+    ]
 
 
 def layout(rows: list[tuple[str, list[tuple[int, int, Panel]]]]) -> list[Panel]:

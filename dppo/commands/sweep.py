@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("--config", required=True, help="the sweep file (YAML)")
     sw.add_argument("--out-dir", type=Path, help="the sweep directory (default runs/<name>-<timestamp>)")
     sw.add_argument("--resume", action="store_true", help="continue the sweep in --out-dir: finished trials are kept")
+    sw.add_argument("--auto-resume", action="store_true",
+                    help="continue the sweep in --out-dir if there is one, else start it (a retried Kubernetes job)")
+    sw.add_argument("--metrics-port", type=int, help="serve every trial's metrics (label trial) on this port "
+                    "(the sweep file's metrics.port; 0: off)")
     sw.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
     sw.set_defaults(func=cmd_sweep)
 
@@ -28,37 +34,57 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from dppo.sweep.spec import load_sweep
 
     sweep = load_sweep(args.config)  # every problem with the file: one line, exit 2, nothing written
-    if args.resume and args.out_dir is None:
-        fail("--resume needs the sweep to continue: pass --out-dir DIR")
+    if (args.resume or args.auto_resume) and args.out_dir is None:
+        fail("--resume and --auto-resume need the sweep to continue: pass --out-dir DIR")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     sweep_dir = (args.out_dir or Path("runs") / f"{sweep.spec.name}-{stamp}").resolve()
-    if args.resume and not (sweep_dir / "tune").is_dir():
+    resume = args.resume or (args.auto_resume and (sweep_dir / "tune").is_dir())
+    if resume and not (sweep_dir / "tune").is_dir():
         fail(f"--resume: no sweep in {str(sweep_dir)!r}; start it without --resume")
-    if not args.resume and (sweep_dir / "tune").exists():
+    if not resume and (sweep_dir / "tune").exists():
         fail(f"{str(sweep_dir)!r} already holds a sweep; pass --resume to continue it or another --out-dir")
+    metrics = sweep.spec.metrics
+    if args.metrics_port is not None:
+        if not 0 <= args.metrics_port <= 65535:
+            fail(f"--metrics-port {args.metrics_port} is not a port; pass 1-65535, or 0 to serve no metrics")
+        metrics.port = args.metrics_port
     from dppo.envs.checks import check_env
+    from dppo.run.metrics import check_port
 
+    if metrics.port:
+        check_port(metrics.host, metrics.port)
     check_env(sweep.trial_config({}))  # the env can be made, reset and stepped, before any trial starts
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     from dppo.distributed.cluster import connect_ray
+    from dppo.sweep.metrics import TrialMetrics
 
     base = sweep.trial_config({})
     base.run.address = args.address or base.run.address
     connect_ray(base)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    grid = run_tuner(sweep, sweep_dir, args.resume)
-    from dppo.sweep.results import trial_rows, write_results
+    served = TrialMetrics(sweep.spec.name, base.env.name)
+    if metrics.port:
+        port = served.serve(metrics.port, metrics.host)
+        print(f"sweep metrics on http://{metrics.host}:{port}/metrics", file=sys.stderr, flush=True)
+    try:
+        grid = run_tuner(sweep, sweep_dir, resume, served)
+        from dppo.sweep.results import trial_rows, write_results
 
-    rows = trial_rows(sweep_dir, grid, sweep.spec.metric)
-    best = write_results(sweep, sweep_dir, rows)
-    failed = [r for r in rows if r["state"] == "ERROR"]
-    print(f"sweep {sweep.spec.name}: {len(rows)} trials, {len(failed)} failed -> {sweep_dir / 'trials.md'}"
-          + (f"; best config {best}" if best else ""), flush=True)
+        rows = trial_rows(sweep_dir, grid, sweep.spec.metric)
+        best = write_results(sweep, sweep_dir, rows)
+        failed = [r for r in rows if r["state"] == "ERROR"]
+        print(f"sweep {sweep.spec.name}: {len(rows)} trials, {len(failed)} failed -> {sweep_dir / 'trials.md'}"
+              + (f"; best config {best}" if best else ""), flush=True)
+        if metrics.port and metrics.linger_s > 0:
+            time.sleep(metrics.linger_s)  # let Prometheus scrape the final values
+    finally:
+        served.shutdown()
     return 0
 
 
-def run_tuner(sweep: Any, sweep_dir: Path, resume: bool) -> Any:
-    """Tune's Tuner over the trials (restored from sweep_dir/tune with --resume)."""
+def run_tuner(sweep: Any, sweep_dir: Path, resume: bool, metrics: Any) -> Any:
+    """Tune's Tuner over the trials (restored from sweep_dir/tune with --resume); ``metrics``: the TrialMetrics
+    callback (a restored sweep gets it back from its pickled run config, see TrialMetrics.__reduce__)."""
     from ray import tune
 
     from dppo.sweep.events import TrialEvents
@@ -75,6 +101,7 @@ def run_tuner(sweep: Any, sweep_dir: Path, resume: bool) -> Any:
         trainable, param_space={k: d.tune_domain() for k, d in sweep.space.items()},
         tune_config=tune.TuneConfig(metric=spec.metric, mode="max", num_samples=spec.trials,
                                     max_concurrent_trials=spec.concurrent, scheduler=make_scheduler(sweep)),
-        run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0, callbacks=[TrialEvents()],
+        run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0,
+                                  callbacks=[TrialEvents(), metrics],
                                   failure_config=tune.FailureConfig(max_failures=0)))
     return tuner.fit()

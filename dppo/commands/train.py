@@ -73,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="resume when --run-dir holds a checkpoint, else start fresh (for retried jobs)")
     train.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0: off)")
     train.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
-    train.add_argument("--log-format", choices=["text", "json"], help="per-iteration stdout lines")
+    train.add_argument("--log-format", choices=["text", "json", "none"],
+                       help="per-iteration stdout lines (none: in train.log only)")
     train.add_argument("--no-tensorboard", dest="tensorboard", action="store_const", const=False,
                        help="do not write TensorBoard event files to <run-dir>/tensorboard/")
     train.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -210,7 +211,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{summary['env_steps']:,} env steps, {summary['iterations']} iterations, {summary['wall_s']:.1f} s "
             f"-> {run_dir / 'summary.json'}")
     output.to_file(line)
-    print(line, file=sys.stdout if config.run.log_format == "text" else sys.stderr,
+    print(line, file=sys.stdout if config.run.log_format != "json" else sys.stderr,
           flush=True)  # with JSON logs, stdout carries only the per-iteration objects
     if config.metrics.port and config.metrics.linger_s > 0 and summary["reason"] != "signal":
         time.sleep(config.metrics.linger_s)  # let Prometheus scrape the final values

@@ -56,8 +56,9 @@ class RunConfig(Section):
     the workers of a cluster; passed to ray.init."""
     address: str | None = None
     """Ray cluster to join; null starts a local Ray in-process (RAY_ADDRESS is honoured too)."""
-    log_format: Literal["text", "json"] = "text"
-    """Per-iteration log lines on stdout: human-readable text or one JSON object per line."""
+    log_format: Literal["text", "json", "none"] = "text"
+    """Per-iteration log lines on stdout: human-readable text, one JSON object per line, or none (the lines then
+    go to <run_dir>/train.log only; a sweep's trials use it, the sweep logging one line per trial event)."""
     tensorboard: bool = True
     """Write TensorBoard event files to <run_dir>/tensorboard/ (every progress.jsonl scalar, env steps on x)."""
     eval_every: int = Field(0, ge=0)

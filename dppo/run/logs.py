@@ -66,6 +66,8 @@ class IterationLog:
 
     def iteration(self, record: dict[str, Any]) -> None:
         self.to_file(text_line(record))
+        if self.format == "none":
+            return
         if self.format == "json":
             line = json.dumps(record, allow_nan=False, default=str)
         else:

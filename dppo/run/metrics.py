@@ -56,6 +56,12 @@ def check_port(host: str, port: int) -> None:
                              "(metrics.port), or 0 to serve no metrics") from None
 
 
+def serve_registry(registry: CollectorRegistry, port: int, host: str) -> Any:
+    """Serve a registry over HTTP in a daemon thread; returns the server (``server_port``, ``shutdown()``)."""
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server
+
+
 class Metrics:
     """The learner's metrics and (optionally) the HTTP server that exposes them."""
 
@@ -125,9 +131,8 @@ class Metrics:
 
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
         """Start the HTTP exporter in a daemon thread; returns the bound port (useful with port 0 in tests)."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        self._server = server
-        return int(server.server_port)
+        self._server = serve_registry(self.registry, port, host)
+        return int(self._server.server_port)
 
     def shutdown(self) -> None:
         if self._server is not None:

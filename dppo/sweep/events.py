@@ -1,4 +1,4 @@
-"""One log line per trial event (started, restored from another trial's checkpoint, finished, failed)."""
+"""One log line per trial event (started, continued from a checkpoint, finished, failed)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,14 @@ class TrialEvents(tune.Callback):
         params = " ".join(f"{k}={v}" for k, v in sorted(trial.config.items()))
         print(f"trial {trial.trial_id} {what} ({params})", file=sys.stderr, flush=True)
 
+    def __init__(self) -> None:
+        self.started: set[str] = set()
+
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._line(trial, "started")
+        """A trial starts once; it starts again after a pause (PBT's exploit, ASHA's rungs) from a checkpoint."""
+        again = trial.trial_id in self.started
+        self.started.add(trial.trial_id)
+        self._line(trial, "continues from a checkpoint" if again else "started")
 
     def on_trial_restore(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._line(trial, "restored from a checkpoint")

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from dppo.config import Config, ConfigError, load_config, read_yaml
+from dppo.config import Config, ConfigError, MetricsConfig, load_config, read_yaml
 from dppo.config.base import Section
 from dppo.errors import UsageError
 
@@ -115,6 +115,9 @@ class SweepSpec(Section):
     metric: str = "episode_return_mean"
     """The progress.jsonl key the search maximizes."""
     name: str = "sweep"
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    """The sweep's Prometheus endpoint (port 0: off): every trial's learner metrics with a ``trial`` label, served
+    by the sweep driver (the trials serve none)."""
 
     @field_validator("base")
     @classmethod

@@ -43,7 +43,8 @@ def run_trial(params: dict[str, Any], sweep: Sweep, sweep_dir: str) -> None:
     context = tune.get_context()
     trial_id = context.get_trial_id()
     config = sweep.trial_config(params)
-    config.metrics.port = 0  # trials share nodes: one metrics port each would collide
+    config.metrics.port = 0  # trials share nodes: the sweep driver serves their metrics (dppo.sweep.metrics)
+    config.run.log_format = "none"  # iteration lines in the trial's train.log; the sweep logs trial events
     if sweep.spec.scheduler.name == "pbt":  # a checkpoint at every perturbation, for other trials to exploit
         config.run.checkpoint_every = sweep.spec.scheduler.perturbation_interval
     run_dir = Path(sweep_dir) / "trials" / trial_id

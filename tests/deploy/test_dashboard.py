@@ -17,6 +17,7 @@ import yaml
 from conftest import REPO, load_module, require
 
 from dppo.run.metrics import Metrics
+from dppo.sweep.metrics import TrialMetrics
 
 dashboard = load_module(REPO / "helm" / "dashboard.py")
 COMMITTED = json.loads(dashboard.DASHBOARD_PATH.read_text())
@@ -28,8 +29,10 @@ SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", 
 
 
 def registry_samples() -> tuple[set[str], set[str]]:
-    """(family names, exposed series names) of a fresh Metrics registry, labelled children or not."""
-    families = list(Metrics("CartPole-v1", "test").registry.collect())
+    """(family names, exposed series names) of a fresh learner's and a sweep's registry, labelled children or
+    not."""
+    families = [*Metrics("CartPole-v1", "test").registry.collect(),
+                *TrialMetrics("test-sweep", "CartPole-v1").registry.collect()]
     return {f.name for f in families}, {f.name + suffix for f in families for suffix in SUFFIXES[f.type]}
 
 
@@ -75,7 +78,7 @@ def test_every_panel_the_issue_asked_for_is_there() -> None:
     for words in ("episode return", "distribution", "env steps per second", "episodes per second",
                   "phase duration", "policy loss", "value loss", "entropy", "approx kl", "clip fraction",
                   "explained variance", "learning rate", "policy version", "actors alive", "actor restarts",
-                  "checkpoints"):
+                  "checkpoints", "sweep: episode return by trial", "sweep: trials by state"):
         assert words in titles, f"no panel about {words!r}"
 
 

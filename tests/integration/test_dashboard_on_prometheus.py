@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import REPO, load_module
 
 from dppo.bench.local_cluster import free_ports
@@ -58,19 +59,22 @@ class Prometheus(BenchPrometheus):
         return int(float(result[0]["value"][1])) if result else 0
 
 
-def panel_queries(run: str) -> list[tuple[str, str]]:
-    """(panel title, PromQL) for every target, with the dashboard variables substituted as Grafana would."""
+def panel_queries(run: str, sweep: bool = False) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every target of the single-run panels (``sweep``: of the sweep row's), with the
+    dashboard variables substituted as Grafana would."""
     substituted = []
     for title, expr in dashboard.queries(dashboard.build()):
+        if title.startswith(dashboard.SWEEP_PREFIX) != sweep:
+            continue
         expr = expr.replace("$__rate_interval", RATE_INTERVAL).replace("$run", run)
         assert "$" not in expr, f"{title}: unsubstituted variable in {expr}"
         substituted.append((title, expr))
     return substituted
 
 
-def assert_every_panel_has_data(prom: Prometheus, run: str, start: float, end: float) -> None:
+def assert_every_panel_has_data(prom: Prometheus, run: str, start: float, end: float, sweep: bool = False) -> None:
     empty = []
-    for title, expr in panel_queries(run):
+    for title, expr in panel_queries(run, sweep):
         series = prom.query_range(expr, start, end)
         finite = [v for s in series for _, v in s["values"] if math.isfinite(float(v))]
         if not finite:
@@ -166,5 +170,33 @@ def test_every_panel_has_data_for_a_real_training_run(prometheus_bin: str, ray_a
         assert prom.last("dppo_env_steps_total") == summary["env_steps"]
         assert prom.last("dppo_iteration") == summary["iterations"]
         assert prom.run_variable() == [run]
+    finally:
+        prom.stop()
+
+
+@pytest.mark.slow
+def test_the_sweep_row_has_data_for_a_real_sweep(prometheus_bin: str, ray_address: str, dppo_cmd: list[str],
+                                                  tmp_path: Path) -> None:
+    """A two-trial `dppo sweep` scraped end to end: every sweep panel has data, by trial."""
+    metrics_port = free_ports(1)[0]
+    prom = Prometheus(prometheus_bin, tmp_path, metrics_port)
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(yaml.safe_dump({
+        "name": "dash-sweep", "base": {"env": "CartPole-v1"}, "trials": 2, "concurrent": 2, "driver_cpus": 0.25,
+        "set": {"run.total_steps": 8192, "run.actors": 1, "run.actor_cpus": 0.5, "run.tensorboard": False,
+                "env.latency_ms": 0.5},
+        "space": {"ppo.learning_rate": "choice([0.0003, 0.001])"},
+        "metrics": {"port": metrics_port, "host": "127.0.0.1", "linger_s": 4}}))
+    try:
+        start = time.time()
+        sweep = subprocess.run([*dppo_cmd, "sweep", "--config", str(sweep_file), "--out-dir", str(tmp_path / "out"),
+                                "--address", ray_address], capture_output=True, text=True, timeout=300)
+        assert sweep.returncode == 0, sweep.stderr[-3000:]
+        end = time.time()
+        assert prom.run_variable() == ["dash-sweep"]
+        assert_every_panel_has_data(prom, "dash-sweep", start, end, sweep=True)
+        trials = {p.name for p in (tmp_path / "out" / "trials").iterdir()}
+        returns = prom.query_range(panel_queries("dash-sweep", sweep=True)[0][1], start, end)
+        assert {s["metric"]["trial"] for s in returns} == trials
     finally:
         prom.stop()

@@ -1,16 +1,22 @@
 """Sweeps on a real Ray with Ray Tune: population-based training continues exploited trials with the perturbed
-hyperparameters in effect, a failing trial is reported while the others finish, a stopped sweep resumes keeping
-its finished trials, and a bad sweep file is one line with nothing written."""
+hyperparameters in effect (and the sweep serves every trial's metrics), a failing trial is reported while the
+others finish, a stopped sweep resumes keeping its finished trials, and a bad sweep file is one line with nothing
+written."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from dppo.bench.local_cluster import free_ports
 
 SMALL = {"run.total_steps": 8192, "run.actors": 1, "run.actor_cpus": 0.5, "run.tensorboard": False}
 
@@ -32,11 +38,46 @@ def progress(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
 
 
+def scrape_until_exit(proc: subprocess.Popen, port: int, timeout: float = 600) -> list[dict[tuple, float]]:
+    """Every scrape of the sweep's metrics endpoint while the process runs (bounded in time and count)."""
+    samples, deadline = [], time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline and len(samples) < 2000:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                text = resp.read().decode()
+            samples.append({(s.name, tuple(sorted(s.labels.items()))): s.value
+                            for family in text_string_to_metric_families(text) for s in family.samples})
+        except OSError:
+            pass
+        time.sleep(0.3)
+    return samples
+
+
 def test_pbt_continues_exploited_trials_with_the_perturbed_hyperparameters(ray_address: str, tmp_path: Path) -> None:
+    """Also the sweep's metrics: every trial's learner metrics on the sweep driver's port, labelled trial."""
+    (port,) = free_ports(1)
     path = sweep_file(tmp_path, space={"ppo.learning_rate": "loguniform(1e-4, 1e-2)"},
-                      scheduler={"name": "pbt", "perturbation_interval": 2, "quantile": 0.5})
-    done = dppo_sweep(path, tmp_path / "out", address=ray_address)
+                      scheduler={"name": "pbt", "perturbation_interval": 2, "quantile": 0.5},
+                      metrics={"port": port, "host": "127.0.0.1", "linger_s": 5})
+    argv = [sys.executable, "-m", "dppo", "sweep", "--config", str(path), "--out-dir", str(tmp_path / "out"),
+            "--address", ray_address]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    scrapes = scrape_until_exit(proc, port)
+    stdout, stderr = proc.communicate(timeout=60)
+    done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "iter=" not in done.stdout + done.stderr  # the trials' iteration lines are in their train.log only
+    trials = {p.name for p in (tmp_path / "out" / "trials").iterdir()}
+    assert scrapes, "the sweep served no metrics"
+    final = scrapes[-1]  # during the linger, after both trials finished
+    for trial in trials:
+        assert final[("dppo_iteration", (("trial", trial),))] == 16
+        # the steps the trial sampled itself (not 8192 when an exploit moved it to another point of training)
+        assert final[("dppo_env_steps_total", (("trial", trial),))] > 0
+        assert ("dppo_learning_rate", (("trial", trial),)) in final
+    assert final[("dppo_sweep_trials", (("state", "TERMINATED"),))] == 2
+    assert max(s.get(("dppo_sweep_trials", (("state", "RUNNING"),)), 0) for s in scrapes) >= 1
+    assert {dict(labels).get("trial") for s in scrapes for (name, labels) in s if name == "dppo_iteration"} == trials
     iterations = 16  # 8192 steps / (1 actor x 8 envs x 64 steps)
     changed = False
     for run_dir in (tmp_path / "out" / "trials").iterdir():
