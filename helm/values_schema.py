@@ -1,15 +1,17 @@
-"""Writes the `config` part of the chart's values.schema.json from dppo's own config schema, so `helm install`
-checks `config:` with the rules `dppo train` applies. Run it after changing a config key:
+"""Writes the `config` and `sweep` parts of the chart's values.schema.json from dppo's own config and sweep
+schemas, so `helm install` checks `config:` with the rules `dppo train` applies and `sweep:` with those of
+`dppo sweep` (its space's keys must be config keys). Run it after changing a config key:
 ``python helm/values_schema.py`` (``--check`` only compares); a test fails when the two differ."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
-from dppo.config.schema import config_schema
+from dppo.config.schema import E_NOTATION, config_schema, inline
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "dppo" / "values.schema.json"
 DESCRIPTION = ("dppo config sections deep-merged over the env's preset (the chart's own values win for the keys it "
@@ -17,11 +19,55 @@ DESCRIPTION = ("dppo config sections deep-merged over the env's preset (the char
                "does.")
 
 
+def config_keys(schema: dict, prefix: str = "") -> tuple[list[str], list[str]]:
+    """(dotted leaf keys, dotted prefixes of free-form maps such as env.kwargs) of a config schema."""
+    keys, maps = [], []
+    for name, field in schema.get("properties", {}).items():
+        path = f"{prefix}{name}"
+        options = field.get("anyOf", [field])
+        nested = next((o for o in options if o.get("type") == "object" and "properties" in o), None)
+        if nested is not None:
+            sub_keys, sub_maps = config_keys(nested, f"{path}.")
+            keys += sub_keys
+            maps += sub_maps
+        else:
+            keys.append(path)
+            if any(o.get("type") == "object" for o in options):
+                maps.append(path)
+    return keys, maps
+
+
+def sweep_schema(config: dict) -> dict:
+    """The chart's `sweep:` values: the space's keys are config keys and its values distributions; the scheduler
+    is dppo's SchedulerSpec."""
+    from dppo.sweep.spec import DISTRIBUTION, SchedulerSpec
+
+    keys, maps = config_keys(config)
+    raw = SchedulerSpec.model_json_schema()
+    scheduler = inline(raw, raw.pop("$defs", {}))
+    scheduler.pop("default", None)
+    names = {"anyOf": [{"enum": sorted(keys)}, *({"pattern": f"^{re.escape(m)}\\..+$"} for m in sorted(maps))]}
+    positive = {"anyOf": [{"type": "integer", "minimum": 1}, E_NOTATION]}
+    return {
+        "type": "object", "additionalProperties": False,
+        "properties": {
+            "enabled": {"type": "boolean"},
+            "space": {"type": "object", "propertyNames": names,
+                      "additionalProperties": {"type": "string", "pattern": DISTRIBUTION.pattern}},
+            "scheduler": scheduler,
+            "trials": positive,
+            "concurrent": positive,
+            "metric": {"type": "string", "minLength": 1},
+        },
+    }
+
+
 def render(current: dict) -> str:
-    """The schema file with its `config` property regenerated, everything else as it is."""
+    """The schema file with its `config` and `sweep` properties regenerated, everything else as it is."""
     updated = dict(current)
-    updated["properties"] = {**current["properties"], "config": {"description": DESCRIPTION, **config_schema()}}
-    updated["properties"]["config"].pop("default", None)
+    config = {"description": DESCRIPTION, **config_schema()}
+    config.pop("default", None)
+    updated["properties"] = {**current["properties"], "config": config, "sweep": sweep_schema(config)}
     return json.dumps(updated, indent=2) + "\n"
 
 

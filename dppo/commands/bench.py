@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from dppo.bench import learn, node_loss, sampling, score, solve, update, variants
+from dppo.bench import learn, node_loss, sampling, score, solve, sweeps, update, variants
 from dppo.bench import round as round_  # the module, not the builtin
 
-BENCHMARKS = (sampling, solve, update, learn, variants, round_, node_loss, score)  # in `dppo bench --help` order
+# In `dppo bench --help` order.
+BENCHMARKS = (sampling, solve, update, learn, variants, sweeps, round_, node_loss, score)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

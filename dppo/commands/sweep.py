@@ -57,10 +57,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     from dppo.distributed.cluster import connect_ray
     from dppo.sweep.metrics import TrialMetrics
+    from dppo.sweep.trainable import trial_bundles
 
     base = sweep.trial_config({})
     base.run.address = args.address or base.run.address
-    connect_ray(base)
+    trial_cpus = sum(bundle["CPU"] for bundle in trial_bundles(sweep))
+    connect_ray(base, min_cpus=trial_cpus)  # a local Ray fits one trial at least
+    import ray
+
+    cluster_cpus = ray.cluster_resources().get("CPU", 0.0)
+    if cluster_cpus < trial_cpus:
+        print(f"a trial needs {trial_cpus:g} Ray CPUs (driver_cpus {sweep.spec.driver_cpus:g} + its actors') and "
+              f"the cluster has {cluster_cpus:g}: trials wait until it grows (an autoscaler adds nodes)",
+              file=sys.stderr, flush=True)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     served = TrialMetrics(sweep.spec.name, base.env.name)
     if metrics.port:

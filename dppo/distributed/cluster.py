@@ -24,8 +24,9 @@ TOKEN_HINT = ("set RAY_AUTH_TOKEN to the cluster's token, or put it in ~/.ray/au
               "made for the RayCluster)")
 
 
-def connect_ray(config: Config) -> None:
-    """Join run.address / RAY_ADDRESS, or start a quiet local Ray sized to fit every actor."""
+def connect_ray(config: Config, min_cpus: float = 0.0) -> None:
+    """Join run.address / RAY_ADDRESS, or start a quiet local Ray sized to fit every actor (and at least
+    ``min_cpus``: a sweep's trial, its driver included)."""
     import ray
 
     address = config.run.address or os.environ.get("RAY_ADDRESS")
@@ -41,7 +42,7 @@ def connect_ray(config: Config) -> None:
             needed = config.run.actors * config.run.actor_cpus  # learner processes reserve CPUs too
             if config.run.learners > 1:
                 needed += config.run.learners * config.run.learner_cpus
-            cpus = max(os.cpu_count() or 1, math.ceil(needed))
+            cpus = max(os.cpu_count() or 1, math.ceil(needed), math.ceil(min_cpus))
             ray.init(address="local", num_cpus=cpus, include_dashboard=False, **quiet)
     except (ConnectionError, ValueError, RuntimeError) as err:
         raise UsageError(f"cannot connect to Ray at {address!r}: {first_line(err)}; check --address / "

@@ -21,16 +21,21 @@ from dppo.sweep.spec import Sweep
 CHECKPOINT_FILE = "ckpt.pt"
 
 
-def trial_resources(sweep: Sweep) -> Any:
+def trial_bundles(sweep: Sweep) -> list[dict[str, float]]:
     """One placement group per trial: its driver, then a bundle per actor (and per learner process), so a trial's
     actors are reserved together and the cluster is never oversubscribed."""
-    from ray import tune
-
     run = sweep.trial_config({}).run
     bundles = [{"CPU": sweep.spec.driver_cpus}] + [{"CPU": run.actor_cpus}] * run.actors
     if run.learners > 1:
         bundles += [{"CPU": run.learner_cpus}] * run.learners
-    return tune.PlacementGroupFactory(bundles)
+    return bundles
+
+
+def trial_resources(sweep: Sweep) -> Any:
+    """Tune's resources of a trial: its placement group."""
+    from ray import tune
+
+    return tune.PlacementGroupFactory(trial_bundles(sweep))
 
 
 def run_trial(params: dict[str, Any], sweep: Sweep, sweep_dir: str) -> None:

@@ -262,6 +262,64 @@ def test_persistence_resumes_on_retry(helm_bin: str) -> None:
     assert training_config(objects)["run"]["run_dir"] == "/checkpoints/r-dppo"
 
 
+def test_sweep_mode_runs_dppo_sweep_with_workers_for_its_concurrent_trials(helm_bin: str, tmp_path: Path) -> None:
+    """sweep.enabled: the entrypoint is `dppo sweep` on the ConfigMap's sweep.yaml (every trial's base the
+    config.yaml beside it, which dppo accepts), the worker group holds concurrent x (actors + 1) Ray CPUs, and the
+    worker pods mount the claim the results go to."""
+    from dppo.sweep.spec import load_sweep
+
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "sweep.yaml"))
+    rayjob = one(objects, "RayJob")
+    config_map = next(o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-config"))
+    assert rayjob["spec"]["entrypoint"] == ("dppo sweep --config /etc/dppo/sweep.yaml --out-dir /data/r-dppo "
+                                            "--auto-resume")
+    for name, text in config_map["data"].items():
+        (tmp_path / name).write_text(text)
+    sweep = load_sweep(tmp_path / "sweep.yaml")  # dppo's own checks of the rendered file
+    assert sweep.spec.scheduler.name == "pbt" and sweep.spec.scheduler.mutate == ["ppo.learning_rate"]
+    assert (sweep.spec.trials, sweep.spec.concurrent, sweep.spec.driver_cpus) == (4, 2, 1)
+    assert sweep.spec.metrics.port == 8000 and sweep.spec.metrics.host == "0.0.0.0"
+    assert sweep.base["env"]["id"] == "Pendulum-v1" and sweep.base["run"]["total_steps"] == 100000
+    (workers,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert workers["replicas"] == 2 and workers["rayStartParams"] == {"num-cpus": "3"}  # ceil(2 x (2 + 1) / 3)
+    pvc = one(objects, "PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    worker_spec = workers["template"]["spec"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": pvc["metadata"]["name"]}} in \
+        worker_spec["volumes"]
+    assert {"name": "checkpoints", "mountPath": "/data"} in worker_spec["containers"][0]["volumeMounts"]
+    assert "Sweep: 4 trial(s) of the space ppo.clip_coef, ppo.learning_rate, run.seed" in notes(
+        helm_bin, "-f", str(VALUES_DIR / "sweep.yaml"))
+    default = render(helm_bin, "-f", str(VALUES_DIR / "persistence.yaml"))
+    assert "sweep.yaml" not in one(default, "ConfigMap")["data"]
+    assert "volumes" not in one(default, "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+
+
+SWEEP_ON = ["--set", "sweep.enabled=true", "--set", "persistence.enabled=true",
+            "--set", "persistence.accessModes={ReadWriteMany}"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--set", "sweep.enabled=true"], "sweep.enabled needs persistence.enabled"),
+    (["--set", "sweep.enabled=true", "--set", "persistence.enabled=true"], "so it must be ReadWriteMany"),
+    ([*SWEEP_ON, "--set", "learners.replicas=2", "--set", "config.ppo.minibatch_size=256"],
+     "sweep.enabled with learners.replicas > 0"),
+    ([*SWEEP_ON, "--set", "head.gpus=1"], "sweep.enabled with head.gpus > 0"),
+    ([*SWEEP_ON, "--set", "sweep.scheduler.name=pbt", "--set-string", "sweep.space.run\\.seed=grid([1\\, 2])"],
+     "sweep.scheduler.name=pbt needs a sweep.space key to perturb"),
+    ([*SWEEP_ON, "--set-string", "sweep.space.ppo\\.learnin_rate=uniform(0\\, 1)"],
+     "invalid propertyName 'ppo.learnin_rate'"),
+    ([*SWEEP_ON, "--set-string", "sweep.space.ppo\\.learning_rate=lognormal(1)"],
+     "at '/sweep/space/ppo.learning_rate': 'lognormal(1)' does not match pattern"),
+    ([*SWEEP_ON, "--set", "sweep.scheduler.name=hyperband"], "at '/sweep/scheduler/name'"),
+    ([*SWEEP_ON, "--set", "sweep.scheduler.quantile=0.9"], "at '/sweep/scheduler/quantile'"),
+    ([*SWEEP_ON, "--set", "sweep.concurrent=0"], "at '/sweep/concurrent'"),
+])
+def test_bad_sweep_values_fail_at_render_time(helm_bin: str, args: list[str], message: str) -> None:
+    out = helm(helm_bin, "template", "r", str(CHART), *args)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
 def test_gpu_learner_puts_a_gpu_on_the_head_only(helm_bin: str) -> None:
     rayjob = one(render(helm_bin, "-f", str(VALUES_DIR / "gpu-learner.yaml")), "RayJob")
     head = head_container(rayjob)

@@ -480,3 +480,71 @@ def test_chart_runs_two_learner_pods(helm_bin: str, cluster_root: Path) -> None:
         assert all(a["node_id"] not in learner_nodes and not nodes[a["node_id"]]["is_head_node"] for a in samplers)
     finally:
         local.stop()
+
+
+@pytest.mark.timeout(420)
+def test_chart_runs_a_sweep_through_the_rendered_rayjob(helm_bin: str, cluster_root: Path) -> None:
+    """sweep.enabled: the rendered entrypoint `dppo sweep` on the ConfigMap's sweep.yaml, in the rendered cluster
+    (the worker group sized for two concurrent trials): both trials train in the worker pods, the results land on
+    the claim, and the head's declared metrics port serves every trial's metrics with its trial label."""
+    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
+    pvc = cluster_root / "pvc"
+    pvc.mkdir()
+    values = cluster_root / "sweep-values.yaml"
+    values.write_text(yaml.safe_dump({
+        "metrics": {"port": metrics, "lingerSeconds": 5}, "totalSteps": 4096, "actors": 1, "actorsPerPod": 2,
+        "envsPerActor": 4, "segmentLength": 64, "config": {"ppo": {"minibatch_size": 128},
+                                                            "run": {"tensorboard": False}},
+        "persistence": {"enabled": True, "mountPath": str(pvc), "accessModes": ["ReadWriteMany"]},
+        "sweep": {"enabled": True, "space": {"ppo.learning_rate": "choice([0.0003, 0.001])"}, "trials": 2,
+                  "concurrent": 2}}))
+    objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "-f", str(values))
+    spec = next(o for o in objects if o["kind"] == "RayJob")["spec"]
+    (workers,) = spec["rayClusterSpec"]["workerGroupSpecs"]
+    assert workers["replicas"] == 2  # ceil(2 trials x (1 actor + 1 learner) / 2 per pod)
+    # The ConfigMap where the head pod has it mounted; the sweep's metrics on 127.0.0.1 instead of 0.0.0.0.
+    mounted = cluster_root / "etc"
+    mounted.mkdir()
+    data = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
+    sweep_file = yaml.safe_load(data["sweep.yaml"])
+    sweep_file["metrics"]["host"] = "127.0.0.1"
+    (mounted / "sweep.yaml").write_text(yaml.safe_dump(sweep_file))
+    (mounted / "config.yaml").write_text(data["config.yaml"])
+    entrypoint = spec["entrypoint"].replace("/etc/dppo/sweep.yaml", str(mounted / "sweep.yaml"))
+    out_dir = Path(entrypoint.split("--out-dir ")[1].split()[0])
+    assert out_dir.parent == pvc and entrypoint.endswith("--auto-resume")
+    local = LocalCluster(cluster_root)
+    try:
+        address, env, _token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash,
+                                                      client, node_ports)
+        submitted = subprocess.run(["bash", "-c", f"{BIN / 'ray'} job submit --address {address} --no-wait "
+                                    f"--submission-id sweep -- {entrypoint}"],
+                                   env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        follow = subprocess.Popen([str(BIN / "ray"), "job", "logs", "--address", address, "--follow", "sweep"],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  start_new_session=True)
+        local.procs.append(follow)  # type: ignore[arg-type]
+        labelled: set[str] = set()
+        deadline = time.monotonic() + 300
+        while follow.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=2) as resp:
+                    text = resp.read().decode()
+                labelled |= {s.labels["trial"] for family in text_string_to_metric_families(text)
+                             for s in family.samples if s.name == "dppo_iteration"}
+            time.sleep(0.5)
+        output, _ = follow.communicate(timeout=60)
+        rows = list(__import__("csv").DictReader((out_dir / "trials.csv").open()))
+        assert [r["state"] for r in rows] == ["TERMINATED", "TERMINATED"], output + local.logs()
+        trials = {r["trial"] for r in rows}
+        assert labelled == trials, (labelled, trials)
+        for trial in trials:
+            assert json.loads((out_dir / "trials" / trial / "summary.json").read_text())["env_steps"] >= 4096
+        assert (out_dir / "best-config.yaml").is_file() and "started" in output
+        nodes = {n["node_id"]: n for n in ray_list(address, env, "nodes")}
+        trained = [a for a in ray_list(address, env, "actors") if a["class_name"] in ("ImplicitFunc", "Actor")]
+        assert {a["class_name"] for a in trained} == {"ImplicitFunc", "Actor"}, trained
+        assert all(not nodes[a["node_id"]]["is_head_node"] for a in trained), "a trial ran on the head"
+    finally:
+        local.stop()

@@ -61,9 +61,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository $tag }}
 {{- end }}
 
-{{/* Actor worker pods that `actors` needs: ceil(actors / actorsPerPod). */}}
+{{/* Worker pods the run needs: ceil(actors / actorsPerPod); for a sweep, the Ray CPUs of `concurrent` trials
+(each its learner and its actors, one Ray CPU each) over actorsPerPod. */}}
 {{- define "dppo.workerReplicas" -}}
-{{- div (add (int .Values.actors) (sub (int .Values.actorsPerPod) 1)) (int .Values.actorsPerPod) }}
+{{- $cpus := int .Values.actors }}
+{{- if .Values.sweep.enabled }}{{ $cpus = mul (int .Values.sweep.concurrent) (add1 (int .Values.actors)) }}{{ end }}
+{{- div (add $cpus (sub (int .Values.actorsPerPod) 1)) (int .Values.actorsPerPod) }}
 {{- end }}
 
 {{/* autoscaling.maxReplicas, by default the pods `actors` needs. */}}
@@ -99,9 +102,45 @@ needs) clamped into [minReplicas, maxReplicas]; without, what `actors` needs. */
 {{- end }}
 {{- end }}
 
-{{/* The learner's command line: the Ray job entrypoint. */}}
+{{/* The learner's command line (a sweep's driver's with sweep.enabled): the Ray job entrypoint. */}}
 {{- define "dppo.entrypoint" -}}
+{{- if .Values.sweep.enabled -}}
+dppo sweep --config {{ include "dppo.sweepPath" . }} --out-dir {{ include "dppo.runDir" . }} --auto-resume
+{{- else -}}
 dppo train --config {{ include "dppo.configPath" . }}{{ if .Values.persistence.enabled }} --auto-resume{{ end }}
+{{- end }}
+{{- end }}
+
+{{- define "dppo.sweepPath" -}}/etc/dppo/sweep.yaml{{- end }}
+
+{{/* The sweep file (sweep.enabled): the training config beside it is every trial's base. Its trials' learners
+reserve one Ray CPU each (driver_cpus), as the worker group is sized. */}}
+{{- define "dppo.sweepFile" -}}
+{{- $sweep := .Values.sweep }}
+{{- if not .Values.persistence.enabled }}
+{{- fail "sweep.enabled needs persistence.enabled: the trials (in the worker pods) and the sweep (on the head) share their run directories and checkpoints through the claim; set persistence.enabled=true with a ReadWriteMany claim" }}
+{{- end }}
+{{- if and (not .Values.persistence.existingClaim) (not (has "ReadWriteMany" .Values.persistence.accessModes)) }}
+{{- fail (printf "sweep.enabled: the head and every worker pod mount the claim, so it must be ReadWriteMany; set persistence.accessModes={ReadWriteMany} (a storage class that offers it: NFS, EFS, Filestore, CephFS) or persistence.existingClaim (now %s)" (join "," .Values.persistence.accessModes)) }}
+{{- end }}
+{{- if gt (int .Values.learners.replicas) 0 }}
+{{- fail "sweep.enabled with learners.replicas > 0: each trial trains in its own learner process in a worker pod; set learners.replicas=0" }}
+{{- end }}
+{{- if gt (int .Values.head.gpus) 0 }}
+{{- fail "sweep.enabled with head.gpus > 0: the trials' learners run in the worker pods, not on the head; set head.gpus=0" }}
+{{- end }}
+{{- if eq $sweep.scheduler.name "pbt" }}
+{{- $mutable := list }}
+{{- range $key, $dist := $sweep.space }}{{ if not (hasPrefix "grid" (trim $dist)) }}{{ $mutable = append $mutable $key }}{{ end }}{{ end }}
+{{- if not $mutable }}
+{{- fail "sweep.scheduler.name=pbt needs a sweep.space key to perturb that is not a grid, e.g. ppo.learning_rate: loguniform(1e-4, 1e-3)" }}
+{{- end }}
+{{- end }}
+{{- $file := dict "name" (include "dppo.fullname" .) "base" (dict "config" (base (include "dppo.configPath" .)))
+  "space" $sweep.space "scheduler" $sweep.scheduler "trials" (int $sweep.trials) "concurrent" (int $sweep.concurrent)
+  "driver_cpus" 1 "metric" $sweep.metric
+  "metrics" (dict "port" (int .Values.metrics.port) "host" "0.0.0.0" "linger_s" .Values.metrics.lingerSeconds) }}
+{{- toYaml $file }}
 {{- end }}
 
 {{/*
