@@ -15,30 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from dppo.bench.common import Row, typed_argv
+from dppo.markdown import table
 
 DOCS_TITLE = "# Benchmarks\n\nEvery section below is written by the `dppo bench` command it shows (`--write-docs`).\n"
-
-
-def cell(value: Any) -> str:
-    """A table cell: ``-`` for None, ``median (min-max)`` for a spread, numbers to 3 significant digits."""
-    if value is None:
-        return "-"
-    if isinstance(value, dict) and {"median", "min", "max"} <= value.keys():
-        return f"{cell(value['median'])} ({cell(value['min'])}-{cell(value['max'])})"
-    if isinstance(value, float):
-        if value >= 1000:
-            return f"{value:,.0f}"
-        return f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10_000:
-        return f"{value:,}"
-    return str(value)
-
-
-def table(rows: list[Row], columns: list[str]) -> str:
-    """A Markdown table (also readable in a terminal)."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def section_markers(key: str) -> tuple[str, str]:

@@ -19,10 +19,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dppo.bench.common import Row, add_common_args, check_env_id, machine, parse_counts
-from dppo.bench.docs import emit, table
+from dppo.bench.docs import emit
 from dppo.bench.memory import PeakMemory
 from dppo.cli_args import positive
 from dppo.errors import UsageError
+from dppo.markdown import table
 from dppo.run.curves import plot_runs
 
 

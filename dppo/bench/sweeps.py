@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import sys
 import time
@@ -33,6 +34,7 @@ from dppo.cli_args import positive
 from dppo.errors import UsageError
 from dppo.run.curves import plot_runs
 from dppo.run.run_dir import RunDir
+from dppo.sweep.trainable import trial_bundles
 
 
 def run_sweep(sweep_file: Path, out_dir: Path, timeout_s: float) -> tuple[float, list[dict[str, str]]]:
@@ -80,16 +82,22 @@ def trial_runs(sweep_dir: Path, trials: list[dict[str, str]], episodes: int, tim
     return runs
 
 
-def compare_seeds(sweep_dir: Path, base: Path, seeds: list[int], args: argparse.Namespace) -> list[Row]:
+def compare_seeds(sweep_dir: Path, base: Path, trials: list[dict[str, str]], seeds: list[int],
+                  args: argparse.Namespace) -> list[Row]:
     best = sweep_dir / "best-config.yaml"
-    if not best.is_file():
+    scored = [t for t in trials if t["final_return"]]
+    if not best.is_file() or not scored:
         raise RuntimeError(f"the sweep in {sweep_dir} found no best config (no trial reported a return)")
+    top = max(scored, key=lambda t: float(t["final_return"]))  # the trial best-config.yaml was written from
+    best_trial = f"{top['config']} (trial {top['trial']}: {float(top['final_return']):.1f})"
     found = [train_config(best, s, sweep_dir.parent / "best" / f"seed{s}", args.episodes, args.timeout)
              for s in seeds]
-    preset = [train_config(base, s, sweep_dir.parent / "base" / f"seed{s}", args.episodes, args.timeout)
-              for s in seeds]
-    header = best.read_text().splitlines()[0].lstrip("# ")
-    return [group_row("best config, fresh seeds", header, found), group_row("base config, same seeds", "-", preset)]
+    rows = [group_row("best config, fresh seeds", best_trial, found)]
+    if args.baseline == "rerun":
+        preset = [train_config(base, s, sweep_dir.parent / "base" / f"seed{s}", args.episodes, args.timeout)
+                  for s in seeds]
+        rows.append(group_row("base config, same seeds", "-", preset))
+    return rows
 
 
 def compare_independent(sweep_dir: Path, base: Path, trials: list[dict[str, str]],
@@ -127,6 +135,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="seeds: best config vs base on fresh seeds; independent: trials vs as many "
                        "independent runs; train: a one-trial sweep vs dppo train")
     bench.add_argument("--seeds", default="101,102,103", help="fresh seeds for --compare seeds (default 101,102,103)")
+    bench.add_argument("--baseline", choices=["rerun", "none"], default="rerun",
+                       help="--compare seeds: also train the base config on the same seeds (rerun), or compare "
+                       "with its published figure instead (none: the table has the best config's row only)")
     bench.add_argument("--episodes", type=positive(int, "--episodes"), default=10,
                        help="deterministic evaluation episodes per run (default 10)")
     bench.add_argument("--out-dir", type=Path, help="where the runs go (default runs/bench-sweep-<timestamp>)")
@@ -150,7 +161,7 @@ def cmd_bench_sweep(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     sweep_wall, trials = run_sweep(args.config.resolve(), out_dir / "sweep", args.timeout)
     if args.compare == "seeds":
-        rows = compare_seeds(out_dir / "sweep", base, seeds, args)
+        rows = compare_seeds(out_dir / "sweep", base, trials, seeds, args)
     elif args.compare == "independent":
         rows = compare_independent(out_dir / "sweep", base, trials, args)
     else:
@@ -159,8 +170,10 @@ def cmd_bench_sweep(args: argparse.Namespace) -> int:
     key = args.section or f"sweep-{args.compare}-{config.env.name.replace('/', '_').replace(':', '_')}"
     figure = Path(args.write_docs).parent / f"bench-{key}.png" if args.write_docs else out_dir / f"{key}.png"
     plot_runs([Path(r["run_dir"]) for row in rows for r in row["per_run"]], figure)
-    note = (f"`dppo sweep --config {args.config}` ({len(trials)} trials, scheduler {sweep.spec.scheduler.name}, "
-            f"{sweep.spec.concurrent} at a time, {config.run.total_steps:,} env steps each; sweep wall time "
+    trial_cpus = sum(bundle["CPU"] for bundle in trial_bundles(sweep))
+    note = (f"`dppo sweep --config {args.config}` ({len(trials)} trial(s), scheduler {sweep.spec.scheduler.name}, "
+            f"at most {sweep.spec.concurrent} at a time, each reserving {trial_cpus:g} Ray CPUs of the local Ray's "
+            f"max({os.cpu_count()} cores, one trial); {config.run.total_steps:,} env steps each; sweep wall time "
             f"{sweep_wall:.0f} s), then plain `dppo train --config base-config.yaml` runs (the sweep file's base "
             "with its set:, early stopping off). `train`: the final 100-episode training return, mean +- std over "
             f"the runs; `eval`: `dppo eval`, {args.episodes} deterministic episodes per run; `_best`: the best run; "

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dppo.bench.docs import table
+from dppo.markdown import table
 from dppo.run.curves import plot_runs
 from dppo.run.run_dir import atomic_write
 from dppo.sweep.spec import Sweep

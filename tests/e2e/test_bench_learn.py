@@ -97,3 +97,37 @@ def test_variants_rejects_a_malformed_variant(tmp_path: Path) -> None:
                            "lstm:model.recurrent"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "NAME:KEY=VALUE" in done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_sweep_bench_times_a_one_trial_sweep_against_dppo_train(tmp_path: Path) -> None:
+    """`dppo bench sweep --compare train`: the same config through Tune and through `dppo train`, both trained to
+    the same steps, evaluated, and written as a docs section."""
+    import yaml
+
+    sweep_file, rows_file, docs = tmp_path / "one.yaml", tmp_path / "rows.json", tmp_path / "benchmarks.md"
+    sweep_file.write_text(yaml.safe_dump({
+        "base": {"env": "CartPole-v1"}, "space": {}, "trials": 1, "concurrent": 1, "driver_cpus": 1,
+        "set": {"run.total_steps": 2048, "run.actors": 1, "run.actor_cpus": 0.5, "run.tensorboard": False,
+                "run.seed": 4}}))
+    done = subprocess.run(
+        [sys.executable, "-m", "dppo", "bench", "sweep", "--config", str(sweep_file), "--compare", "train",
+         "--episodes", "2", "--out-dir", str(tmp_path / "runs"), "--json", str(rows_file), "--write-docs", str(docs)],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    swept, trained = json.loads(rows_file.read_text())
+    assert (swept["runs"], trained["runs"]) == ("dppo sweep, 1 trial", "dppo train")
+    for row in (swept, trained):
+        assert row["env_steps"] == 2048 and row["steps_per_s"] > 0 and row["wall_s"] >= row["train_s"] > 0
+        (run,) = row["per_run"]
+        assert yaml.safe_load((Path(run["run_dir"]) / "config.yaml").read_text())["run"]["seed"] == 4
+    assert "## Sweep (train), CartPole-v1" in docs.read_text()
+    assert (tmp_path / "bench-sweep-train-CartPole-v1.png").stat().st_size > 10_000
+
+
+def test_sweep_bench_refuses_a_bad_sweep_file(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("base: {env: CartPole-v1}\nspace: {ppo.epochs: 'uniform(0.1, 0.2)'}\n")
+    done = subprocess.run([sys.executable, "-m", "dppo", "bench", "sweep", "--config", "bad.yaml", "--compare",
+                           "train"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "sweep space ppo.epochs" in done.stderr
+    assert not (tmp_path / "runs").exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dppo.bench.common import parse_counts
-from dppo.bench.docs import replace_section, section_markers, table
+from dppo.bench.docs import replace_section, section_markers
 from dppo.bench.memory import tree_memory_mib
 from dppo.bench.sampling import bench_sampling, sampling_limit
 from dppo.bench.update import bench_update
@@ -20,6 +20,7 @@ from dppo.cli_args import Parser
 from dppo.commands.bench import register
 from dppo.config import load_config
 from dppo.errors import UsageError
+from dppo.markdown import table
 
 TINY = ["--envs-per-actor", "2", "--segment-length", "8", "--iterations", "1"]
 
