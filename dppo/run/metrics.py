@@ -56,13 +56,25 @@ def check_port(host: str, port: int) -> None:
                              "(metrics.port), or 0 to serve no metrics") from None
 
 
-def serve_registry(registry: CollectorRegistry, port: int, host: str) -> Any:
-    """Serve a registry over HTTP in a daemon thread; returns the server (``server_port``, ``shutdown()``)."""
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return server
+class Exporter:
+    """A registry served over HTTP in a daemon thread: the learner's metrics, or a sweep's."""
+
+    registry: CollectorRegistry
+    _server: Any = None
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> int:
+        """Start the HTTP exporter; returns the bound port (useful with port 0 in tests)."""
+        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(self._server.server_port)
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
 
-class Metrics:
+class Metrics(Exporter):
     """The learner's metrics and (optionally) the HTTP server that exposes them."""
 
     def __init__(self, env_id: str, run_name: str) -> None:
@@ -127,18 +139,6 @@ class Metrics:
         self.run_info.labels(env=env_id, run=run_name).set(1)
         self.start_time = Gauge("dppo_start_time_seconds", "Unix time the run started.", registry=r)
         self.start_time.set(time.time())
-        self._server: Any = None
-
-    def serve(self, port: int, host: str = "0.0.0.0") -> int:
-        """Start the HTTP exporter in a daemon thread; returns the bound port (useful with port 0 in tests)."""
-        self._server = serve_registry(self.registry, port, host)
-        return int(self._server.server_port)
-
-    def shutdown(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
 
     def record_iteration(
         self, record: dict[str, Any], new_episode_returns: Iterable[float], phases: dict[str, float]

@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from ray import tune
 
-from dppo.run.metrics import DIAGNOSTIC_GAUGES, serve_registry
+from dppo.run.metrics import DIAGNOSTIC_GAUGES, Exporter
 
 STATES = ("PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR")
 _LIVE: dict[str, TrialMetrics] = {}  # this driver process's instance per sweep name
@@ -26,7 +26,7 @@ def live_metrics(sweep_name: str, env: str) -> TrialMetrics:
     return _LIVE.get(sweep_name) or TrialMetrics(sweep_name, env)
 
 
-class TrialMetrics(tune.Callback):
+class TrialMetrics(tune.Callback, Exporter):
     """Tune callback: each trial's progress record into ``trial``-labelled gauges and counters."""
 
     def __init__(self, sweep_name: str, env: str) -> None:
@@ -47,7 +47,6 @@ class TrialMetrics(tune.Callback):
             self.trials.labels(state=state)
         self._ended: set[str] = set()
         self._live: set[str] = set()
-        self._server: Any = None
 
     def __reduce__(self) -> tuple:
         """Tune pickles its run config, callbacks included, into the sweep directory: a resumed sweep gets the
@@ -100,14 +99,3 @@ class TrialMetrics(tune.Callback):
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         self._count_states(trials)
-
-    def serve(self, port: int, host: str) -> int:
-        """Start the HTTP exporter; returns the bound port."""
-        self._server = serve_registry(self.registry, port, host)
-        return int(self._server.server_port)
-
-    def shutdown(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None

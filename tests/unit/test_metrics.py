@@ -122,3 +122,32 @@ def test_every_metric_is_documented_with_its_type() -> None:
     sweep = TrialMetrics("test-sweep", "CartPole-v1").registry.collect()
     expected = {f"{f.name}_total" if f.type == "counter" else f.name: f.type for f in [*FAMILIES.values(), *sweep]}
     assert docs == expected, "docs/metrics.md's tables and the registries disagree"
+
+
+def test_a_sweep_keeps_the_series_of_live_trials_only() -> None:
+    """The trial label stays bounded: an ended trial's series go when the next trial starts; trials by state
+    count the ending trial in its new state (Tune calls back before it sets the status)."""
+    from types import SimpleNamespace
+
+    from dppo.sweep.metrics import TrialMetrics
+
+    metrics = TrialMetrics("bounded", "CartPole-v1")
+    first, second = (SimpleNamespace(trial_id=f"t_0000{i}", status="RUNNING") for i in (0, 1))
+
+    def trial_labels() -> set[str]:
+        return {s.labels.get("trial") for f in metrics.registry.collect() for s in f.samples} - {None}
+
+    metrics.on_trial_start(0, [first], first)
+    metrics.on_trial_result(0, [first], first, {"iteration": 1, "episode_return_mean": 10.0, "env_steps_delta": 64})
+    metrics.on_trial_complete(0, [first], first)
+    assert trial_labels() == {"t_00000"}  # the final values stay until the next start
+    assert metrics.registry.get_sample_value("dppo_sweep_trials", {"state": "TERMINATED"}) == 1
+    assert metrics.registry.get_sample_value("dppo_sweep_trials", {"state": "RUNNING"}) == 0
+    first.status = "TERMINATED"
+    metrics.on_trial_start(0, [first, second], second)
+    metrics.on_trial_result(0, [first, second], second, {"iteration": 1, "episode_return_mean": float("-inf"),
+                                                         "env_steps_delta": 64})
+    assert trial_labels() == {"t_00001"}
+    assert metrics.registry.get_sample_value("dppo_iteration", {"trial": "t_00001"}) == 1
+    assert metrics.registry.get_sample_value("dppo_episode_return_mean", {"trial": "t_00001"}) is None  # none yet
+    assert metrics.registry.get_sample_value("dppo_env_steps_total", {"trial": "t_00001"}) == 64
