@@ -47,18 +47,22 @@ def mean_std(values: list[float]) -> dict[str, float]:
             "std": round(statistics.stdev(values), 1) if len(values) > 1 else 0.0}
 
 
+def train_and_evaluate(argv: list[str], seed: int, run_dir: Path, episodes: int, timeout_s: float) -> Row:
+    """`dppo train ARGV --seed S` to its budget (early stopping off, ``argv``'s own --set still wins), then
+    `dppo eval` of its final policy."""
+    row = run_train(["--seed", str(seed), "--set", "run.target_return=null", "--log-format", "json", *argv], run_dir,
+                    timeout_s)
+    return {**row, "eval_return": evaluate_run(run_dir, episodes, timeout_s), "seed": seed}
+
+
 def learn_one(env_id: str, seed: int, out_dir: Path, total_steps: int | None, episodes: int, timeout_s: float,
               sets: list[str]) -> Row:
-    run_dir = out_dir / f"{env_id.replace('/', '_')}-seed{seed}"
-    argv = ["--env", env_id, "--seed", str(seed), "--set", "run.target_return=null", "--log-format", "json"]
+    argv = ["--env", env_id]
     if total_steps is not None:
         argv += ["--total-steps", str(total_steps)]
     for item in sets:
         argv += ["--set", item]
-    row = run_train(argv, run_dir, timeout_s)
-    row["eval_return"] = evaluate_run(run_dir, episodes, timeout_s)
-    row["seed"] = seed
-    return row
+    return train_and_evaluate(argv, seed, out_dir / f"{env_id.replace('/', '_')}-seed{seed}", episodes, timeout_s)
 
 
 def bench_learn(envs: list[str], seeds: list[int], out_dir: Path, total_steps: int | None = None,

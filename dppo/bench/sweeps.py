@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -28,13 +27,13 @@ import yaml
 
 from dppo.bench.common import Row, add_common_args, machine, parse_counts
 from dppo.bench.docs import emit
-from dppo.bench.learn import evaluate_run
-from dppo.bench.solve import _timed_subprocess, run_train
+from dppo.bench.learn import evaluate_run, train_and_evaluate
+from dppo.bench.solve import _timed_subprocess
+from dppo.bench.variants import spread
 from dppo.cli_args import positive
 from dppo.errors import UsageError
 from dppo.run.curves import plot_runs
 from dppo.run.run_dir import RunDir
-from dppo.sweep.trainable import trial_bundles
 
 
 def run_sweep(sweep_file: Path, out_dir: Path, timeout_s: float) -> tuple[float, list[dict[str, str]]]:
@@ -46,24 +45,19 @@ def run_sweep(sweep_file: Path, out_dir: Path, timeout_s: float) -> tuple[float,
 
 
 def train_config(config_file: Path, seed: int, run_dir: Path, episodes: int, timeout_s: float) -> Row:
-    """`dppo train --config FILE --seed S` to its budget (early stopping off), then `dppo eval`."""
-    row = run_train(["--config", str(config_file), "--seed", str(seed), "--set", "run.target_return=null",
-                     "--log-format", "none"], run_dir, timeout_s)
-    return {**row, "seed": seed, "eval_return": evaluate_run(run_dir, episodes, timeout_s)}
+    """`dppo train --config FILE --seed S` to its budget, then `dppo eval`."""
+    return train_and_evaluate(["--config", str(config_file)], seed, run_dir, episodes, timeout_s)
 
 
-def spread(values: list[float]) -> str:
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.1f} +- {std:.1f}"
-
-
-def group_row(name: str, config: str, runs: list[Row]) -> Row:
-    """One table row for a group of runs: final training return and evaluation, mean +- std and best."""
+def group_row(name: str, config: str, runs: list[Row], wall_s: float | None = None) -> Row:
+    """One table row for a group of runs: final training return and evaluation, mean +- std and best; ``wall_s``
+    the group's launch to exit (default: its runs' summed, for runs one after another)."""
     train = [r["episode_return_mean"] for r in runs]
     evals = [r["eval_return"] for r in runs]
     return {"runs": name, "config": config, "count": len(runs), "env_steps": sum(r["env_steps"] for r in runs),
-            "train": spread(train), "train_best": round(max(train), 1), "eval": spread(evals),
-            "eval_best": round(max(evals), 1), "wall_s": round(sum(r["wall_s"] for r in runs), 1),
+            "train": spread(train, 1), "train_best": round(max(train), 1), "eval": spread(evals, 1),
+            "eval_best": round(max(evals), 1),
+            "wall_s": round(sum(r["wall_s"] for r in runs) if wall_s is None else wall_s, 1),
             "per_run": runs}
 
 
@@ -77,8 +71,7 @@ def trial_runs(sweep_dir: Path, trials: list[dict[str, str]], episodes: int, tim
         summary = RunDir(run_dir).read_summary()
         runs.append({"trial": trial["trial"], "config": trial["config"], "run_dir": str(run_dir),
                      "env_steps": summary["env_steps"], "episode_return_mean": summary["episode_return_mean"],
-                     "train_s": summary["wall_s"], "wall_s": float(trial["wall_s"] or 0),
-                     "eval_return": evaluate_run(run_dir, episodes, timeout_s)})
+                     "train_s": summary["wall_s"], "eval_return": evaluate_run(run_dir, episodes, timeout_s)})
     return runs
 
 
@@ -100,12 +93,12 @@ def compare_seeds(sweep_dir: Path, base: Path, trials: list[dict[str, str]], see
     return rows
 
 
-def compare_independent(sweep_dir: Path, base: Path, trials: list[dict[str, str]],
+def compare_independent(sweep_dir: Path, base: Path, sweep_wall: float, trials: list[dict[str, str]],
                         args: argparse.Namespace) -> list[Row]:
     population = trial_runs(sweep_dir, trials, args.episodes, args.timeout)
     independent = [train_config(base, s, sweep_dir.parent / "independent" / f"seed{s}", args.episodes,
                                 args.timeout) for s in range(1, len(trials) + 1)]
-    return [group_row("sweep trials", "the sweep's scheduler", population),
+    return [group_row("sweep trials", "the sweep's scheduler", population, sweep_wall),
             group_row("independent runs", f"base config, seeds 1-{len(trials)}", independent)]
 
 
@@ -163,13 +156,15 @@ def cmd_bench_sweep(args: argparse.Namespace) -> int:
     if args.compare == "seeds":
         rows = compare_seeds(out_dir / "sweep", base, trials, seeds, args)
     elif args.compare == "independent":
-        rows = compare_independent(out_dir / "sweep", base, trials, args)
+        rows = compare_independent(out_dir / "sweep", base, sweep_wall, trials, args)
     else:
         rows = compare_train(out_dir / "sweep", base, sweep_wall, trials, args)
     total = time.perf_counter() - started
     key = args.section or f"sweep-{args.compare}-{config.env.name.replace('/', '_').replace(':', '_')}"
     figure = Path(args.write_docs).parent / f"bench-{key}.png" if args.write_docs else out_dir / f"{key}.png"
     plot_runs([Path(r["run_dir"]) for row in rows for r in row["per_run"]], figure)
+    from dppo.sweep.trainable import trial_bundles
+
     trial_cpus = sum(bundle["CPU"] for bundle in trial_bundles(sweep))
     note = (f"`dppo sweep --config {args.config}` ({len(trials)} trial(s), scheduler {sweep.spec.scheduler.name}, "
             f"at most {sweep.spec.concurrent} at a time, each reserving {trial_cpus:g} Ray CPUs of the local Ray's "
@@ -177,7 +172,8 @@ def cmd_bench_sweep(args: argparse.Namespace) -> int:
             f"{sweep_wall:.0f} s), then plain `dppo train --config base-config.yaml` runs (the sweep file's base "
             "with its set:, early stopping off). `train`: the final 100-episode training return, mean +- std over "
             f"the runs; `eval`: `dppo eval`, {args.episodes} deterministic episodes per run; `_best`: the best run; "
-            f"`wall_s`: launch to exit, summed over the group's runs. The whole benchmark took {total:.0f} s.")
+            "`wall_s`: launch to exit (of the sweep for its trials; summed over plain runs, one after another). "
+            f"The whole benchmark took {total:.0f} s.")
     columns = (["runs", "config", "count", "env_steps", "wall_s", "train_s", "steps_per_s", "train", "eval"]
                if args.compare == "train" else
                ["runs", "config", "count", "env_steps", "train", "train_best", "eval", "eval_best", "wall_s"])

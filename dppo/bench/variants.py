@@ -34,10 +34,10 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return name.strip(), items
 
 
-def spread(values: list[float]) -> str:
-    """mean +- std over seeds, to 3 decimals (toy envs' returns are small numbers)."""
+def spread(values: list[float], digits: int = 3) -> str:
+    """mean +- std over seeds, to 3 decimals by default (toy envs' returns are small numbers)."""
     std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.3f} +- {std:.3f}"
+    return f"{statistics.fmean(values):.{digits}f} +- {std:.{digits}f}"
 
 
 def steps_to_reach(run_dir: Path, level: float) -> int | None:

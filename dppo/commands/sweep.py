@@ -33,7 +33,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     import_from_cwd()
     from dppo.sweep.spec import load_sweep
 
-    sweep = load_sweep(args.config)  # every problem with the file: one line, exit 2, nothing written
+    sweep = load_sweep(args.config, args.metrics_port)  # every problem: one line, exit 2, nothing written
     if (args.resume or args.auto_resume) and args.out_dir is None:
         fail("--resume and --auto-resume need the sweep to continue: pass --out-dir DIR")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -44,22 +44,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not resume and (sweep_dir / "tune").exists():
         fail(f"{str(sweep_dir)!r} already holds a sweep; pass --resume to continue it or another --out-dir")
     metrics = sweep.spec.metrics
-    if args.metrics_port is not None:
-        if not 0 <= args.metrics_port <= 65535:
-            fail(f"--metrics-port {args.metrics_port} is not a port; pass 1-65535, or 0 to serve no metrics")
-        metrics.port = args.metrics_port
     from dppo.envs.checks import check_env
     from dppo.run.metrics import check_port
 
     if metrics.port:
         check_port(metrics.host, metrics.port)
-    check_env(sweep.trial_config({}))  # the env can be made, reset and stepped, before any trial starts
+    base = sweep.trial_config({})
+    check_env(base)  # the env can be made, reset and stepped, before any trial starts
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     from dppo.distributed.cluster import connect_ray
     from dppo.sweep.metrics import TrialMetrics
     from dppo.sweep.trainable import trial_bundles
 
-    base = sweep.trial_config({})
     base.run.address = args.address or base.run.address
     trial_cpus = sum(bundle["CPU"] for bundle in trial_bundles(sweep))
     connect_ray(base, min_cpus=trial_cpus)  # a local Ray fits one trial at least

@@ -143,11 +143,15 @@ class Sweep:
         return {key: self.space[key].mutation() for key in keys}
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read and check a sweep file; any problem is a UsageError of one line."""
+def load_sweep(path: str | Path, metrics_port: int | None = None) -> Sweep:
+    """Read and check a sweep file (``metrics_port``: --metrics-port, over the file's metrics.port); any problem
+    is a UsageError of one line."""
     path = Path(path)
+    data = read_yaml(path)
+    if metrics_port is not None:
+        data["metrics"] = {**(data.get("metrics") or {}), "port": metrics_port}
     try:
-        spec = SweepSpec.model_validate(read_yaml(path))
+        spec = SweepSpec.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "the file"

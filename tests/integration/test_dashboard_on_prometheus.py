@@ -143,43 +143,49 @@ def test_every_panel_has_data_for_the_metrics_module(prometheus_bin: str, tmp_pa
         prom.stop()
 
 
-@pytest.mark.slow
-def test_every_panel_has_data_for_a_real_training_run(prometheus_bin: str, ray_address: str, dppo_cmd: list[str],
-                                                       tmp_path: Path) -> None:
-    """A short CartPole run scraped end to end; the final counter equals summary.json's env_steps."""
+@pytest.fixture
+def scraping(prometheus_bin: str, tmp_path: Path) -> Iterator[tuple[Prometheus, int]]:
+    """A private Prometheus scraping a free local port, where a dppo process is to serve its metrics."""
     metrics_port = free_ports(1)[0]
     prom = Prometheus(prometheus_bin, tmp_path, metrics_port)
-    run_dir = tmp_path / "e2e-run"
     try:
-        start = time.time()
-        train = subprocess.run(
-            [*dppo_cmd, "train", "--env", "CartPole-v1", "--actors", "2", "--total-steps", "24576",
-             "--seed", "1", "--run-dir", str(run_dir), "--metrics-port", str(metrics_port),
-             "--address", ray_address, "--set", "metrics.host=127.0.0.1", "--set", "metrics.linger_s=4",
-             "--set", "run.checkpoint_every=3", "--set", "env.num_envs=4", "--set", "ppo.segment_length=256",
-             "--set", "ppo.minibatch_size=512",
-             # 0.5 ms of sleep per env step stretches the ~12 iterations over several scrapes, using no CPU.
-             "--set", "env.latency_ms=0.5"],
-            capture_output=True, text=True, timeout=240,
-        )
-        assert train.returncode == 0, train.stderr[-3000:]
-        end = time.time()
-        summary = json.loads((run_dir / "summary.json").read_text())
-        run = run_dir.name
-        assert_every_panel_has_data(prom, run, start, end)
-        assert prom.last("dppo_env_steps_total") == summary["env_steps"]
-        assert prom.last("dppo_iteration") == summary["iterations"]
-        assert prom.run_variable() == [run]
+        yield prom, metrics_port
     finally:
         prom.stop()
 
 
 @pytest.mark.slow
-def test_the_sweep_row_has_data_for_a_real_sweep(prometheus_bin: str, ray_address: str, dppo_cmd: list[str],
-                                                  tmp_path: Path) -> None:
+def test_every_panel_has_data_for_a_real_training_run(scraping: tuple[Prometheus, int], ray_address: str,
+                                                       dppo_cmd: list[str], tmp_path: Path) -> None:
+    """A short CartPole run scraped end to end; the final counter equals summary.json's env_steps."""
+    prom, metrics_port = scraping
+    run_dir = tmp_path / "e2e-run"
+    start = time.time()
+    train = subprocess.run(
+        [*dppo_cmd, "train", "--env", "CartPole-v1", "--actors", "2", "--total-steps", "24576",
+         "--seed", "1", "--run-dir", str(run_dir), "--metrics-port", str(metrics_port),
+         "--address", ray_address, "--set", "metrics.host=127.0.0.1", "--set", "metrics.linger_s=4",
+         "--set", "run.checkpoint_every=3", "--set", "env.num_envs=4", "--set", "ppo.segment_length=256",
+         "--set", "ppo.minibatch_size=512",
+         # 0.5 ms of sleep per env step stretches the ~12 iterations over several scrapes, using no CPU.
+         "--set", "env.latency_ms=0.5"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert train.returncode == 0, train.stderr[-3000:]
+    end = time.time()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    run = run_dir.name
+    assert_every_panel_has_data(prom, run, start, end)
+    assert prom.last("dppo_env_steps_total") == summary["env_steps"]
+    assert prom.last("dppo_iteration") == summary["iterations"]
+    assert prom.run_variable() == [run]
+
+
+@pytest.mark.slow
+def test_the_sweep_row_has_data_for_a_real_sweep(scraping: tuple[Prometheus, int], ray_address: str,
+                                                  dppo_cmd: list[str], tmp_path: Path) -> None:
     """A two-trial `dppo sweep` scraped end to end: every sweep panel has data, by trial."""
-    metrics_port = free_ports(1)[0]
-    prom = Prometheus(prometheus_bin, tmp_path, metrics_port)
+    prom, metrics_port = scraping
     sweep_file = tmp_path / "sweep.yaml"
     sweep_file.write_text(yaml.safe_dump({
         "name": "dash-sweep", "base": {"env": "CartPole-v1"}, "trials": 2, "concurrent": 2, "driver_cpus": 0.25,
@@ -187,16 +193,13 @@ def test_the_sweep_row_has_data_for_a_real_sweep(prometheus_bin: str, ray_addres
                 "env.latency_ms": 0.5},
         "space": {"ppo.learning_rate": "choice([0.0003, 0.001])"},
         "metrics": {"port": metrics_port, "host": "127.0.0.1", "linger_s": 4}}))
-    try:
-        start = time.time()
-        sweep = subprocess.run([*dppo_cmd, "sweep", "--config", str(sweep_file), "--out-dir", str(tmp_path / "out"),
-                                "--address", ray_address], capture_output=True, text=True, timeout=300)
-        assert sweep.returncode == 0, sweep.stderr[-3000:]
-        end = time.time()
-        assert prom.run_variable() == ["dash-sweep"]
-        assert_every_panel_has_data(prom, "dash-sweep", start, end, sweep=True)
-        trials = {p.name for p in (tmp_path / "out" / "trials").iterdir()}
-        returns = prom.query_range(panel_queries("dash-sweep", sweep=True)[0][1], start, end)
-        assert {s["metric"]["trial"] for s in returns} == trials
-    finally:
-        prom.stop()
+    start = time.time()
+    sweep = subprocess.run([*dppo_cmd, "sweep", "--config", str(sweep_file), "--out-dir", str(tmp_path / "out"),
+                            "--address", ray_address], capture_output=True, text=True, timeout=300)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    end = time.time()
+    assert prom.run_variable() == ["dash-sweep"]
+    assert_every_panel_has_data(prom, "dash-sweep", start, end, sweep=True)
+    trials = {p.name for p in (tmp_path / "out" / "trials").iterdir()}
+    returns = prom.query_range(panel_queries("dash-sweep", sweep=True)[0][1], start, end)
+    assert {s["metric"]["trial"] for s in returns} == trials

@@ -127,3 +127,10 @@ def test_a_bad_sweep_file_is_one_line_and_nothing_is_written(spec: dict, words: 
     done = dppo_sweep(sweep_file(tmp_path, **spec), tmp_path / "out")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_metrics_port_is_one_line_and_nothing_is_written(tmp_path: Path) -> None:
+    path = sweep_file(tmp_path, space={"ppo.gamma": "choice([0.9])"})
+    done = dppo_sweep(path, tmp_path / "out", "--metrics-port", "70000")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "metrics.port" in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
