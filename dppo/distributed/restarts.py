@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 from dppo.errors import RunFailure
 
 
 class RestartBudget:
-    """At most ``limit`` restarts within a sliding window of ``window_s`` seconds: a crash loop ends the run."""
+    """At most ``limit`` restarts within a sliding window of ``window_s`` seconds: a crash loop ends the run.
+    ``clock`` (seconds, monotonic) is injectable so tests slide the window without sleeping."""
 
-    def __init__(self, what: str, limit: int, window_s: float) -> None:
+    def __init__(self, what: str, limit: int, window_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.what, self.limit, self.window_s = what, limit, window_s  # what: "actor" or "learner"
+        self.clock = clock
         self.times: deque[float] = deque()
 
     def spend(self, err: Exception) -> None:
         """Count one restart now; RunFailure when the window holds more than the limit."""
-        now = time.monotonic()
+        now = self.clock()
         self.times.append(now)
         while self.times and now - self.times[0] > self.window_s:
             self.times.popleft()
