@@ -53,20 +53,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_env(base)  # the env can be made, reset and stepped, before any trial starts
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     from dppo.distributed.cluster import connect_ray
+    from dppo.sweep.capacity import concurrency_note, trial_needs
     from dppo.sweep.metrics import TrialMetrics
     from dppo.sweep.trainable import trial_bundles
 
+    joined = args.address or base.run.address or os.environ.get("RAY_ADDRESS")
     base.run.address = args.address or base.run.address
-    trial_cpus = sum(bundle["CPU"] for bundle in trial_bundles(sweep))
-    connect_ray(base, min_cpus=trial_cpus)  # a local Ray fits one trial at least
+    bundles = trial_bundles(sweep)
+    connect_ray(base, min_cpus=trial_needs(bundles).get("CPU", 0.0))  # a local Ray fits one trial at least
     import ray
 
-    cluster_cpus = ray.cluster_resources().get("CPU", 0.0)
-    if cluster_cpus < trial_cpus:
-        print(f"a trial needs {trial_cpus:g} Ray CPUs (driver_cpus {sweep.spec.driver_cpus:g} + its actors') and "
-              f"the cluster has {cluster_cpus:g}: trials wait until it grows (an autoscaler adds nodes)",
-              file=sys.stderr, flush=True)
+    note = concurrency_note(sweep, bundles, ray.cluster_resources(), local=not joined)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    if base.run.tensorboard:  # where the curves are (not Tune's state folder, <out-dir>/tune)
+        print(f"each trial's TensorBoard curves: tensorboard --logdir {sweep_dir / 'trials'}", file=sys.stderr,
+              flush=True)
     served = TrialMetrics(sweep.spec.name, base.env.name)
     if metrics.port:
         port = served.serve(metrics.port, metrics.host)
@@ -78,7 +81,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         rows = trial_rows(sweep_dir, grid, sweep.spec.metric)
         best = write_results(sweep, sweep_dir, rows)
         failed = [r for r in rows if r["state"] == "ERROR"]
-        print(f"sweep {sweep.spec.name}: {len(rows)} trials, {len(failed)} failed -> {sweep_dir / 'trials.md'}"
+        print(f"sweep {sweep.spec.name!r}: {len(rows)} trials, {len(failed)} failed -> {sweep_dir / 'trials.md'}"
               + (f"; best config {best}" if best else ""), flush=True)
         if metrics.port and metrics.linger_s > 0:
             time.sleep(metrics.linger_s)  # let Prometheus scrape the final values
@@ -95,6 +98,10 @@ def run_tuner(sweep: Any, sweep_dir: Path, resume: bool, metrics: Any) -> Any:
     from dppo.sweep.events import TrialEvents
     from dppo.sweep.schedulers import make_scheduler
     from dppo.sweep.trainable import run_trial, trial_resources
+
+    # Tune's default console output prints its banner and a TensorBoard hint at its own state folder even at
+    # verbose=0; the legacy one (RAY_AIR_NEW_OUTPUT=0, Ray's documented switch) prints nothing at verbose=0.
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
 
     trainable = tune.with_resources(tune.with_parameters(run_trial, sweep=sweep, sweep_dir=str(sweep_dir)),
                                     trial_resources(sweep))

@@ -7,13 +7,15 @@ from typing import Any
 
 from ray import tune
 
+from dppo.run.logs import format_return
+from dppo.sweep.spec import format_params
+
 
 class TrialEvents(tune.Callback):
     """Prints the events of the sweep's trials to stderr, one line each."""
 
     def _line(self, trial: Any, what: str) -> None:
-        params = " ".join(f"{k}={v}" for k, v in sorted(trial.config.items()))
-        print(f"trial {trial.trial_id} {what} ({params})", file=sys.stderr, flush=True)
+        print(f"trial {trial.trial_id} {what} ({format_params(trial.config)})", file=sys.stderr, flush=True)
 
     def __init__(self) -> None:
         self.started: set[str] = set()
@@ -29,8 +31,9 @@ class TrialEvents(tune.Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         result = trial.last_result or {}
+        score = result.get("episode_return_mean")
         self._line(trial, f"finished at {result.get('env_steps', 0):,} env steps, return "
-                          f"{result.get('episode_return_mean')}")
+                          f"{'-' if score is None else format_return(score)}")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._line(trial, "failed; the other trials go on")

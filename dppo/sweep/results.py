@@ -10,8 +10,9 @@ from typing import Any
 
 from dppo.markdown import table
 from dppo.run.curves import plot_runs
+from dppo.run.logs import format_return
 from dppo.run.run_dir import atomic_write
-from dppo.sweep.spec import Sweep
+from dppo.sweep.spec import Sweep, format_params
 
 COLUMNS = ["trial", "state", "final_return", "best_return", "env_steps", "wall_s", "config"]
 
@@ -29,7 +30,7 @@ def trial_rows(sweep_dir: Path, result_grid: Any, metric: str) -> list[dict[str,
             "final_return": values[-1] if values else None, "best_return": max(values) if values else None,
             "env_steps": progress[-1]["env_steps"] if progress else 0,
             "wall_s": progress[-1]["wall_s"] if progress else None,
-            "config": " ".join(f"{k}={v}" for k, v in sorted((result.config or {}).items())),
+            "config": format_params(result.config or {}),
             "params": dict(result.config or {}), "run_dir": str(run_dir),
             "error": str(result.error).splitlines()[0] if result.error else None,
         })
@@ -43,7 +44,7 @@ def write_results(sweep: Sweep, sweep_dir: Path, rows: list[dict[str, Any]]) -> 
         writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    atomic_write(sweep_dir / "trials.md", (table(rows, COLUMNS) + "\n").encode())
+    atomic_write(sweep_dir / "trials.md", (table([_readable(r) for r in rows], COLUMNS) + "\n").encode())
     runs = [Path(r["run_dir"]) for r in rows if (Path(r["run_dir"]) / "progress.jsonl").is_file()]
     if runs:
         plot_runs(runs, sweep_dir / "trials.png")
@@ -53,8 +54,14 @@ def write_results(sweep: Sweep, sweep_dir: Path, rows: list[dict[str, Any]]) -> 
     best = max(scored, key=lambda r: r["final_return"])
     config = sweep.trial_config(best["params"])
     config.run.run_dir = None
-    header = (f"# best trial of sweep {sweep.spec.name}: {best['trial']}, final {sweep.spec.metric} "
-              f"{best['final_return']}\n")
+    header = (f"# best trial of sweep {sweep.spec.name!r}: {best['trial']}, final {sweep.spec.metric} "
+              f"{format_return(best['final_return'])}\n")
     path = sweep_dir / "best-config.yaml"
     atomic_write(path, (header + config.to_yaml()).encode())
     return path
+
+
+def _readable(row: dict[str, Any]) -> dict[str, Any]:
+    """trials.md's row: returns to the digits of dppo's iteration lines (trials.csv keeps them exact)."""
+    return {**row, **{key: format_return(row[key]) for key in ("final_return", "best_return")
+                      if row[key] is not None}}

@@ -17,6 +17,7 @@ so a typo or a float for an integer key is one line, not a failed trial.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -83,6 +84,17 @@ class Distribution:
         return self.values if self.kind == "choice" else self.tune_domain()
 
 
+def format_value(value: Any) -> str:
+    """A searched value as people read it (the log, trials.md): floats to 4 significant digits, 0.002157 rather
+    than 0.002157135141933016; the exact values are in each trial's config.yaml and in best-config.yaml."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def format_params(params: dict[str, Any]) -> str:
+    """One trial's searched values, ``key=value`` sorted by key."""
+    return " ".join(f"{key}={format_value(value)}" for key, value in sorted(params.items()))
+
+
 class SchedulerSpec(Section):
     name: Literal["none", "asha", "pbt"] = "none"
     """none: every trial to its budget; asha: stop poor trials early; pbt: population-based training."""
@@ -137,6 +149,10 @@ class Sweep:
         """The base config with one trial's values."""
         return load_config(None, None, [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
                                         for k, v in params.items()], base=self.base)
+
+    def total_trials(self) -> int:
+        """Trials Tune makes: ``trials`` samples of every point of the grid keys."""
+        return self.spec.trials * math.prod(len(d.values) for d in self.space.values() if d.kind == "grid")
 
     def mutated(self) -> dict[str, Any]:
         keys = self.spec.scheduler.mutate or [k for k, d in self.space.items() if d.kind != "grid"]
