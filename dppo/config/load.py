@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from dppo.config.base import ConfigError
+from dppo.config.base import ConfigError, describe
 from dppo.config.env import DEFAULT_ENV_ID
 from dppo.config.root import Config
 
@@ -71,21 +71,6 @@ def merge(data: dict[str, Any], keys: list[str], value: Any) -> None:
     node[keys[-1]] = value
 
 
-def _describe(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(part) for part in first["loc"]) or "config"
-    msg = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        return f"unknown key {loc!r}; check the spelling (dppo train --help lists the keys)"
-    if first["type"] in {"int_parsing", "float_parsing", "bool_parsing", "int_type", "float_type", "bool_type",
-                         "string_type", "list_type", "dict_type", "literal_error", "int_from_float"}:
-        return f"{loc}: {msg} (got {first.get('input')!r})"
-    if loc == "config":
-        return msg
-    return f"{loc}: {msg} (got {first.get('input')!r})" if "input" in first and not isinstance(
-        first["input"], dict) else f"{loc}: {msg}"
-
-
 _SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 _FREE_FORM = {"kwargs", "runtime_env", "wrappers"}  # user data, passed on untouched
 
@@ -102,6 +87,22 @@ def numbers_in_e_notation(data: Any) -> Any:
 
 # Keys renamed since they were published: (section, old) -> new. Users' YAML files outlive our refactors.
 RENAMED = {("run", "torch_threads"): "actor_threads", ("run", "actor_num_cpus"): "actor_cpus"}
+
+
+# What other PPO code calls our keys (Stable-Baselines3, CleanRL, RLlib): a "did you mean" for people who
+# bring their hyperparameters from there. Names that differ only in spelling are found without this table.
+ALIASES = {
+    "lr": "ppo.learning_rate", "n_steps": "ppo.segment_length", "num_steps": "ppo.segment_length",
+    "rollout_fragment_length": "ppo.segment_length", "n_epochs": "ppo.epochs", "update_epochs": "ppo.epochs",
+    "num_epochs": "ppo.epochs", "batch_size": "ppo.minibatch_size",
+    "ent_coef": "ppo.entropy_coef", "vf_coef": "ppo.value_coef", "vf_loss_coeff": "ppo.value_coef",
+    "clip_range": "ppo.clip_coef", "clip_param": "ppo.clip_coef", "clip_range_vf": "ppo.value_clip_coef",
+    "vf_clip_param": "ppo.value_clip_coef", "clip_vloss": "ppo.clip_value_loss", "norm_adv": "ppo.normalize_advantages",
+    "normalize_advantage": "ppo.normalize_advantages", "lambda": "ppo.gae_lambda", "lam": "ppo.gae_lambda",
+    "total_timesteps": "run.total_steps", "num_workers": "run.actors", "num_env_runners": "run.actors",
+    "env_id": "env.id", "net_arch": "model.hidden_sizes",
+    **{old: f"{section}.{new}" for (section, old), new in RENAMED.items()},
+}
 
 
 class DeprecatedKey(UserWarning):
@@ -131,7 +132,7 @@ def validate(data: dict[str, Any], warn: bool = True) -> Config:
     try:
         return Config.model_validate(numbers_in_e_notation(renamed_keys(data, warn)))
     except ValidationError as err:
-        raise ConfigError(_describe(err)) from None
+        raise ConfigError(describe(err, Config, ALIASES)) from None
 
 
 def load_config(

@@ -50,7 +50,7 @@ CASES = [
     (["train", "--env", "NoSuchEnv-v0"], "unknown environment 'NoSuchEnv-v0'"),
     (["train", "--set", "ppo.minibatch_size=100000"], "exceeds the batch"),
     (["train", "--set", "ppo.nosuch=1"], "unknown key 'ppo.nosuch'"),
-    (["train", "--set", "nosection.x=1"], "unknown key 'nosection'"),
+    (["train", "--set", "nosection.x=1"], "unknown key 'nosection.x'"),
     (["train", "--set", "ppo.learning_rate=abc"], "ppo.learning_rate"),
     (["train", "--set", "ppo.gamma=1.5"], "ppo.gamma"),
     (["train", "--set", "novalue"], "is not key=value"),
@@ -61,7 +61,7 @@ CASES = [
     (["train", "--config", "malformed.yaml"], "not valid YAML"),
     (["train", "--config", "list.yaml"], "must hold a mapping"),
     (["train", "--config", "wrongtype.yaml"], "run.actors"),
-    (["train", "--config", "unknownkey.yaml"], "unknown key 'ppo.lr'"),
+    (["train", "--config", "unknownkey.yaml"], "unknown key 'ppo.lr' (did you mean ppo.learning_rate?)"),
     (["train", "--resume"], "--run-dir"),
     (["train", "--resume", "--run-dir", "empty-run"], "no intact checkpoint"),
     (["train", "--run-dir", "a-file"], "is a file"),
@@ -117,6 +117,16 @@ def test_real_process_bad_input_has_no_traceback(dppo_cmd: list[str], tmp_path: 
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "ppo.minibatch_size" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_config_typo_is_named_in_one_line_with_the_key_meant(dppo_cmd: list[str], tmp_path: Path) -> None:
+    """Both typos of one command line, each with its suggestion: a user fixes them in one go."""
+    done = subprocess.run([*dppo_cmd, "train", "--set", "ppo.lr=1e-3", "--set", "rn.actors=2"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert ("unknown keys 'ppo.lr' (did you mean ppo.learning_rate?) and 'rn.actors' (did you mean run.actors?)"
+            in done.stderr), done.stderr
     assert list(tmp_path.iterdir()) == []
 
 
