@@ -8,13 +8,13 @@ import contextlib
 import io
 import logging
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dppo.cli_args import fail, import_from_cwd
 from dppo.errors import UsageError
+from dppo.run.run_dir import new_temp_file
 
 if TYPE_CHECKING:
     from dppo.rl.deterministic import DeterministicPolicy
@@ -38,26 +38,25 @@ def export(policy: DeterministicPolicy, output: Path, fmt: str) -> None:
     if output.is_dir():
         raise UsageError(f"cannot write {str(output)!r}: it is a directory; pass a file name such as policy.onnx")
     try:
-        handle, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+        tmp = new_temp_file(output)  # mode 0o666 less the umask, as open() gives: the policy ships to others
     except OSError as err:
         raise UsageError(f"cannot write {str(output)!r}: {err.strerror}; pick a writable -o path") from None
-    os.close(handle)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # chatter about optional torchvision ops
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if fmt == "torchscript":
-                torch.jit.trace(policy, inputs, check_trace=False).save(tmp)
+                torch.jit.trace(policy, inputs, check_trace=False).save(str(tmp))
             else:
                 batch = torch.export.Dim("batch")
                 names = policy.input_names()
                 with contextlib.redirect_stdout(io.StringIO()):
-                    torch.onnx.export(policy, inputs, tmp, input_names=names, output_names=policy.output_names(),
+                    torch.onnx.export(policy, inputs, str(tmp), input_names=names, output_names=policy.output_names(),
                                       dynamic_shapes={"inputs": tuple({0: batch} for _ in names)}, dynamo=True,
                                       external_data=False)
         os.replace(tmp, output)
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 def format_for(output: Path, fmt: str | None) -> str:

@@ -15,25 +15,42 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
 from dppo.errors import UsageError
 
 
+def new_temp_file(path: Path) -> Path:
+    """An empty, unique temp file beside ``path`` (same directory, so a rename replaces ``path`` atomically).
+
+    Created with mode 0o666 and the process umask applied, as ``open()`` creates files: what a run writes
+    (checkpoints, config.yaml, summary.json) and ``dppo export`` writes is readable by whoever may read the
+    directory, e.g. the non-root user of the image it is copied into. (``tempfile.mkstemp`` makes 0o600 files.)
+    """
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"no free temp file name beside {path}")
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write bytes so that ``path`` is either the old content or the new, never a mix."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = new_temp_file(path)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
