@@ -36,6 +36,7 @@ def new_checkpoint(config: Any, obs_stats: Any = None) -> tuple[dict[str, Any], 
     from dppo.envs.make import env_spaces
     from dppo.rl.model import ActorCritic
     from dppo.rl.ppo import Trainer
+    from dppo.run.checkpoint import compose
     from dppo.run.state import RunState
 
     model = ActorCritic(*env_spaces(config), config.model)
@@ -43,7 +44,7 @@ def new_checkpoint(config: Any, obs_stats: Any = None) -> tuple[dict[str, Any], 
     if obs_stats is not None:
         state.obs_stats = obs_stats
     trainer = Trainer(model, config.ppo, config.num_iterations, config.run.seed, torch.device("cpu"))
-    return state.to_checkpoint(model.state_dict(), trainer.state_dict()), model
+    return compose(state, model.state_dict(), trainer.state_dict(), None), model
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # what `dppo plot` writes starts with

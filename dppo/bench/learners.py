@@ -42,9 +42,9 @@ def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: s
     from dppo.config import load_config
     from dppo.distributed.learner_group import LearnerGroup
     from dppo.envs.make import env_spaces
+    from dppo.rl.build import build_model
     from dppo.rl.model import num_parameters
     from dppo.rl.ppo import Trainer
-    from dppo.rl.recurrent import build_model
     from dppo.rl.sampler import Sampler
 
     preset_minibatch = load_config(overrides={"env.id": env_id}).ppo.minibatch_size

@@ -75,7 +75,7 @@ def _paired_rounds(config: Config, iterations: int) -> tuple[Row, Any, Any]:
 
     from dppo.distributed.broadcast import Broadcast, broadcast_arg
     from dppo.rl.agent import export_weights
-    from dppo.rl.recurrent import build_model
+    from dppo.rl.build import build_model
     from dppo.rl.sampler import Sampler
 
     sampler = Sampler(config)

@@ -37,7 +37,7 @@ def _in_process(config: Config, iterations: int, raw: bool) -> float:
     import torch
 
     from dppo.envs.make import make_vector_env
-    from dppo.rl.recurrent import build_model
+    from dppo.rl.build import build_model
     from dppo.rl.sampler import Sampler
 
     steps = config.ppo.segment_length
@@ -73,7 +73,7 @@ def _ray_sampling(config: Config, actors: int, iterations: int) -> tuple[float, 
     import ray
 
     from dppo.envs.make import make_env
-    from dppo.rl.recurrent import build_model
+    from dppo.rl.build import build_model
 
     config.run.actors = actors
     config.run.actor_cpus = actor_cpus(actors)

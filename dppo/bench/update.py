@@ -86,9 +86,9 @@ def _update_row(config: Config, hidden: list[int], actors: int, iterations: int,
     from dppo.distributed.learner_group import resolve_device
     from dppo.envs.make import make_env
     from dppo.rl.agent import export_weights
+    from dppo.rl.build import build_model
     from dppo.rl.model import num_parameters
     from dppo.rl.ppo import Trainer
-    from dppo.rl.recurrent import build_model
 
     learner_device = resolve_device(device)
     config.model.hidden_sizes = hidden

@@ -16,9 +16,9 @@ import torch
 
 from dppo.config import Config
 from dppo.rl.agent import Weights, export_weights
+from dppo.rl.build import build_model
 from dppo.rl.model import ActorCritic
 from dppo.rl.ppo import Trainer, TrainStats
-from dppo.rl.recurrent import build_model
 from dppo.rl.segment import Segment
 
 
@@ -71,13 +71,13 @@ class Learner:
         if trainer_state is not None:
             self.trainer.load_state_dict(trainer_state)
 
-    def update(self, progress: float, *segments: Segment) -> tuple[TrainStats, float, float]:
+    def update(self, lr_clock: float, *segments: Segment) -> tuple[TrainStats, float, float]:
         """The update's statistics, its seconds, and the seconds of those spent in all-reduce. Segments are
         separate arguments so that Ray resolves each one (zero-copy from the object store) for a remote learner."""
         start = time.perf_counter()
         if self.reducer is not None:
             self.reducer.seconds = 0.0
-        stats = self.trainer.train_on(list(segments), progress)
+        stats = self.trainer.train_on(list(segments), lr_clock)
         reduce_s = self.reducer.seconds if self.reducer is not None else 0.0
         return stats, time.perf_counter() - start, reduce_s
 

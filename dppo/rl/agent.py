@@ -83,7 +83,7 @@ class Agent:
         if self._model is None:
             import torch
 
-            from dppo.rl.recurrent import build_model
+            from dppo.rl.build import build_model
 
             model = build_model(self.obs_space, self.action_space, self.config)
             if self._weights is not None:

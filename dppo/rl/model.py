@@ -36,33 +36,6 @@ def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, out_gain:
     return nn.Sequential(*layers)
 
 
-class NatureCNN(nn.Module):
-    """The DQN/PPO Atari encoder (Mnih et al. 2015) for (H, W, C) or (C, H, W) uint8 images."""
-
-    def __init__(self, shape: tuple[int, ...], out_dim: int = 512) -> None:
-        super().__init__()
-        self.channels_last = shape[-1] <= 4 and shape[0] > 4
-        channels = shape[-1] if self.channels_last else shape[0]
-        self.net = nn.Sequential(
-            layer_init(nn.Conv2d(channels, 32, 8, stride=4), math.sqrt(2)), nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)), nn.ReLU(),
-            nn.Flatten(),
-        )
-        with torch.no_grad():
-            flat = self.net(torch.zeros(1, channels, *self._spatial(shape))).shape[1]
-        self.head = nn.Sequential(layer_init(nn.Linear(flat, out_dim), math.sqrt(2)), nn.ReLU())
-
-    def _spatial(self, shape: tuple[int, ...]) -> tuple[int, int]:
-        return (shape[0], shape[1]) if self.channels_last else (shape[1], shape[2])
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.float() / 255.0
-        if self.channels_last:
-            x = x.permute(0, 3, 1, 2)
-        return self.head(self.net(x))
-
-
 class ActionDist:
     """The policy's distribution over one action: independent parts whose log-probs and entropies add.
 

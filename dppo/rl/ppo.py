@@ -130,24 +130,24 @@ class Trainer:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=1e-5, fused=True)
         self.generator = torch.Generator().manual_seed(seed)
 
-    def learning_rate(self, progress: float) -> float:
-        """Linear annealing to 0 over the run. ``progress`` is the env steps trained on so far in iterations' worth
+    def learning_rate(self, lr_clock: float) -> float:
+        """Linear annealing to 0 over the run. ``lr_clock`` is the env steps trained on so far in iterations' worth
         (0 at the first update): with every round full it is the iteration's index, and a round that lost actors
         advances the schedule by the steps it had, so the rate reaches 0 at total_steps either way."""
         if not self.config.anneal_lr:
             return self.config.learning_rate
-        frac = 1.0 - min(progress, self.num_iterations - 1) / self.num_iterations
+        frac = 1.0 - min(lr_clock, self.num_iterations - 1) / self.num_iterations
         return frac * self.config.learning_rate
 
-    def train_on(self, segments: list[Segment], progress: float) -> TrainStats:
+    def train_on(self, segments: list[Segment], lr_clock: float) -> TrainStats:
         """The update on one iteration's segments (GAE and flattening first, :mod:`dppo.rl.batch`)."""
-        return self.update(build_batch(segments, self.config.gamma, self.config.gae_lambda, self.device), progress)
+        return self.update(build_batch(segments, self.config.gamma, self.config.gae_lambda, self.device), lr_clock)
 
-    def update(self, batch: Batch, progress: float) -> TrainStats:
-        """K epochs of minibatch SGD over the batch (see :meth:`learning_rate` for ``progress``). A batch smaller
+    def update(self, batch: Batch, lr_clock: float) -> TrainStats:
+        """K epochs of minibatch SGD over the batch (see :meth:`learning_rate` for ``lr_clock``). A batch smaller
         than usual (a round that lost actors) gives fewer minibatches of the same size."""
         cfg = self.config
-        lr = self.learning_rate(progress)
+        lr = self.learning_rate(lr_clock)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         sums = dict.fromkeys(("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"), 0.0)

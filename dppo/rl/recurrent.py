@@ -71,9 +71,3 @@ class RecurrentActorCritic(ActorCritic):
         dist, value, _ = self.step(obs, self.initial_memory(rows), torch.ones(rows, dtype=torch.bool))
         return dist, value
 
-
-def build_model(obs_space: gym.Space, action_space: gym.Space, config: ModelConfig) -> ActorCritic:
-    """The network ``config`` asks for: feed-forward, or with an LSTM core."""
-    if config.recurrent == "lstm":
-        return RecurrentActorCritic(obs_space, action_space, config)
-    return ActorCritic(obs_space, action_space, config)

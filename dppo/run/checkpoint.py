@@ -1,9 +1,24 @@
-"""Atomic checkpoints with a content hash: save, verify, keep the newest K, resume from the newest intact one.
+"""Checkpoints: what one holds, and how it is written and read back. The one module that knows the format.
+
+A checkpoint (format 1) is a dict of types that ``torch.load(weights_only=True)`` accepts:
+
+| key | what |
+| --- | --- |
+| ``format`` | :data:`FORMAT`; another one is refused on load (one line, exit 2) |
+| ``env_id``, ``config`` | the env's name and the fully resolved config (``Config.model_dump(mode="json")``) |
+| ``model`` | the model's ``state_dict`` |
+| ``trainer`` | the Trainer's ``state_dict`` (Adam's state, the minibatch generator); None in ``best.pt`` |
+| ``obs_stats``, ``return_stats``, ``counters``, ``recent_returns``, ``recent_lengths`` | the run's state |
+|  | (:meth:`dppo.run.state.RunState.to_state`) |
+| ``progress`` | the iteration's progress record: a run killed after the checkpoint but before its line gets |
+|  | it back on resume |
 
 File layout: ``MAGIC``, the SHA-256 of the payload in hex, a newline, then the ``torch.save`` payload.
 A write goes to a temp file in the same directory, is fsynced and renamed into place, then the
 ``latest`` pointer is replaced the same way, so a crash at any moment leaves every named checkpoint
-whole. Loading uses ``torch.load(weights_only=True)``: a checkpoint cannot run code.
+whole. Files get the mode ``open()`` would give (0o666 less the umask): a checkpoint is something users
+copy into images and share, like the exported policy. Loading uses ``torch.load(weights_only=True)``: a
+checkpoint cannot run code.
 """
 
 from __future__ import annotations
@@ -13,14 +28,22 @@ import io
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
+from pydantic import ValidationError
 
+from dppo.config import Config, ModelConfig
 from dppo.errors import UsageError
 from dppo.run.run_dir import atomic_write
 
+if TYPE_CHECKING:
+    from dppo.distributed.broadcast import Broadcast
+    from dppo.run.state import RunState
+
 MAGIC = b"DPPO-CKPT-1\n"
+FORMAT = 1  # the layout above; bump it (and read the old one) when a key changes meaning
 NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
 BEST = "best.pt"  # the best evaluated weights (run.eval_every), beside the latest; never resumed from
 log = logging.getLogger(__name__)
@@ -28,6 +51,43 @@ log = logging.getLogger(__name__)
 
 class CheckpointError(UsageError):
     """A checkpoint that is missing, truncated, corrupt or not a dppo checkpoint."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """An intact checkpoint of a format this dppo does not read (written by another version)."""
+
+
+def compose(state: RunState, model: dict[str, Any], trainer: dict[str, Any] | None,
+            record: dict[str, Any] | None) -> dict[str, Any]:
+    """The checkpoint of a run at this point: its config, the weights, the optimizer and the run's state."""
+    config = state.config
+    return {"format": FORMAT, "env_id": config.env.name, "config": config.model_dump(mode="json"),
+            "model": model, "trainer": trainer, **state.to_state(), "progress": record}
+
+
+def compose_best(state: RunState, broadcast: Broadcast, record: dict[str, Any]) -> dict[str, Any]:
+    """``best.pt``: the evaluated weights with the observation statistics they were evaluated with (those of their
+    broadcast, not the run's newer ones), no optimizer state (never resumed from)."""
+    weights = {k: torch.from_numpy(np.array(v)) for k, v in broadcast.weights.items()}
+    checkpoint = compose(state, weights, None, record)
+    checkpoint["obs_stats"] = broadcast.obs_stats.to_state() if broadcast.obs_stats is not None else None
+    return checkpoint
+
+
+def check_resumable(checkpoint: dict[str, Any], config: Config) -> None:
+    """A checkpoint resumes only into the same env and network shape (checked before anything is written)."""
+    saved, wanted = checkpoint.get("env_id"), config.env.name
+    if saved != wanted:
+        raise CheckpointError(f"the checkpoint is for env {saved!r}, not {wanted!r}; resume with the run's own "
+                              "config or start a new --run-dir")
+    saved_model = checkpoint.get("config", {}).get("model") or {}
+    try:  # keys added since the checkpoint was written take their defaults
+        same = ModelConfig.model_validate(saved_model) == config.model
+    except ValidationError:
+        same = False
+    if not same:
+        raise CheckpointError(f"the checkpoint's model settings {saved_model} differ from the config's; "
+                              "resume with the run's own model section")
 
 
 def encode(state: dict[str, Any]) -> bytes:
@@ -46,9 +106,14 @@ def decode(data: bytes, source: str) -> dict[str, Any]:
     if hashlib.sha256(payload).hexdigest() != digest:
         raise CheckpointError(f"{source} is truncated or corrupt (content hash mismatch); use an older checkpoint")
     try:
-        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+        checkpoint = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as err:
         raise CheckpointError(f"{source} cannot be loaded ({type(err).__name__}); use another checkpoint") from None
+    found = checkpoint.get("format") if isinstance(checkpoint, dict) else None
+    if found != FORMAT:
+        raise CheckpointFormatError(f"{source} is a checkpoint of format {found!r} and this dppo reads format "
+                                    f"{FORMAT}; load it with the dppo version that wrote it")
+    return checkpoint
 
 
 def load(path: str | Path, best: bool = False) -> dict[str, Any]:
@@ -113,10 +178,13 @@ class CheckpointStore:
 
 
 def newest_intact(directory: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that verifies; corrupt or truncated ones are skipped with a warning."""
+    """The newest checkpoint that verifies; corrupt or truncated ones are skipped with a warning. One of another
+    format stops the search (CheckpointFormatError): resuming silently from an older one would lose work."""
     for path in reversed(CheckpointStore(directory, 1).list()):
         try:
             return path, decode(path.read_bytes(), repr(str(path)))
+        except CheckpointFormatError:
+            raise
         except (CheckpointError, OSError) as err:
             log.warning("skipping checkpoint: %s", err)
     return None

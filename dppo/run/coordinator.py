@@ -25,10 +25,10 @@ from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.make import env_spaces
 from dppo.errors import RunFailure
+from dppo.rl.build import build_model
 from dppo.rl.ppo import TrainStats
-from dppo.rl.recurrent import build_model
 from dppo.rl.sampler import EnvFailure
-from dppo.run.checkpoint import CheckpointStore
+from dppo.run.checkpoint import CheckpointStore, compose, compose_best
 from dppo.run.reporting import Reporter, progress_record
 from dppo.run.run_dir import RunDir, strict_json
 from dppo.run.signals import StopSignals
@@ -140,7 +140,7 @@ class Coordinator:
         assert self.learners is not None
         while True:
             try:
-                stats = self.learners.update(gathered.segments, gathered.refs, self.state.progress)
+                stats = self.learners.update(gathered.segments, gathered.refs, self.state.lr_clock)
                 break
             except LearnerDied as err:
                 self.learner_restarts.spend(err)
@@ -187,11 +187,7 @@ class Coordinator:
 
     def _save_best(self, result: EvalResult, record: dict[str, Any]) -> None:
         """best.pt: the evaluated weights with the statistics they were evaluated with, in the checkpoint format."""
-        broadcast = result.broadcast
-        state = self.state.to_checkpoint({k: torch.from_numpy(np.array(v)) for k, v in broadcast.weights.items()},
-                                         None, record)
-        state["obs_stats"] = broadcast.obs_stats.to_state() if broadcast.obs_stats is not None else None
-        self.store.save_best(state)
+        self.store.save_best(compose_best(self.state, result.broadcast, record))
 
     def _checkpoint(self) -> None:
         """Save the newest checkpoint (unless this iteration's is on disk already)."""
@@ -204,7 +200,7 @@ class Coordinator:
         except LearnerDied:
             self.reporter.message("learner 0 is gone: the checkpoint keeps the driver's optimizer state")
             model_state, trainer_state = self.learners.fallback_state()
-        path = self.store.save(self.state.to_checkpoint(model_state, trainer_state, self.record), iteration)
+        path = self.store.save(compose(self.state, model_state, trainer_state, self.record), iteration)
         self.reporter.checkpoint_written(path)
 
     def _finish(self, reason: str) -> dict[str, Any]:

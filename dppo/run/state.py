@@ -1,8 +1,8 @@
 """Run state: what a run has done so far and must carry across a resume.
 
 Counters, the windows of the last 100 finished episodes, and the normalizer statistics merged from every
-actor's segments; the stop rules read them. ``to_checkpoint`` / ``restore`` are the checkpoint format
-(format 1): every value in types that ``torch.load(weights_only=True)`` accepts.
+actor's segments; the stop rules read them. ``to_state`` / ``restore`` get and set them in types that
+``torch.load(weights_only=True)`` accepts; :mod:`dppo.run.checkpoint` puts them in a checkpoint.
 """
 
 from __future__ import annotations
@@ -12,16 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
-from dppo.config import Config, ModelConfig
+from dppo.config import Config
 from dppo.errors import RunFailure
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.segment import Segment
-from dppo.run.checkpoint import CheckpointError
+from dppo.run.checkpoint import check_resumable  # noqa: F401 - lives there; until dppo/commands/train.py imports it so
 
 RETURN_WINDOW = 100
-CHECKPOINT_FORMAT = 1
 
 
 @dataclass
@@ -51,8 +49,8 @@ class RunState:
         self.return_stats = RunningStats.empty() if env.normalize_reward else None
 
     @property
-    def progress(self) -> float:
-        """Env steps so far in iterations' worth (the learning-rate schedule's clock; see Trainer.learning_rate)."""
+    def lr_clock(self) -> float:
+        """Env steps so far in iterations' worth: the learning-rate schedule's clock (see Trainer.learning_rate)."""
         return self.counters.env_steps / self.config.steps_per_iteration
 
     def return_mean(self) -> float | None:
@@ -117,43 +115,22 @@ class RunState:
                              "ppo.learning_rate or check the env's rewards")
         return c.bad_updates_in_row
 
-    def to_checkpoint(self, model_state: dict[str, Any], trainer_state: dict[str, Any],
-                      progress: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Everything a resume needs; ``progress`` is the iteration's progress record, which a run killed after
-        the checkpoint but before its progress line gets back on resume."""
+    def to_state(self) -> dict[str, Any]:
+        """What a resume needs of this state (the keys a checkpoint holds it under: see dppo.run.checkpoint)."""
         return {
-            "format": CHECKPOINT_FORMAT, "env_id": self.config.env.name, "config": self.config.model_dump(mode="json"),
-            "model": model_state, "trainer": trainer_state,
             "obs_stats": self.obs_stats.to_state() if self.obs_stats else None,
             "return_stats": self.return_stats.to_state() if self.return_stats else None,
             "counters": vars(self.counters).copy(),
             "recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths),
-            "progress": progress,
         }
 
-    def restore(self, checkpoint: dict[str, Any]) -> None:
-        """Continue from a checkpoint of the same env (the model and trainer state are the learners' to load)."""
-        check_resumable(checkpoint, self.config)
-        if checkpoint["obs_stats"] is not None:
-            self.obs_stats = RunningStats.from_state(checkpoint["obs_stats"])
-        if checkpoint["return_stats"] is not None:
-            self.return_stats = RunningStats.from_state(checkpoint["return_stats"])
-        self.counters = Counters(**checkpoint["counters"])
-        self.recent_returns.extend(checkpoint["recent_returns"])
-        self.recent_lengths.extend(checkpoint["recent_lengths"])
-
-
-def check_resumable(checkpoint: dict[str, Any], config: Config) -> None:
-    """A checkpoint resumes only into the same env and network shape (checked before anything is written)."""
-    saved, wanted = checkpoint.get("env_id"), config.env.name
-    if saved != wanted:
-        raise CheckpointError(f"the checkpoint is for env {saved!r}, not {wanted!r}; resume with the run's own "
-                              "config or start a new --run-dir")
-    saved_model = checkpoint.get("config", {}).get("model") or {}
-    try:  # keys added since the checkpoint was written take their defaults
-        same = ModelConfig.model_validate(saved_model) == config.model
-    except ValidationError:
-        same = False
-    if not same:
-        raise CheckpointError(f"the checkpoint's model settings {saved_model} differ from the config's; "
-                              "resume with the run's own model section")
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Continue from :meth:`to_state`'s keys (a checkpoint holds them among its own; other keys are ignored).
+        Counters added since a checkpoint was written take their defaults."""
+        if saved["obs_stats"] is not None:
+            self.obs_stats = RunningStats.from_state(saved["obs_stats"])
+        if saved["return_stats"] is not None:
+            self.return_stats = RunningStats.from_state(saved["return_stats"])
+        self.counters = Counters(**saved["counters"])
+        self.recent_returns.extend(saved["recent_returns"])
+        self.recent_lengths.extend(saved["recent_lengths"])

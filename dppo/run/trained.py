@@ -11,9 +11,9 @@ import gymnasium as gym
 from dppo.config import Config, validate
 from dppo.envs.make import env_spaces
 from dppo.errors import first_line
+from dppo.rl.build import build_model
 from dppo.rl.model import ActorCritic
 from dppo.rl.normalizer import RunningStats
-from dppo.rl.recurrent import build_model
 from dppo.run.checkpoint import CheckpointError
 
 

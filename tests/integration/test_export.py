@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +21,7 @@ from dppo.rl.agent import Agent, export_weights
 from dppo.rl.deterministic import DeterministicPolicy
 from dppo.rl.model import ActorCritic
 from dppo.rl.normalizer import RunningStats
-from dppo.run.checkpoint import CheckpointStore
+from dppo.run.checkpoint import CheckpointStore, encode
 
 SPACES = [
     (gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(3, start=-1)),
@@ -123,8 +125,24 @@ def test_exported_pendulum_checkpoint_matches_dppo_on_a_real_episode(tmp_path: P
         np.testing.assert_allclose(run_exported(path, fmt, inputs), expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_exported_policy_gets_the_mode_open_gives_under_the_umask(tmp_path: Path, fmt: str) -> None:
+    """A policy is copied into images and shipped: 0o666 less the umask, as open() creates files (it was 0o600,
+    unreadable to the image's non-root user)."""
+    policy = DeterministicPolicy(ActorCritic(*SPACES[0], ModelConfig()), None, 10.0)
+    for mask, mode in ((0o022, 0o644), (0o077, 0o600)):
+        old = os.umask(mask)
+        try:
+            export(policy, tmp_path / f"policy-{mask:o}.{fmt}", fmt)
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE((tmp_path / f"policy-{mask:o}.{fmt}").stat().st_mode) == mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"policy-22.{fmt}", f"policy-77.{fmt}"]  # no temp left
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--checkpoint", "garbage.pt", "-o", "p.onnx"], "garbage.pt"),
+    (["--checkpoint", "future.pt", "-o", "p.onnx"], "format 2 and this dppo reads format 1"),
     (["--checkpoint", "run", "-o", "no/such/dir/p.onnx"], "does not exist"),
     (["--checkpoint", "run", "-o", "run"], "it is a directory"),
     (["--checkpoint", "run", "-o", "garbage.pt/p.onnx"], "does not exist"),
@@ -134,7 +152,9 @@ def test_bad_export_input_exits_2_with_one_line_and_writes_nothing(
         tmp_path: Path, args: list[str], message: str) -> None:
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
     config = load_config(overrides={"run.run_dir": str(tmp_path / "run")})
-    CheckpointStore(tmp_path / "run" / "checkpoints", 3).save(new_checkpoint(config)[0], 1)
+    checkpoint = new_checkpoint(config)[0]
+    CheckpointStore(tmp_path / "run" / "checkpoints", 3).save(checkpoint, 1)
+    (tmp_path / "future.pt").write_bytes(encode({**checkpoint, "format": 2}))  # written by a later dppo
     before = sorted(p.name for p in tmp_path.rglob("*"))
     done = subprocess.run([sys.executable, "-m", "dppo", "export", *args], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin",

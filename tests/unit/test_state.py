@@ -30,13 +30,13 @@ def test_evaluations_keep_the_last_and_the_best_and_can_be_the_target() -> None:
     state.count_evaluation(100.0)
     assert state.stop_reason() == "target_return"
     restored = RunState(config, 4)
-    restored.restore(state.to_checkpoint({}, {}))
+    restored.restore(state.to_state())
     assert restored.counters.eval_return_best == 100.0  # the best survives a resume, so best.pt is not overwritten
 
 
-def test_a_checkpoint_without_evaluation_counters_still_restores() -> None:
+def test_a_state_without_evaluation_counters_still_restores() -> None:
     config = load_config()
-    old = RunState(config, 4).to_checkpoint({}, {})
+    old = RunState(config, 4).to_state()
     for key in ("eval_return_last", "eval_return_best"):  # a checkpoint written before evaluation existed
         del old["counters"][key]
     state = RunState(config, 4)
