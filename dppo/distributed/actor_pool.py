@@ -2,16 +2,17 @@
 
 A round asks every alive actor (:mod:`dppo.distributed.membership`) for a segment with this iteration's
 broadcast and gathers them with ``ray.wait`` as they arrive. An actor that dies mid-round loses that round's
-segment: the round goes on with the others and its replacement joins the first round after it is ready.
-Stragglers past ``faults.sample_timeout_s`` are dropped once enough segments are in; NaN/Inf data stops the
-run or is dropped (``faults.nonfinite_data``). Segments come back in actor order, so a seeded run that loses
-nothing is reproducible.
+segment: the round goes on with the others, and when the losses leave it short of ``faults.min_actors``
+segments, the actors alive once the floor is met again (replacements included) that have not delivered are
+asked too. Stragglers past ``faults.sample_timeout_s`` are dropped once enough segments are in (at least
+``faults.min_actors`` and ``faults.min_actors_fraction`` of those asked); NaN/Inf data stops the run or is
+dropped (``faults.nonfinite_data``). Segments come back in actor order, so a seeded run that loses nothing is
+reproducible. Every Ray call goes through the membership's ``calls``, so tests drive the pool with fakes.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ import ray
 from dppo.config import Config
 from dppo.distributed.broadcast import Broadcast
 from dppo.distributed.membership import POLL_S, Membership, PoolEvents, Stop
+from dppo.distributed.ray_calls import RayCalls
 from dppo.errors import RunFailure, first_line
 from dppo.rl.sampler import EnvFailure
 from dppo.rl.segment import Segment
@@ -44,9 +46,12 @@ class Gathered:
 class ActorPool:
     """Dispatch and gather rounds over the run's actors; ``members`` keeps the actors themselves."""
 
-    def __init__(self, config: Config, events: PoolEvents, should_stop: Callable[[], bool]) -> None:
+    def __init__(self, config: Config, events: PoolEvents, should_stop: Callable[[], bool],
+                 calls: RayCalls | None = None) -> None:
+        """``calls``: the Ray calls to make (default: the real ones; tests hand in fakes)."""
         self.config, self.events, self.should_stop = config, events, should_stop
-        self.members = Membership(config, events, should_stop)
+        self.members = Membership(config, events, should_stop, calls)
+        self.calls = self.members.calls
 
     def start(self) -> None:
         """Every actor spawned and ready (see Membership.start): bad input is found before anything is written."""
@@ -64,60 +69,78 @@ class ActorPool:
         """Ask every alive actor for a segment sampled with ``broadcast`` (replacements that became ready join;
         below the floor, wait for them first)."""
         self.members.wait_for(self.members.floor_met, "to come back")
-        return Round(broadcast, {self.members.slots[i].handle.sample.remote(broadcast): i for i in self.alive})
+        return self._ask(self.alive, broadcast)
 
     def gather(self, round_: Round) -> Gathered:
         """The round's segments as they arrive; a lost actor's segment is lost with it (a replacement is started),
-        stragglers past the deadline are dropped. A round that lost every actor is dispatched again."""
+        stragglers past the deadline are dropped. A round that losses left short of faults.min_actors segments
+        is topped up by the actors alive that have not delivered, once there are faults.min_actors of them."""
         faults = self.config.faults
+        asked = len(round_.pending)
+        needed = min(asked, max(faults.min_actors, math.ceil(faults.min_actors_fraction * asked)))
+        segments: dict[int, tuple[Segment, ray.ObjectRef]] = {}
         while True:
-            pending = dict(round_.pending)
-            alive_before = len(self.alive)
-            segments: dict[int, tuple[Segment, ray.ObjectRef]] = {}
-            deadline = None if faults.sample_timeout_s is None else time.monotonic() + faults.sample_timeout_s
-            needed = max(1, math.ceil(faults.min_actors_fraction * len(pending)))
-            while pending:
-                if self.should_stop():
-                    raise Stop
-                wait_s = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
-                ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
-                if not ready:
-                    if deadline is not None and time.monotonic() >= deadline and len(segments) >= needed:
-                        self._drop_late(pending)
-                        break
-                    continue
-                for ref in ready:
-                    index = pending.pop(ref)
-                    segment = self._receive(index, ref)
-                    if segment is not None:
-                        segments[index] = (segment, ref)
-            if segments:
-                ordered = [segments[i] for i in sorted(segments)]  # fixed order: seeded runs are reproducible
-                return Gathered([s for s, _ in ordered], [r for _, r in ordered])
-            if len(self.alive) == alive_before:  # nobody was lost: every segment was dropped
-                raise RunFailure("no usable segment arrived this iteration; see the messages above")
-            round_ = self.dispatch(round_.broadcast)
+            lost, cut = self._collect(round_, segments, needed)
+            if len(segments) >= faults.min_actors or cut or not lost:
+                break
+            self.members.wait_for(self.members.floor_met, "to come back")
+            round_ = self._ask([i for i in self.alive if i not in segments], round_.broadcast)
+        if not segments:
+            raise RunFailure("no usable segment arrived this iteration; see the messages above")
+        ordered = [segments[i] for i in sorted(segments)]  # fixed order: seeded runs are reproducible
+        return Gathered([s for s, _ in ordered], [r for _, r in ordered])
 
-    def _receive(self, index: int, ref: ray.ObjectRef) -> Segment | None:
-        """The segment of a finished sample call, or None: its actor was lost, or its data is NaN/Inf (drop)."""
-        try:
-            segment = ray.get(ref)
-        except ray.exceptions.RayTaskError as err:
-            if isinstance(err.cause, EnvFailure):
-                raise RunFailure(f"actor {index}: {err.cause}", err.cause.details) from err
-            raise RunFailure(f"actor {index}: {first_line(err)}", str(err)) from err
-        except ray.exceptions.RayActorError as err:
-            self.members.replace(index, err)
-            return None
+    def _ask(self, indices: list[int], broadcast: Broadcast | ray.ObjectRef) -> Round:
+        return Round(broadcast, {self.members.slots[i].handle.sample.remote(broadcast): i for i in indices})
+
+    def _collect(self, round_: Round, segments: dict[int, tuple[Segment, ray.ObjectRef]],
+                 needed: int) -> tuple[bool, bool]:
+        """Gather one dispatch's calls into ``segments``; (an actor was lost, the deadline cut the round)."""
+        timeout_s = self.config.faults.sample_timeout_s
+        deadline = None if timeout_s is None else self.calls.now() + timeout_s
+        pending, lost = dict(round_.pending), False
+        while pending:
+            if self.should_stop():
+                raise Stop
+            now = self.calls.now()
+            past = deadline is not None and now >= deadline
+            if deadline is None:
+                wait_s = POLL_S
+            elif past:  # enough in: take what is ready now, then cut; too few: keep waiting, without spinning
+                wait_s = 0.0 if len(segments) >= needed else POLL_S
+            else:
+                wait_s = min(POLL_S, deadline - now)
+            ready = self.calls.wait(list(pending), num_returns=1, timeout=wait_s)
+            if not ready and past and len(segments) >= needed:
+                self._drop_late(pending)
+                return lost, True
+            for ref in ready:
+                index = pending.pop(ref)
+                try:
+                    segment = self.calls.get(ref)
+                except ray.exceptions.RayTaskError as err:
+                    if isinstance(err.cause, EnvFailure):
+                        raise RunFailure(f"actor {index}: {err.cause}", err.cause.details) from err
+                    raise RunFailure(f"actor {index}: {first_line(err)}", str(err)) from err
+                except ray.exceptions.RayActorError as err:
+                    self.members.replace(index, err)
+                    lost = True
+                    continue
+                if self._usable(index, segment):
+                    segments[index] = (segment, ref)
+        return lost, False
+
+    def _usable(self, index: int, segment: Segment) -> bool:
+        """False for NaN/Inf data when faults.nonfinite_data=drop (counted); RunFailure when it is "error"."""
         if not segment.nonfinite:
-            return segment
+            return True
         env = self.config.env.name
         if self.config.faults.nonfinite_data == "error":
             raise RunFailure(f"env {env} (actor {index}) returned NaN/Inf observations or rewards; fix the env or "
                              "set faults.nonfinite_data=drop")
         self.events.segment_dropped("nonfinite")
         self.events.message(f"actor {index}: NaN/Inf in env {env} data; segment dropped")
-        return None
+        return False
 
     def _drop_late(self, pending: dict[ray.ObjectRef, int]) -> None:
         for index in pending.values():
