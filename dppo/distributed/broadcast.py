@@ -1,4 +1,4 @@
-"""The broadcast: what every actor gets from the learner once per iteration, and how it travels."""
+"""The broadcast: what every actor gets from the driver once per iteration, and how it travels."""
 
 from __future__ import annotations
 
@@ -36,12 +36,13 @@ def payload_bytes(value: object) -> int:
 
 
 def broadcast_arg(broadcast: Broadcast) -> Broadcast | ray.ObjectRef:
-    """What the learner hands every actor's ``sample`` call for this round's broadcast.
+    """What the driver hands every actor's ``sample`` call for this round's broadcast.
 
     A small broadcast goes by value, inside each call (no object-store round trip for the actor to
     resolve); a large one is put in the object store once and every actor reads that copy. Either way it
-    is a copy: exported weights are views of the learner's parameters, which the update changes in place,
-    and a round's broadcast can be sent again after it (to a replaced actor, with overlap_sampling).
+    is a copy: exported weights are views of learner 0's parameters (in the driver with run.learners 1), which
+    the update changes in place, and a round's broadcast can be sent again after it (to a replaced actor, with
+    overlap_sampling).
     """
     if payload_bytes(broadcast) <= INLINE_LIMIT:
         return dataclasses.replace(broadcast, weights={k: np.array(v) for k, v in broadcast.weights.items()})

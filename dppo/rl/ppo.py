@@ -167,7 +167,7 @@ class Trainer:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm,
                                                                  foreach=True))
                 if not (math.isfinite(float(loss.detach())) and math.isfinite(grad_norm)):
-                    skipped += 1  # a NaN/Inf step would poison the weights: skip it, the learner counts it
+                    skipped += 1  # a NaN/Inf step would poison the weights: skip it, the driver counts it
                     continue
                 self.optimizer.step()
                 steps += 1

@@ -198,7 +198,8 @@ class Coordinator:
         try:
             model_state, trainer_state = self.learners.state()
         except LearnerDied:
-            self.reporter.message("learner 0 is gone: the checkpoint keeps the driver's optimizer state")
+            self.reporter.message("learner 0 is gone: the checkpoint keeps the optimizer state the learners last "
+                                  "loaded")
             model_state, trainer_state = self.learners.fallback_state()
         path = self.store.save(compose(self.state, model_state, trainer_state, self.record), iteration)
         self.reporter.checkpoint_written(path)

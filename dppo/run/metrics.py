@@ -1,9 +1,11 @@
 """Every Prometheus metric of dppo, defined once.
 
-The learner owns one :class:`Metrics` (its own registry, so tests can make several) and calls
-:meth:`Metrics.record_iteration` with the same record it writes to ``progress.jsonl``, so the two
-always agree. Names follow Prometheus conventions: ``dppo_`` prefix, base units, ``_total`` on
-counters, ``_seconds`` on durations; labels are low-cardinality (``phase``, ``actor``, ``reason``).
+The driver of a run (the process ``dppo train`` runs in; its Reporter) owns one :class:`Metrics` (its own
+registry, so tests can make several) and calls :meth:`Metrics.record_iteration` with the same record it
+writes to ``progress.jsonl``, so the two always agree. Names follow Prometheus conventions: ``dppo_``
+prefix, base units, ``_total`` on counters, ``_seconds`` on durations; labels are low-cardinality (``phase``,
+``actor``, ``reason``, ``learner``: a rank below run.learners). ``learner`` always means one of the L learners of
+the group, never the driver.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def check_port(host: str, port: int) -> None:
 
 
 class Exporter:
-    """A registry served over HTTP in a daemon thread: the learner's metrics, or a sweep's."""
+    """A registry served over HTTP in a daemon thread: a run's metrics (from its driver), or a sweep's."""
 
     registry: CollectorRegistry
     _server: Any = None
@@ -75,7 +77,7 @@ class Exporter:
 
 
 class Metrics(Exporter):
-    """The learner's metrics and (optionally) the HTTP server that exposes them."""
+    """A run's metrics, served by its driver, and (optionally) the HTTP server that exposes them."""
 
     def __init__(self, env_id: str, run_name: str) -> None:
         self.registry = CollectorRegistry()
