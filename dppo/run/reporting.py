@@ -33,6 +33,24 @@ class FaultCounts:
     updates_skipped: int = 0
 
 
+@dataclass
+class ActorCounts:
+    """The run's actors for summary.json: a run that trained with fewer than it asked for says so there."""
+
+    asked: int  # run.actors
+    alive: int = 0  # alive now (at the end: when the run finished)
+    alive_sum: int = 0  # alive actors summed over this process's iterations, at each iteration's record
+    iterations: int = 0
+
+    def iteration(self) -> None:
+        self.alive_sum += self.alive
+        self.iterations += 1
+
+    def summary(self) -> dict[str, Any]:
+        mean = round(self.alive_sum / self.iterations, 2) if self.iterations else None
+        return {"asked": self.asked, "alive": self.alive, "mean_alive": mean}
+
+
 def progress_record(state: RunState, segments: list[Segment], steps: int, stats: TrainStats,
                     phases: dict[str, float], iteration_s: float) -> dict[str, Any]:
     """One line of progress.jsonl: counters, episode means, throughput, diagnostics, per-phase seconds."""
@@ -60,6 +78,7 @@ class Reporter:
         self.tensorboard: TensorBoardLog | None = None
         self.faults = FaultCounts()
         self.lost_nodes: set[str | None] = set()
+        self.actors = ActorCounts(config.run.actors)
 
     def open(self, state: RunState) -> None:
         """Start serving metrics and open TensorBoard (nothing of either exists before the run starts); a resumed
@@ -86,6 +105,7 @@ class Reporter:
         self.metrics.record_iteration(record, new_returns, phases)
         for seg in segments:
             self.metrics.record_actor(seg.actor_id, seg.sample_seconds)
+        self.actors.iteration()
         if self.tensorboard is not None:
             self.tensorboard.record(record)
         self.output.iteration(record)
@@ -106,6 +126,7 @@ class Reporter:
             self.faults.node_losses += 1
 
     def actors_changed(self, alive: int, pending: int) -> None:
+        self.actors.alive = alive
         self.metrics.actors_alive.set(alive)
         self.metrics.actors_pending.set(pending)
 
@@ -140,7 +161,7 @@ class Reporter:
             "solved": reason == "target_return", "reason": reason, "wall_s": round(wall_s, 3),
             "env_steps": c.env_steps, "iterations": c.iteration, "episodes": c.episodes,
             "episode_return_mean": state.return_mean(), "target_return": self.config.run.target_return,
-            "run": self.name, "env": self.config.env.name, **asdict(self.faults),
+            "run": self.name, "env": self.config.env.name, "actors": self.actors.summary(), **asdict(self.faults),
             **({"eval_return_mean": c.eval_return_last, "eval_return_best": c.eval_return_best}
                if self.config.run.eval_every else {}),
             "startup_s": startup_s, "first_iteration_s": first_iteration_s,
