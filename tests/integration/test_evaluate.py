@@ -1,5 +1,5 @@
 """`dppo eval --video DIR`: real episodes rendered and written as mp4 (the `video` extra), where they went said;
-an env that cannot render is told apart from bad env.kwargs."""
+an env that cannot render is told apart from bad env.kwargs; a checkpoint of another format is one line."""
 
 from __future__ import annotations
 
@@ -61,3 +61,16 @@ def test_video_of_an_env_without_render_mode_names_render_mode_not_kwargs(
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "env entry point 'plain_env:Plain' has no render_mode" in done.stderr
     assert "--video cannot record it" in done.stderr and "env.kwargs" not in done.stderr
+
+
+def test_a_run_whose_newest_checkpoint_has_another_format_is_one_line_not_an_older_checkpoint(tmp_path: Path) -> None:
+    """A newer dppo's checkpoint is refused by name; dppo eval does not quietly play the older one beside it."""
+    run = tmp_path / "run"
+    checkpoint = new_checkpoint(load_config(overrides={"run.run_dir": str(run)}))[0]
+    store = CheckpointStore(run / "checkpoints", 3)
+    store.save(checkpoint, 1)
+    store.save({**checkpoint, "format": 2}, 2)
+    done = subprocess.run([sys.executable, "-m", "dppo", "eval", "--checkpoint", str(run), "--episodes", "1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "ckpt-00000002.pt" in done.stderr and "format 2 and this dppo reads format 1" in done.stderr
