@@ -95,13 +95,11 @@ def run_tuner(sweep: Any, sweep_dir: Path, resume: bool, metrics: Any) -> Any:
     callback (a restored sweep gets it back from its pickled run config, see TrialMetrics.__reduce__)."""
     from ray import tune
 
-    from dppo.sweep.events import TrialEvents
+    from dppo.sweep.events import TrialEvents, silence_tune
     from dppo.sweep.schedulers import make_scheduler
     from dppo.sweep.trainable import run_trial, trial_resources
 
-    # Tune's default console output prints its banner and a TensorBoard hint at its own state folder even at
-    # verbose=0; the legacy one (RAY_AIR_NEW_OUTPUT=0, Ray's documented switch) prints nothing at verbose=0.
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    silence_tune()
 
     trainable = tune.with_resources(tune.with_parameters(run_trial, sweep=sweep, sweep_dir=str(sweep_dir)),
                                     trial_resources(sweep))

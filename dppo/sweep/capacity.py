@@ -47,8 +47,8 @@ def concurrency_note(sweep: Sweep, bundles: list[dict[str, float]], cluster: dic
     more = ("lower run.actors, run.actor_cpus or driver_cpus, or join a bigger cluster with --address" if local
             else "lower run.actors, run.actor_cpus or driver_cpus, or add nodes")
     if fits == 0:
-        return (f"sweep {sweep.spec.name!r}: one trial needs {need} and {where} {has}: no trial can start until it "
-                f"grows{grows}; {more}")
+        wait = "no trial can start" if local else "trials wait until it grows (an autoscaler adds nodes for them)"
+        return f"sweep {sweep.spec.name!r}: one trial needs {need} and {where} {has}: {wait}; {more}"
     total = sweep.total_trials()
     asked = f"concurrent: {sweep.spec.concurrent}" + (f", {total} trials" if total < sweep.spec.concurrent else "")
     return (f"sweep {sweep.spec.name!r}: {fits} trial{'s' * (fits != 1)} at a time, not {wanted} ({asked}): one trial "

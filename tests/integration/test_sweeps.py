@@ -6,6 +6,7 @@ written."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -53,6 +54,24 @@ def scrape_until_exit(proc: subprocess.Popen, port: int, timeout: float = 600) -
     return samples
 
 
+def assert_quiet_and_rounded(done: subprocess.CompletedProcess, out: Path) -> None:
+    """No Tune banner or Tune TensorBoard hint; the summary names the sweep once; returns and searched values
+    rounded in the log and in trials.md (returns like the iteration lines, floats to 4 significant digits)."""
+    output = done.stdout + done.stderr
+    for tune_says in ("Configuration for experiment", "View detailed results", "To visualize your results",
+                      "driver_artifacts", "Traceback (most recent call last)", "Trials did not complete"):
+        assert tune_says not in output, output[-3000:]
+    assert "sweep 'sweep': 2 trials, " in done.stdout
+    values = re.findall(r"return (-?[\d.]+)", done.stderr) + re.findall(r"=(-?\d+\.\d+)", output)
+    table = (out / "trials.md").read_text()
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        values += [c for c in cells[2:4] if c != "-"] + re.findall(r"=(-?\d+\.\d+)", cells[6])
+    assert values, done.stderr[-3000:]
+    for value in values:  # 25.82 or 0.002157, never 25.82191780821918 or 0.002157135141933016
+        assert len(value.lstrip("-0.").replace(".", "")) <= 4, (value, table)
+
+
 def test_pbt_continues_exploited_trials_with_the_perturbed_hyperparameters(ray_address: str, tmp_path: Path) -> None:
     """Also the sweep's metrics: every trial's learner metrics on the sweep driver's port, labelled trial."""
     (port,) = free_ports(1)
@@ -67,6 +86,8 @@ def test_pbt_continues_exploited_trials_with_the_perturbed_hyperparameters(ray_a
     done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "iter=" not in done.stdout + done.stderr  # the trials' iteration lines are in their train.log only
+    assert_quiet_and_rounded(done, tmp_path / "out")
+    assert "at a time" not in done.stderr  # 4 CPUs hold both trials (0.75 each): nothing to say
     trials = {p.name for p in (tmp_path / "out" / "trials").iterdir()}
     assert scrapes, "the sweep served no metrics"
     final = scrapes[-1]  # during the linger, after both trials finished
@@ -97,15 +118,28 @@ def test_pbt_continues_exploited_trials_with_the_perturbed_hyperparameters(ray_a
 
 def test_a_failing_trial_is_reported_and_a_resumed_sweep_keeps_finished_trials(ray_address: str,
                                                                                 tmp_path: Path) -> None:
+    """Also: a trial of 2.25 Ray CPUs on the 4-CPU cluster runs one at a time, and the sweep says so at the start;
+    dppo's TensorBoard hint points at the trials' own curves."""
     path = sweep_file(tmp_path, base={"env": "dppo/Faulty-v0"},
-                      set={**SMALL, "faults.env_retries": 0, "env.kwargs.persistent": True},
+                      set={**SMALL, "run.actor_cpus": 2.0, "run.tensorboard": True, "faults.env_retries": 0,
+                           "env.kwargs.persistent": True},
                       space={"env.kwargs.fail_at": "grid([null, 300])"}, trials=1)
     out = tmp_path / "out"
     done = dppo_sweep(path, out, address=ray_address)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "1 failed" in done.stdout and "failed; the other trials go on" in done.stderr
+    assert "1 failed" in done.stdout
+    (failed,) = [line for line in done.stderr.splitlines() if "failed; the other trials go on" in line]
+    assert "injected env failure at step 300" in failed  # the error in one line, its traceback in Tune's file
+    assert "injected env failure" in Path(failed.rsplit("(traceback in ", 1)[1].rstrip(")")).read_text()
+    assert done.stderr.splitlines()[0] == (
+        "sweep 'sweep': 1 trial at a time, not 2 (concurrent: 2): one trial needs 2.25 Ray CPUs (driver_cpus 0.25 "
+        "+ 1 actor x run.actor_cpus 2) and the cluster has 4 (more start if it autoscales); for more at once lower "
+        "run.actors, run.actor_cpus or driver_cpus, or add nodes")
+    assert f"tensorboard --logdir {out / 'trials'}\n" in done.stderr
+    assert_quiet_and_rounded(done, out)
     rows = {r["state"]: r for r in __import__("csv").DictReader((out / "trials.csv").open())}
     assert set(rows) == {"ERROR", "TERMINATED"} and int(rows["TERMINATED"]["env_steps"]) == 8192
+    assert any((out / "trials" / rows["TERMINATED"]["trial"] / "tensorboard").glob("events.out.tfevents.*"))
     finished = Path(out / "trials" / rows["TERMINATED"]["trial"] / "progress.jsonl")
     before = finished.read_text()
     resumed = dppo_sweep(path, out, "--resume", address=ray_address)
