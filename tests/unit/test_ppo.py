@@ -76,12 +76,25 @@ def _trainer(**ppo: object) -> tuple[Trainer, Batch]:
 
 def test_update_reports_every_diagnostic_and_anneals() -> None:
     trainer, batch = _trainer(epochs=2, learning_rate=1e-3, anneal_lr=True)
-    stats = trainer.update(batch, progress=5)
+    stats = trainer.update(batch, 5)  # the learning-rate clock at iteration 5 of 10
     assert stats.learning_rate == pytest.approx(1e-3 * 0.5)
     assert stats.epochs_run == 2 and stats.skipped_minibatches == 0
-    for value in (stats.policy_loss, stats.value_loss, stats.entropy, stats.approx_kl, stats.grad_norm):
+    for value in (stats.policy_loss, stats.value_loss, stats.entropy, stats.approx_kl, stats.clip_fraction,
+                  stats.grad_norm):
         assert math.isfinite(value)
-    assert 0.0 <= stats.clip_fraction <= 1.0
+
+
+def test_update_reports_the_clip_fraction_and_kl_of_the_ratios_it_saw() -> None:
+    """Ratios set row by row (old log-probs shifted by log r) and a step size of 0, so they stay put through every
+    epoch: 3 of each 8 rows are outside [0.8, 1.2], and the KL is the k3 mean of the pattern, computed by hand."""
+    trainer, batch = _trainer(epochs=2)
+    trainer.config = trainer.config.model_copy(update={"learning_rate": 0.0})  # past validation: weights stay put
+    pattern = [0.5, 0.75, 0.95, 1.0, 1.15, 1.3, 1.0, 0.85]  # |r - 1| > 0.2: 0.5, 0.75 and 1.3
+    ratios = torch.tensor(pattern * (len(batch.actions) // len(pattern)))
+    stats = trainer.update(batch._replace(log_probs=batch.log_probs - ratios.log()), 0)
+    assert stats.epochs_run == 2 and stats.learning_rate == 0.0
+    assert stats.clip_fraction == pytest.approx(3 / 8, abs=1e-6)
+    assert stats.approx_kl == pytest.approx(sum((r - 1) - math.log(r) for r in pattern) / len(pattern), rel=1e-4)
 
 
 def test_target_kl_stops_epochs_early() -> None:

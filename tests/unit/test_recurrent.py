@@ -4,6 +4,8 @@ exported policy steps like the actors, and a config that cannot replay whole col
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -11,9 +13,10 @@ import torch
 from dppo.config import ConfigError, load_config
 from dppo.rl.agent import export_weights
 from dppo.rl.batch import build_batch
+from dppo.rl.build import build_model
 from dppo.rl.deterministic import DeterministicPolicy, example_inputs
 from dppo.rl.ppo import Trainer
-from dppo.rl.recurrent import RecurrentActorCritic, build_model
+from dppo.rl.recurrent import RecurrentActorCritic
 from dppo.rl.sampler import Sampler
 
 CUE = {"env.id": "dppo/CueCorridor-v0", "model.recurrent": "lstm", "model.lstm_hidden_size": 16,
@@ -45,8 +48,15 @@ def test_the_first_epoch_replays_exactly_the_actors_log_probs_and_values(env_id:
             ratio = (log_probs - batch.log_probs[idx]).exp()
             assert torch.equal(ratio, torch.ones_like(ratio))
             assert torch.equal(values, batch.values[idx])
-    stats = trainer.update(batch, 0)
-    assert stats.approx_kl >= 0 and stats.epochs_run == sampler.config.ppo.epochs
+    # the update replays the same way: with a step size of 0 (weights stay put) and the old log-probs shifted by
+    # log r row by row, it reports the clip fraction and k3 KL of those ratios, computed by hand
+    trainer.config = trainer.config.model_copy(update={"learning_rate": 0.0})
+    pattern = [0.7, 1.0, 1.15, 0.95]  # |r - 1| > 0.2: only 0.7
+    ratios = torch.tensor(pattern * (len(batch.actions) // len(pattern)))
+    stats = trainer.update(batch._replace(log_probs=batch.log_probs - ratios.log()), 0)
+    assert stats.epochs_run == sampler.config.ppo.epochs
+    assert stats.clip_fraction == pytest.approx(1 / 4, abs=1e-6)
+    assert stats.approx_kl == pytest.approx(sum((r - 1) - math.log(r) for r in pattern) / len(pattern), rel=1e-4)
 
 
 def test_the_memory_crosses_segment_cuts_and_is_zeroed_where_an_episode_starts() -> None:
