@@ -3,7 +3,9 @@
 Order matters for the contract "bad input: exit 2, nothing written": the config, the run directory, a
 checkpoint to resume and the env are checked first; Ray is started (or joined) while the coordinator is
 built beside it; the learners and every actor are started and each actor has made its envs; only then are
-the run directory's files written.
+the run directory's files written. A stop (SIGINT, SIGTERM) until then ends the process at once with nothing
+written; afterwards it ends the round in progress and the run with a final checkpoint (dppo.run.signals).
+Either way the exit code is 130 for SIGINT, 143 for SIGTERM.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import argparse
 import os
 import re
 import sys
-import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -24,6 +25,9 @@ from dppo.cli_args import fail, import_from_cwd, whole_number
 if TYPE_CHECKING:
     from dppo.config import Config
     from dppo.run.coordinator import Coordinator
+    from dppo.run.logs import IterationLog
+    from dppo.run.signals import StopSignals
+    from dppo.run.state import RunState
     from dppo.run.timing import PhaseClock
 
 # Flags of `dppo train` that set a config key (dest -> dotted key).
@@ -63,7 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--total-steps", type=whole_number, help="stop after this many env steps")
     train.add_argument("--target-return", type=float, help="stop when the 100-episode mean return reaches this")
     train.add_argument("--time-limit", type=float, metavar="SECONDS",
-                       help="stop with a checkpoint after this many seconds of training")
+                       help="stop with a checkpoint after this many seconds of training, counted over the whole "
+                       "run: a resumed run's earlier training included")
     train.add_argument("--seed", type=whole_number, help="seed for everything")
     train.add_argument("--run-dir", help="output directory (default runs/<env>-<timestamp>)")
     resume = train.add_mutually_exclusive_group()
@@ -147,22 +152,29 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
     return config, run_dir, resume_state
 
 
-def start(config: Config, run_dir: Path, resume_state: dict[str, Any] | None, clock: PhaseClock) -> Coordinator:
+def start(config: Config, run_dir: Path, resume_state: dict[str, Any] | None, clock: PhaseClock,
+          signals: StopSignals) -> Coordinator:
     """Start (or join) Ray and build the coordinator at the same time: a local Ray start is mostly waiting on
-    the processes it launches, the build mostly torch's import and the model, so the build runs in a helper
-    thread meanwhile. Phases: ``ray_init`` (with the build beside it), then ``learner``, what was left of the
-    build; then the learners and actors start (``actors_ready``)."""
-    from dppo.distributed.cluster import connect_ray
+    the processes it launches, the build mostly torch's import and the model. Both run in helper threads (Ray's
+    in one that outlives the run: see connect_ray_beside) while the main thread waits, free to take a stop at
+    once. Phases: ``ray_init`` (with the build beside it), then ``learner``, what was left of the build; then
+    the learners and actors start (``actors_ready``)."""
+    import ray  # noqa: F401  (here: a stop cuts an import in the main thread short cleanly, not one in a thread)
+
+    from dppo.distributed.cluster import connect_ray_beside
 
     def build() -> Coordinator:
         from dppo.run.coordinator import Coordinator
 
-        return Coordinator(config, run_dir, resume_state)
+        coordinator = Coordinator(config, run_dir, resume_state)
+        coordinator.signals = signals  # the process's handler, installed before anything started
+        return coordinator
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="coordinator-build")
     building = pool.submit(build)
-    connect_ray(config)
+    connect_ray_beside(config).result()  # a UsageError in Ray's start is raised here
     clock.mark("ray_init")
+    signals.install()  # again: Ray's start may have put handlers of its own in
     coordinator = building.result()  # a UsageError in the build is raised here
     clock.mark("learner")
     pool.shutdown(wait=False)
@@ -171,49 +183,111 @@ def start(config: Config, run_dir: Path, resume_state: dict[str, Any] | None, cl
     return coordinator
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from dppo.run.timing import PhaseClock
+def finished_before(config: Config, resume_state: dict[str, Any]) -> tuple[RunState, str, str] | None:
+    """A resumed run whose stop rule holds already (``--time-limit`` counts the whole run, resumes included): its
+    state, the rule, and one line that says so and how to go on. It ends at once, without starting Ray."""
+    from dppo.run.state import RunState
 
-    clock = PhaseClock()  # start-up phases, reported in summary.json
-    import_from_cwd()
-    warnings.filterwarnings("ignore", module="gymnasium")  # env-checker chatter; errors still surface
-    config, run_dir, resume_state = prepare(args)
-    clock.mark("config")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    # A round abandoned when the run stops can hold other actors' errors; the run reports its own, once.
-    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+    state = RunState(config, 0)  # the normalizer statistics, if any, come from the checkpoint
+    state.restore(resume_state)
+    reason, counters, run = state.stop_reason(), state.counters, config.run
+    if reason == "time_limit":
+        line = (f"the time limit of {run.time_limit_s:g} s is spent: the run trained {counters.wall_s:,.1f} s before "
+                "this resume (the limit counts the whole run); raise --time-limit to go on")
+    elif reason == "total_steps":
+        line = (f"the run has its {run.total_steps:,} env steps already ({counters.env_steps:,} trained before this "
+                "resume); raise --total-steps to go on")
+    elif reason == "target_return":
+        line = (f"the run reached its target return {run.target_return:g} before this resume; raise --target-return "
+                "to go on")
+    else:
+        return None
+    return state, reason, line
+
+
+def end_untrained(config: Config, run_dir: Path, state: RunState, reason: str, line: str,
+                  clock: PhaseClock) -> tuple[dict[str, Any], IterationLog]:
+    """A resumed run that had finished already: the line that says why, and its summary.json again."""
+    from dppo.run.reporting import Reporter
+    from dppo.run.run_dir import RunDir
+
+    reporter = Reporter(config, RunDir(run_dir))
+    reporter.message(line)
+    return reporter.summary(state, reason, state.counters.wall_s, clock.phases, None), reporter.output
+
+
+def train(coordinator: Coordinator, config: Config, resumed: bool, clock: PhaseClock) -> dict[str, Any]:
+    """Write the run directory's first files and train; the summary (a RunFailure: the run failed)."""
     from dppo.errors import RunFailure
-    from dppo.run.logs import format_return
 
-    try:
-        coordinator = start(config, run_dir, resume_state, clock)
-    except RunFailure as err:
-        print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
-        return 1
     coordinator.startup_s = clock.phases
     coordinator.run_dir.path.mkdir(parents=True, exist_ok=True)
     coordinator.run_dir.write_config(config.to_yaml())
     output = coordinator.reporter.output
-    if resume_state is not None:
+    if resumed:
         counters = coordinator.state.counters
-        output.message(f"resuming {run_dir} at iteration {counters.iteration}, {counters.env_steps:,} env steps")
+        output.message(f"resuming {coordinator.run_dir.path} at iteration {counters.iteration}, "
+                       f"{counters.env_steps:,} env steps")
     try:
-        summary = coordinator.run()
+        return coordinator.run()
     except RunFailure as err:
-        output.to_file(f"run failed: {err}" + (f"\n{err.details}" if err.details else ""))
-        print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
+        if output.to_file(f"run failed: {err}" + (f"\n{err.details}" if err.details else "")) and err.details:
+            raise RunFailure(f"{err} (the whole traceback: {output.log_file})") from err  # the user's one line
+        raise
+    finally:
         coordinator.shutdown()
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from dppo.errors import RunFailure
+    from dppo.run.logs import format_return
+    from dppo.run.signals import Stopped, StopSignals
+    from dppo.run.timing import PhaseClock
+
+    signals = StopSignals()
+    signals.install()  # a stop at any moment from here on: see the module's docstring
+    clock = PhaseClock()  # start-up phases, reported in summary.json
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # A round abandoned when the run stops can hold other actors' errors; the run reports its own, once.
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+    coordinator = done = None
+    try:
+        with signals.interrupting():  # until the run's files are written: a stop ends the process at once
+            import_from_cwd()
+            warnings.filterwarnings("ignore", module="gymnasium")  # env-checker chatter; errors still surface
+            config, run_dir, resume_state = prepare(args)
+            clock.mark("config")
+            done = finished_before(config, resume_state) if resume_state is not None else None
+            if done is None:
+                coordinator = start(config, run_dir, resume_state, clock, signals)
+    except Stopped as stop:
+        from dppo.distributed.cluster import kill_children
+
+        kill_children()  # a local Ray, also one still starting
+        print(f"dppo: {stop}: nothing written", file=sys.stderr, flush=True)
+        return 128 + stop.signum
+    except RunFailure as err:
+        print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
         return 1
-    coordinator.shutdown()
+    try:
+        if coordinator is None:
+            summary, output = end_untrained(config, run_dir, *done, clock)
+        else:
+            summary, output = train(coordinator, config, resume_state is not None, clock), coordinator.reporter.output
+    except RunFailure as err:
+        print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
+        return 1
     verdict = "solved" if summary["solved"] else "stopped"
+    reason = signals.name if summary["reason"] == "signal" else summary["reason"]
     mean = summary["episode_return_mean"]
-    line = (f"{verdict} ({summary['reason']}): return {'-' if mean is None else format_return(mean)} after "
+    line = (f"{verdict} ({reason}): return {'-' if mean is None else format_return(mean)} after "
             f"{summary['env_steps']:,} env steps, {summary['iterations']} iterations, {summary['wall_s']:.1f} s "
             f"-> {run_dir / 'summary.json'}")
     output.to_file(line)
     print(line, file=sys.stdout if config.run.log_format != "json" else sys.stderr,
           flush=True)  # with JSON logs, stdout carries only the per-iteration objects
-    if config.metrics.port and config.metrics.linger_s > 0 and summary["reason"] != "signal":
-        time.sleep(config.metrics.linger_s)  # let Prometheus scrape the final values
-    coordinator.reporter.metrics.shutdown()
-    return 143 if summary["reason"] == "signal" else 0
+    if coordinator is not None:
+        if config.metrics.port and config.metrics.linger_s > 0:
+            signals.sleep(config.metrics.linger_s)  # let Prometheus scrape the final values (a stop cuts it short)
+        coordinator.reporter.metrics.shutdown()
+    return signals.exit_code or 0  # 130 / 143 when a stop was asked for, whenever it came

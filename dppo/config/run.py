@@ -17,8 +17,10 @@ class RunConfig(Section):
     target_return: float | None = None
     """Stop when the mean return of the last 100 finished episodes reaches this (off when null)."""
     time_limit_s: float | None = Field(None, gt=0)
-    """Stop (with a checkpoint) after this many seconds of training, resumed time included: a wall-clock
-    budget, for comparing actor counts at equal time or fitting a run into a job's deadline (off when null)."""
+    """Stop (with a checkpoint) after this many seconds of training, counted over the whole run: a resumed
+    run's earlier training counts, so one budget spans every resume; a run resumed with its budget spent says
+    so and ends at once (exit 0): raise the limit to go on. A wall-clock budget, for comparing actor counts at
+    equal time or fitting a run into a job's deadline (off when null)."""
     seed: int = Field(1, ge=0)
     """Seed for torch, numpy and every env; a seeded run is reproducible on the same machine."""
     run_dir: str | None = None

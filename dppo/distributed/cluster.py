@@ -5,6 +5,12 @@ Joining a cluster that uses Ray's token authentication (``ray start --head`` tur
 is set, even when the token is at hand. So before connecting, dppo asks the cluster's GCS whether it wants a
 token; if it does, the token is taken where Ray documents it (``RAY_AUTH_TOKEN``, the file named by
 ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``), and without one the run stops with one line that says so.
+
+Stopping while Ray starts: ``ray.init`` in the main thread replaces the process's SIGTERM handler with one that
+calls ``sys.exit(15)``, and Ray's C++ core worker installs a crash handler that prints a stack dump
+(``*** SIGTERM received ...``) for SIGTERM. ``dppo train`` handles SIGTERM itself (a final checkpoint, exit 143),
+so it starts Ray in a thread of its own (:func:`connect_ray_beside`: Ray then leaves Python's handlers alone and
+the main thread stays free to take a stop at once) and the driver does without the C++ crash handler.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import contextlib
 import logging
 import math
 import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 from dppo.config import Config
@@ -29,6 +37,8 @@ def connect_ray(config: Config, min_cpus: float = 0.0) -> None:
     ``min_cpus``: a sweep's trial, its driver included)."""
     import ray
 
+    # The driver's SIGTERM is dppo's to handle (see above); actors and Ray's own processes keep the handler.
+    ray._private.ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     address = config.run.address or os.environ.get("RAY_ADDRESS")
     quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
     if config.run.runtime_env:
@@ -47,6 +57,25 @@ def connect_ray(config: Config, min_cpus: float = 0.0) -> None:
     except (ConnectionError, ValueError, RuntimeError) as err:
         raise UsageError(f"cannot connect to Ray at {address!r}: {first_line(err)}; check --address / "
                          "RAY_ADDRESS") from None
+
+
+def connect_ray_beside(config: Config) -> Future[None]:
+    """:func:`connect_ray` in a thread of its own, which then lives as long as the process: the processes of a
+    local Ray are bound to the thread that started them (Ray sets ``PR_SET_PDEATHSIG``, which Linux fires when
+    that *thread* ends), so it must not end before the run does. The future holds connect_ray's outcome."""
+    started: Future[None] = Future()
+
+    def start() -> None:
+        try:
+            connect_ray(config)
+        except BaseException as err:  # a UsageError for the main thread to report
+            started.set_exception(err)
+            return
+        started.set_result(None)
+        threading.Event().wait()  # keep the local Ray's processes alive: see above
+
+    threading.Thread(target=start, name="ray-start", daemon=True).start()
+    return started
 
 
 def is_gcs_address(address: str) -> bool:
@@ -116,6 +145,12 @@ def stop_ray() -> None:
     if node is None or not getattr(node, "head", False):
         ray.shutdown()
         return
+    kill_children()
+
+
+def kill_children() -> None:
+    """SIGKILL every descendant of this process: a local Ray's processes (GCS, raylet, its agents and workers),
+    also while ``ray.init`` is still starting them (a stop then ends the run at once)."""
     import psutil
 
     for process in psutil.Process().children(recursive=True):  # SIGKILL lands at once; no need to wait

@@ -111,7 +111,8 @@ class Coordinator:
                 self._checkpoint()
             self._finish("error")
             raise RunFailure(str(err), getattr(err, "details", None)) from err
-        self._checkpoint()
+        if self.state.counters.iteration > 0:  # stopped before its first round ended: nothing trained to keep
+            self._checkpoint()
         return self._finish(reason)
 
     # ---- phases --------------------------------------------------------------------------------------

@@ -56,13 +56,15 @@ class IterationLog:
             self.task = self.progress.add_task("", total=total_steps)
             self.progress.start()
 
-    def to_file(self, text: str) -> None:
-        """Append a timestamped line to the run's log file (opened per line: the run dir may be new)."""
+    def to_file(self, text: str) -> bool:
+        """Append a timestamped line to the run's log file (opened per line: the run dir may be new); False when
+        there is no file to write (no run dir yet)."""
         if self.log_file is None or not self.log_file.parent.is_dir():
-            return
+            return False
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         with open(self.log_file, "a") as fh:
             fh.write(f"{stamp} {text}\n")
+        return True
 
     def iteration(self, record: dict[str, Any]) -> None:
         self.to_file(text_line(record))

@@ -1,9 +1,30 @@
-"""SIGTERM (what Kubernetes sends) and SIGINT end a run with a final checkpoint instead of killing it."""
+"""SIGTERM (what Kubernetes sends) and SIGINT (Ctrl-C) stop a run at any moment, with the shell's exit code.
+
+Before training starts (config check, Ray start, actor start) a stop ends the process at once and nothing is
+written: the handler raises :class:`Stopped` in the main thread wherever it is. Once training has started the
+handler only records the signal; the coordinator ends the round in progress and writes a final checkpoint.
+Either way the exit code is 128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as a shell reports a
+process ended by that signal.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import threading
+import time
+from collections.abc import Iterator
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Stopped(BaseException):
+    """A stop signal arrived before training started: the run ends at once, with nothing written. A
+    BaseException, like KeyboardInterrupt: no ``except Exception`` on the way out catches it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name} before training started")
+        self.signum = signum
 
 
 class StopSignals:
@@ -11,11 +32,46 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self._raising = False  # inside interrupting(): the handler raises Stopped
 
-    def install(self) -> None:
-        def handler(signum: int, _frame: object) -> None:
+    def install(self) -> bool:
+        """Handle SIGTERM and SIGINT from now on (again after Ray's start, which installs handlers of its own).
+        False off the main thread, where Python cannot: the embedding program handles signals there."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+        return True
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self.received is None:
             self.received = signum
+        if self._raising:
+            self._raising = False  # once: the code unwinding from Stopped is not interrupted again
+            raise Stopped(self.received)
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(ValueError):  # not the main thread: the embedding program handles signals
-                signal.signal(sig, handler)
+    @contextlib.contextmanager
+    def interrupting(self) -> Iterator[None]:
+        """Inside, a stop raises :class:`Stopped` at once in the main thread (also one that arrived before)."""
+        self._raising = True
+        try:
+            if self.received is not None:
+                raise Stopped(self.received)
+            yield
+        finally:
+            self._raising = False
+
+    def sleep(self, seconds: float, step: float = 0.1) -> None:
+        """Sleep, cut short by a stop signal (a signal handler that returns does not end time.sleep)."""
+        deadline = time.monotonic() + seconds
+        while self.received is None and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(step, left))
+
+    @property
+    def exit_code(self) -> int | None:
+        """128 + the signal's number (130 SIGINT, 143 SIGTERM), or None when no stop was asked for."""
+        return None if self.received is None else 128 + self.received
+
+    @property
+    def name(self) -> str | None:
+        return None if self.received is None else signal.Signals(self.received).name

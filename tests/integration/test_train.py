@@ -25,6 +25,8 @@ def test_time_limit_stops_the_run_with_a_checkpoint(tmp_path: Path, ray_address:
     import json
     import sys
 
+    from dppo.run.checkpoint import newest_intact
+
     run = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run),
                            "--total-steps", "1e8", "--time-limit", "3", "--no-tensorboard"],
@@ -33,7 +35,21 @@ def test_time_limit_stops_the_run_with_a_checkpoint(tmp_path: Path, ray_address:
     summary = json.loads((run / "summary.json").read_text())
     assert summary["reason"] == "time_limit" and 3 <= summary["wall_s"] < 60
     assert 0 < summary["env_steps"] < 100_000_000
-    assert list((run / "checkpoints").glob("ckpt-*.pt"))
+    checkpoints = sorted((run / "checkpoints").glob("ckpt-*.pt"))
+    assert checkpoints
+    # The limit counts the whole run, resumes included: resumed with the limit spent, the run says so in one
+    # line and ends at once (exit 0, summary reason time_limit), training nothing and starting no Ray.
+    trained_s = newest_intact(run / "checkpoints")[1]["counters"]["wall_s"]
+    resumed = subprocess.run([sys.executable, "-m", "dppo", "train", "--run-dir", str(run), "--resume",
+                              "--time-limit", "2", "--address", "127.0.0.1:1", "--no-tensorboard"],  # no Ray there
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr == (f"the time limit of 2 s is spent: the run trained {trained_s:,.1f} s before this "
+                              "resume (the limit counts the whole run); raise --time-limit to go on\n")
+    again = json.loads((run / "summary.json").read_text())
+    assert again["reason"] == "time_limit" and again["env_steps"] == summary["env_steps"]
+    assert sorted((run / "checkpoints").glob("ckpt-*.pt")) == checkpoints
+    assert resumed.stdout.startswith("stopped (time_limit): return ")
 
 
 def test_a_progress_line_lost_after_its_checkpoint_comes_back_on_resume(tmp_path: Path, ray_address: str) -> None:

@@ -1,0 +1,45 @@
+"""StopSignals with real signals sent to this process (dppo/run/signals.py): raised at once before training
+starts, only recorded once it has (the coordinator then ends the round), exit code 128 + the signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from dppo.run.signals import Stopped, StopSignals
+
+
+@pytest.fixture
+def signals() -> Iterator[StopSignals]:
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    stop = StopSignals()
+    assert stop.install()
+    try:
+        yield stop
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def test_a_signal_inside_interrupting_raises_stopped_at_once(signals: StopSignals) -> None:
+    with pytest.raises(Stopped) as raised, signals.interrupting():
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next line
+        pytest.fail("the stop did not interrupt")
+    assert raised.value.signum == signal.SIGTERM and str(raised.value) == "stopped by SIGTERM before training started"
+    assert signals.exit_code == 143 and signals.name == "SIGTERM"
+
+
+def test_outside_interrupting_a_signal_is_only_recorded_and_the_first_one_counts(signals: StopSignals) -> None:
+    assert signals.exit_code is None
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert signals.received == signal.SIGINT and signals.exit_code == 130
+
+
+def test_a_signal_that_came_before_interrupting_raises_on_entry(signals: StopSignals) -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+    with pytest.raises(Stopped), signals.interrupting():
+        pytest.fail("entered although a stop was asked for")
