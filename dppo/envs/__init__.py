@@ -1,7 +1,9 @@
 """Making envs from a config (ids, module:EnvId, entry points, wrappers), Atari, user-code loading, toy envs.
 
 The toy envs of :mod:`dppo.envs.toy` are registered here by name, so ``dppo/Counter-v0`` and the others can
-be made in any process that imports this package, without importing their module until one is made.
+be made in any process that imports this package, without importing their module until one is made. Importing
+it stays cheap (gymnasium only, no torch or Ray): a user's script names it as it would any env package, since
+gymnasium 1.x has no plugin entry points, ``gym.make("dppo.envs:dppo/CueCorridor-v0")``.
 """
 
 import gymnasium as gym
