@@ -811,6 +811,59 @@ def test_notes_on_retries_and_submitter_logs(helm_bin: str) -> None:
     assert "nothing of the failed attempt is kept" in notes(helm_bin, "--set", "job.backoffLimit=1")
 
 
+def test_notes_say_first_that_the_run_directory_dies_with_the_pod(helm_bin: str) -> None:
+    """Without persistence the run directory is in the head pod's /tmp: NOTES says it before the commands, and
+    warns when retries are on (a retry then starts from scratch); with persistence neither line is there."""
+    text = notes(helm_bin)
+    lost = text.index("Not kept: the run directory")
+    assert lost < text.index("1. Job state") and "/tmp/dppo/r-dppo" in text[lost:text.index("1. Job state")]
+    assert "WARNING" not in text
+    text = notes(helm_bin, "--set", "job.backoffLimit=2")
+    assert text.index("WARNING: job.backoffLimit=2 retries the run without persistence.enabled") < text.index(
+        "Not kept") < text.index("1. Job state")
+    text = notes(helm_bin, "-f", str(VALUES_DIR / "persistence.yaml"))
+    assert "Not kept" not in text and "WARNING" not in text
+
+
+def test_a_typo_in_the_env_id_is_refused_at_install_with_the_ids_that_start_like_it(helm_bin: str) -> None:
+    out = helm(helm_bin, "template", "r", str(CHART), "--set", "env=CartPol-v1")
+    assert out.returncode != 0
+    line = next(x for x in out.stderr.splitlines() if x.startswith("Error:"))
+    assert "env=CartPol-v1 is not an id the chart knows" in line
+    assert "Did you mean CartPole-v0, CartPole-v1, phys2d/CartPole-v0, phys2d/CartPole-v1?" in line
+    assert "package:EnvId-v0" in line
+    out = helm(helm_bin, "template", "r", str(CHART), "--set", "env=LunarLander-v2")  # gymnasium 1.x has v3
+    assert out.returncode != 0 and "Did you mean LunarLander-v3, LunarLanderContinuous-v3?" in out.stderr
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "ALE/Breakout-v5", "dppo/CueCorridor-v0", "Hopper-v5",
+                                    "mysim.envs:Warehouse-v0", "minigrid:MiniGrid-Empty-5x5-v0"])
+def test_registered_ids_and_the_package_form_render(helm_bin: str, env_id: str) -> None:
+    config = training_config(render(helm_bin, "--set", f"env={env_id}"))
+    assert config["env"]["id"] == env_id
+
+
+def test_the_registered_ids_are_what_dppo_makes_by_id_alone() -> None:
+    """registered-envs.json holds every preset's id and dppo's own, none a package adds only when imported by
+    name (minigrid, ale-py's ids outside ALE/), and none that gymnasium registers only to raise."""
+    known = set(json.loads((CHART / "registered-envs.json").read_text())["ids"])
+    presets = {yaml.safe_load(p.read_text())["env"]["id"] for p in (REPO / "dppo" / "presets").glob("*.yaml")}
+    assert presets <= known
+    assert {"dppo/CueCorridor-v0", "dppo/Counter-v0", "ALE/Pong-v5", "FrozenLake-v1"} <= known
+    assert not {"MiniGrid-Empty-5x5-v0", "PongNoFrameskip-v4", "Pong-v4", "Hopper-v3", "GymV26Environment-v0"} & known
+
+
+def test_the_id_list_of_other_gymnasium_versions_is_kept_and_dppo_s_own_renewed() -> None:
+    generator = load_module(REPO / "helm" / "values_schema.py")
+    older = {"generated_by": "helm/values_schema.py", "gymnasium": "0.0.1", "ale-py": "0.0.1",
+             "ids": ["OldEnv-v0", "dppo/Gone-v0"]}
+    kept = json.loads(generator.render_envs(older))
+    assert kept["gymnasium"] == "0.0.1" and "OldEnv-v0" in kept["ids"] and "dppo/Gone-v0" not in kept["ids"]
+    assert "dppo/CueCorridor-v0" in kept["ids"] and "CartPole-v1" not in kept["ids"]
+    fresh = json.loads(generator.render_envs(None))
+    assert "CartPole-v1" in fresh["ids"] and "OldEnv-v0" not in fresh["ids"]
+
+
 def test_image_tag_matches_the_chart() -> None:
     """`make image` builds the tag the chart pulls by default, and the docs say that tag."""
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())

@@ -153,6 +153,24 @@ replaces the registered id: the env value is then empty.
 {{- define "dppo.envName" -}}
 {{- .Values.env | default (((.Values.config | default dict).env | default dict).entry_point) -}}
 {{- end }}
+{{/* A plain env id must be one the image registers (registered-envs.json, written by helm/values_schema.py):
+a typo fails here, in one line with the ids that start like it, instead of in the learner pod. module:EnvId-v0
+(a package that registers the id on import) is left to the run's own check. */}}
+{{- define "dppo.checkEnvId" -}}
+{{- $env := .Values.env | default "" | toString }}
+{{- if and $env (not (contains ":" $env)) }}
+{{- $known := (.Files.Get "registered-envs.json" | fromJson) }}
+{{- if not (has $env $known.ids) }}
+{{- $name := lower (regexReplaceAll "^.*/" $env "") }}
+{{- $like := list }}
+{{- range $known.ids }}
+{{- if hasPrefix (trunc 4 $name) (lower (regexReplaceAll "^.*/" . "")) }}{{ $like = append $like . }}{{ end }}
+{{- end }}
+{{- $hint := ternary (printf " Did you mean %s?" (join ", " (slice $like 0 (min 6 (len $like))))) "" (gt (len $like) 0) }}
+{{- fail (printf "env=%s is not an id the chart knows (gymnasium %s's, ale-py's ALE/ ids, dppo's own).%s An env that a package registers on import is written package:EnvId-v0 (e.g. minigrid:MiniGrid-Empty-5x5-v0; the run imports the package first)" $env (index $known "gymnasium") $hint) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- define "dppo.config" -}}
 {{- $preset := dict }}
 {{- range $path, $_ := .Files.Glob "presets/*.yaml" }}
@@ -168,6 +186,7 @@ replaces the registered id: the env value is then empty.
 {{- if not (or $entryPoint .Values.env) }}
 {{- fail "env is empty and config.env.entry_point is not set: name the env, e.g. env=CartPole-v1, or config.env.entry_point=mypackage.envs:MyEnv" }}
 {{- end }}
+{{- include "dppo.checkEnvId" . }}
 {{- $managed := dict
   "env" (ternary (dict "id" nil) (dict "id" .Values.env) (not .Values.env))
   "run" (dict "actors" (int .Values.actors) "actor_cpus" 1 "run_dir" (include "dppo.runDir" .) "name" (include "dppo.fullname" .))
