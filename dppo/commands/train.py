@@ -238,9 +238,20 @@ def train(coordinator: Coordinator, config: Config, resumed: bool, clock: PhaseC
         coordinator.shutdown()
 
 
+def outcome_line(summary: dict[str, Any], signal_name: str | None, run_dir: Path) -> str:
+    """The run's last line: how it ended (the signal's name for a stop), its return, steps and time."""
+    from dppo.run.logs import format_return
+
+    verdict = "solved" if summary["solved"] else "stopped"
+    reason = signal_name if summary["reason"] == "signal" else summary["reason"]
+    mean = summary["episode_return_mean"]
+    return (f"{verdict} ({reason}): return {'-' if mean is None else format_return(mean)} after "
+            f"{summary['env_steps']:,} env steps, {summary['iterations']} iterations, {summary['wall_s']:.1f} s "
+            f"-> {run_dir / 'summary.json'}")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from dppo.errors import RunFailure
-    from dppo.run.logs import format_return
     from dppo.run.signals import Stopped, StopSignals
     from dppo.run.timing import PhaseClock
 
@@ -277,12 +288,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except RunFailure as err:
         print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
         return 1
-    verdict = "solved" if summary["solved"] else "stopped"
-    reason = signals.name if summary["reason"] == "signal" else summary["reason"]
-    mean = summary["episode_return_mean"]
-    line = (f"{verdict} ({reason}): return {'-' if mean is None else format_return(mean)} after "
-            f"{summary['env_steps']:,} env steps, {summary['iterations']} iterations, {summary['wall_s']:.1f} s "
-            f"-> {run_dir / 'summary.json'}")
+    line = outcome_line(summary, signals.name, run_dir)
     output.to_file(line)
     print(line, file=sys.stdout if config.run.log_format != "json" else sys.stderr,
           flush=True)  # with JSON logs, stdout carries only the per-iteration objects

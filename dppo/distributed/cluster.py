@@ -54,6 +54,8 @@ def connect_ray(config: Config, min_cpus: float = 0.0) -> None:
                 needed += config.run.learners * config.run.learner_cpus
             cpus = max(os.cpu_count() or 1, math.ceil(needed), math.ceil(min_cpus))
             ray.init(address="local", num_cpus=cpus, include_dashboard=False, **quiet)
+    except UsageError:
+        raise  # the token check's own line
     except (ConnectionError, ValueError, RuntimeError) as err:
         raise UsageError(f"cannot connect to Ray at {address!r}: {first_line(err)}; check --address / "
                          "RAY_ADDRESS") from None

@@ -8,6 +8,7 @@ SIGTERM during training is tested in test_faults.py (test_sigterm_writes_final_c
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -51,6 +52,15 @@ def gcs_server(proc: subprocess.Popen) -> psutil.Process | None:
     return next((child for child in children if "gcs_server" in child.name()), None)
 
 
+def send(proc: subprocess.Popen, sig: int) -> None:
+    """SIGINT as a terminal's Ctrl-C sends it, to the whole process group (a local Ray's processes included);
+    SIGTERM as kill and Kubernetes send it, to the process."""
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+
+
 def finish(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[str, str]:
     try:
         return proc.communicate(timeout=timeout)
@@ -66,7 +76,7 @@ def test_a_stop_while_ray_starts_ends_the_run_at_once_with_nothing_written(tmp_p
     run_dir = tmp_path / "run"
     proc = launch("--run-dir", str(run_dir), "--actors", "1")
     gcs = wait_until(lambda: gcs_server(proc), proc, "ray.init to start the GCS")
-    proc.send_signal(sig)
+    send(proc, sig)
     out, err = finish(proc)
     assert proc.returncode == 128 + sig, err
     name = signal.Signals(sig).name
@@ -103,7 +113,7 @@ def test_sigint_during_training_ends_with_a_checkpoint_and_exit_130(tmp_path: Pa
                   "run.checkpoint_every=1000")
     progress = run_dir / "progress.jsonl"
     wait_until(lambda: progress.exists() and len(progress.read_text().splitlines()) >= 2, proc, "two iterations")
-    proc.send_signal(signal.SIGINT)
+    send(proc, signal.SIGINT)
     out, err = finish(proc)
     assert proc.returncode == 130, err
     summary = json.loads((run_dir / "summary.json").read_text())
