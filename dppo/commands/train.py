@@ -232,7 +232,7 @@ def train(coordinator: Coordinator, config: Config, resumed: bool, clock: PhaseC
         return coordinator.run()
     except RunFailure as err:
         if output.to_file(f"run failed: {err}" + (f"\n{err.details}" if err.details else "")) and err.details:
-            raise RunFailure(f"{err} (the whole traceback: {output.log_file})") from err  # the user's one line
+            raise RunFailure(f"{err}; the whole traceback is in {output.log_file}") from err  # one line
         raise
     finally:
         coordinator.shutdown()

@@ -163,7 +163,7 @@ def test_persistent_env_failure_stops_with_checkpoint(dppo_cmd: list[str], ray_a
     assert "dppo/Faulty-v0" in err and "injected env failure" in err
     # one line for the user: the env's error and where it was raised; its whole traceback in train.log
     assert err.count("\n") == 1 and "Traceback" not in err and "toy.py:" in err, err
-    assert err.endswith(f" (the whole traceback: {run_dir / 'train.log'})\n"), err
+    assert err.endswith(f"; the whole traceback is in {run_dir / 'train.log'}\n"), err
     assert "Traceback" in (run_dir / "train.log").read_text()
     assert json.loads((run_dir / "summary.json").read_text())["reason"] == "error"
     assert newest_intact(run_dir / "checkpoints") is not None
