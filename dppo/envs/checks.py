@@ -6,11 +6,16 @@ about others; what it lets through would fail later inside an actor's vector env
 numpy casting. So the shape of what ``reset()`` and ``step()`` return is checked here too, leaf by leaf,
 naming the leaf: ``obs['pos']: ...``. Values are not checked against a Box's bounds (training does not use
 them, and many envs step slightly outside them).
+
+An env written for the old gym API (``reset() -> obs``, ``step() -> (obs, reward, done, info)``) fails inside
+gymnasium's wrappers with an unpack error that does not say why; it is named as the old API, with the fix, here
+(the check at start), in an actor (:mod:`dppo.rl.sampler`) and in the episode loop of ``dppo eval``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import traceback
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -21,10 +26,22 @@ from dppo.envs.user_code import EnvLoadError
 from dppo.errors import first_line
 
 if TYPE_CHECKING:
-    from dppo.config import Config
+    from dppo.config import Config, EnvConfig
 
 API = ("gymnasium's API: reset() -> (obs, info), step() -> (obs, reward, terminated, truncated, info), every "
        "observation in the declared observation_space")
+
+# gymnasium 1.x no longer converts old-API envs itself (make's apply_api_compatibility is gone); shimmy does.
+_SHIMMY = ("or, for an env of the old gym package, convert it with shimmy: pip install 'shimmy[gym-v21]' and "
+           "--set env.entry_point=shimmy:GymV21CompatibilityV0 --set env.kwargs.env_id=<its gym id>")
+OLD_STEP = ("step() returned 4 values (obs, reward, done, info): the old gym API; gymnasium's step() returns 5, (obs, "
+            "reward, terminated, truncated, info): split done into terminated (the episode ended) and truncated (a "
+            f"time limit cut it), {_SHIMMY}")
+OLD_RESET = ("reset() returned only an observation: the old gym API; gymnasium's reset(*, seed=None, options=None) "
+             f"returns (obs, info): return the observation and an info dict, {_SHIMMY}")
+OLD_RESET_SEED = ("reset() takes no seed: the old gym API; gymnasium's reset(*, seed=None, options=None) returns "
+                  "(obs, info) and seeds the env (call super().reset(seed=seed) in it), "
+                  f"{_SHIMMY}")
 
 
 def check_env(config: Config) -> tuple[gym.Space, gym.Space, Any]:
@@ -40,16 +57,62 @@ def check_env(config: Config) -> tuple[gym.Space, gym.Space, Any]:
             try:
                 result = run()
             except Exception as err:
-                raise EnvLoadError(f"env {name!r}: {call} raised {type(err).__name__}: {first_line(err)}; "
-                                   f"fix the env ({API})") from None
+                old = old_api(env, config.run.seed)
+                raise EnvLoadError(f"env {name!r}: {old}" if old else f"env {name!r}: {call} raised "
+                                   f"{type(err).__name__}: {first_line(err)}; fix the env ({API})") from None
             problem = result_problem(result, size, space)
             if problem is not None:
-                raise EnvLoadError(f"env {name!r}: {call} returned {problem}; fix the env ({API})")
+                old = old_api(env, config.run.seed)
+                raise EnvLoadError(f"env {name!r}: {old}" if old else f"env {name!r}: {call} returned {problem}; "
+                                   f"fix the env ({API})")
             first = result[0] if first is None else first
         return space, env.action_space, first
     finally:
         with contextlib.suppress(Exception):
             env.close()
+
+
+def old_api(env: gym.Env, seed: int | None = None) -> str | None:
+    """How the env's own reset() or step() follows the old gym API, with the fix; None when neither does (or either
+    raises). Asks the env under its wrappers, whose unpacking of gymnasium's shapes is what raised. It resets and
+    steps the env: for error paths only."""
+    core = env.unwrapped
+    try:
+        try:
+            result = core.reset(seed=seed)
+        except TypeError as err:
+            return OLD_RESET_SEED if "seed" in str(err) else None
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
+            return OLD_RESET if obs_problem(result, core.observation_space, "obs") is None else None
+        result = core.step(core.action_space.sample())
+    except Exception:
+        return None
+    return OLD_STEP if isinstance(result, tuple) and len(result) == 4 else None
+
+
+def old_api_error(cfg: EnvConfig, seed: int | None = None) -> EnvLoadError | None:
+    """:func:`old_api` of a fresh env made from ``cfg``, as the error to raise (None: not the old API, or the env
+    cannot be made)."""
+    try:
+        env = make_env(cfg)
+    except Exception:
+        return None
+    try:
+        old = old_api(env, seed)
+    finally:
+        with contextlib.suppress(Exception):
+            env.close()
+    return None if old is None else EnvLoadError(f"env {cfg.name!r}: {old}")
+
+
+def old_step_error(err: BaseException, name: str) -> EnvLoadError | None:
+    """An error raised where gymnasium unpacks a step() into 5 values and got 4, named as the old gym API; else None.
+    Read from the error alone, without stepping the env again: for the step loops, whose env keeps running."""
+    frames = traceback.extract_tb(err.__traceback__)
+    inside_gymnasium = bool(frames) and "gymnasium" in frames[-1].filename
+    if isinstance(err, ValueError) and "(expected 5, got 4)" in str(err) and inside_gymnasium:
+        return EnvLoadError(f"env {name!r}: {OLD_STEP}")
+    return None
 
 
 def result_problem(result: Any, size: int, space: gym.Space) -> str | None:

@@ -17,6 +17,7 @@ import numpy as np
 from gymnasium.vector import VectorEnv
 
 from dppo.config import Config
+from dppo.envs.checks import old_api_error, old_step_error
 from dppo.envs.make import make_vector_env
 from dppo.errors import UsageError, first_line
 from dppo.rl.actions import NoLegalAction
@@ -69,7 +70,15 @@ class Sampler:
     def _start_envs(self) -> VectorEnv:
         envs = make_vector_env(self.config)
         seed = self.seed + 1_000 * self.env_resets
-        self.obs, info = envs.reset(seed=seed)
+        try:
+            self.obs, info = envs.reset(seed=seed)
+        except Exception:
+            old = old_api_error(self.config.env, seed)  # gymnasium's unpack error does not say why
+            if old is None:
+                raise
+            with contextlib.suppress(Exception):
+                envs.close(terminate=True)  # an async vector env's half-done reset cannot be waited for
+            raise old from None
         self.life_loss = None
         if self.config.env.terminal_on_life_loss:
             if "lives" not in info:
@@ -114,6 +123,9 @@ class Sampler:
                                  f"allows no action ({err}); every observation must allow at least one",
                                  traceback.format_exc()) from err
             except Exception as err:
+                old = old_step_error(err, self.config.env.name)
+                if old is not None:  # the env's API, not a passing fault: no retry helps
+                    raise EnvFailure(str(old), traceback.format_exc()) from err
                 failures += 1
                 if failures > self.config.faults.env_retries:
                     raise EnvFailure(f"env {self.config.env.name} in actor {self.actor_id} failed {failures} times "
