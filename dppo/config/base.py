@@ -82,18 +82,21 @@ def meant_key(root: type[BaseModel], parent: list[str], key: str, aliases: Mappi
     spelling, or the key it abbreviates (``lr``)."""
     fields = list(section_fields(root, parent) or {})
     prefix = ".".join([*parent, ""])
-    if key in aliases:
+    if len(parent) > 1:  # inside a list item (env.wrappers.0): only its own keys
+        aliases = {}
+    elif key in aliases:
         return aliases[key]
-    if len(parent) <= 1:  # a top-level key or a section's: the same key in another section
+    else:  # a top-level key or a section's: the same key in another section
         elsewhere = [f"{section}.{key}" for section in root.model_fields
                      if key in (section_fields(root, [section]) or {})]
         if len(elsewhere) == 1:
             return elsewhere[0]
-    near = difflib.get_close_matches(key, [*fields, *aliases], n=1, cutoff=0.85)
+    candidates = [*fields, *aliases]
+    near = difflib.get_close_matches(key, candidates, n=1, cutoff=0.85)
     begun = [name for name in fields if len(key) >= 3 and name.startswith(key)]
     if not near and 0 < len(begun) <= 4:
         return listed([prefix + name for name in begun], "or")
-    near = near or difflib.get_close_matches(key, [*fields, *aliases], n=1) or [
+    near = near or difflib.get_close_matches(key, candidates, n=1) or [
         name for name in fields if initials(name) == key][:1]
     if not near:
         return None

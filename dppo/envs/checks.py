@@ -40,8 +40,7 @@ OLD_STEP = ("step() returned 4 values (obs, reward, done, info): the old gym API
 OLD_RESET = ("reset() returned only an observation: the old gym API; gymnasium's reset(*, seed=None, options=None) "
              f"returns (obs, info): return the observation and an info dict, {_SHIMMY}")
 OLD_RESET_SEED = ("reset() takes no seed: the old gym API; gymnasium's reset(*, seed=None, options=None) returns "
-                  "(obs, info) and seeds the env (call super().reset(seed=seed) in it), "
-                  f"{_SHIMMY}")
+                  f"(obs, info) and seeds the env (call super().reset(seed=seed) in it), {_SHIMMY}")
 
 
 def check_env(config: Config) -> tuple[gym.Space, gym.Space, Any]:
@@ -81,7 +80,7 @@ def old_api(env: gym.Env, seed: int | None = None) -> str | None:
         try:
             result = core.reset(seed=seed)
         except TypeError as err:
-            return OLD_RESET_SEED if "seed" in str(err) else None
+            return OLD_RESET_SEED if "unexpected keyword argument 'seed'" in str(err) else None
         if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
             return OLD_RESET if obs_problem(result, core.observation_space, "obs") is None else None
         result = core.step(core.action_space.sample())
