@@ -138,7 +138,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
     if resume_state is None and not fresh_retry and files.holds_run():
         fail(f"run dir {str(run_dir)!r} already holds a run; pass --resume to continue it or another --run-dir")
     if resume_state is not None:
-        from dppo.run.state import check_resumable
+        from dppo.run.checkpoint import check_resumable
 
         check_resumable(resume_state, config)
     files.check_writable()

@@ -17,7 +17,6 @@ from dppo.config import Config
 from dppo.errors import RunFailure
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.segment import Segment
-from dppo.run.checkpoint import check_resumable  # noqa: F401 - lives there; until dppo/commands/train.py imports it so
 
 RETURN_WINDOW = 100
 
