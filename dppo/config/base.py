@@ -31,10 +31,12 @@ _TYPE_ERRORS = {"int_parsing", "float_parsing", "bool_parsing", "int_type", "flo
                 "list_type", "dict_type", "literal_error", "int_from_float"}
 
 
-def describe(err: ValidationError, root: type[BaseModel], aliases: Mapping[str, str]) -> str:
+def describe(err: ValidationError, root: type[BaseModel], aliases: Mapping[str, str],
+             key_list: str = "dppo train --help lists the keys") -> str:
     """Every problem of ``err`` in one line: unknown keys first, each with a "did you mean", then bad values.
 
-    ``aliases``: names other libraries give our keys (``lr``) -> our dotted key (``ppo.learning_rate``)."""
+    ``aliases``: names other libraries give our keys (``lr``) -> our dotted key (``ppo.learning_rate``);
+    ``key_list``: where the user finds every key."""
     unknown, values, seen = [], [], set()
     for error in err.errors():
         if error["loc"] in seen:  # a union reports one location once per member
@@ -48,7 +50,7 @@ def describe(err: ValidationError, root: type[BaseModel], aliases: Mapping[str, 
     if unknown:
         keys = listed(unknown, "and")
         parts.append(f"unknown key{'s' if len(unknown) > 1 else ''} {keys}; check the spelling "
-                     "(dppo train --help lists the keys)")
+                     f"({key_list})")
     return "; ".join(parts + values)
 
 

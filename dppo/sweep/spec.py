@@ -26,7 +26,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from dppo.config import Config, ConfigError, MetricsConfig, load_config, read_yaml
-from dppo.config.base import Section
+from dppo.config.base import Section, describe
 from dppo.errors import UsageError
 
 DISTRIBUTION = re.compile(r"^\s*(loguniform|uniform|randint|choice|grid)\s*\((.*)\)\s*$", re.S)
@@ -169,9 +169,8 @@ def load_sweep(path: str | Path, metrics_port: int | None = None) -> Sweep:
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "the file"
-        raise UsageError(f"sweep file {str(path)!r}: {where}: {first['msg']}") from None
+        problems = describe(err, SweepSpec, {}, key_list="the README's section Sweeps lists the keys")
+        raise UsageError(f"sweep file {str(path)!r}: {problems}") from None
     sets = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}" for k, v in spec.set.items()]
     config_file = spec.base.get("config")
     try:
