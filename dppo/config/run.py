@@ -93,10 +93,11 @@ class FaultConfig(Section):
     with their node (preemption, drain, a node that went away) do not count."""
     min_actors: int = Field(1, ge=1)
     """Elastic floor: rounds go on with the actors that are alive while lost ones wait for room to be replaced;
-    below this many alive actors the run waits (and says so) until replacements are placed."""
+    below this many alive actors the run waits (and says so) until replacements are placed, and a round that
+    losses left below this many segments is topped up by the replacements."""
     actor_start_timeout_s: float = Field(60.0, ge=0)
     """At start, how long to wait for every actor to be placed and ready; after that the run starts with those
-    that are (at least min_actors) and the others join as soon as the cluster has room."""
+    that are (at least min_actors), says so in one line, and the others join as soon as they are ready."""
     restart_window_s: float = Field(600.0, gt=0)
     """Sliding window for max_actor_restarts and max_learner_restarts."""
     max_learner_restarts: int = Field(3, ge=0)
@@ -106,7 +107,8 @@ class FaultConfig(Section):
     sample_timeout_s: float | None = Field(None, gt=0)
     """Per-iteration deadline for segments; late ones are dropped and counted (off when null)."""
     min_actors_fraction: float = Field(1.0, gt=0, le=1)
-    """With sample_timeout_s, train on what arrived if at least this fraction of actors delivered."""
+    """With sample_timeout_s, train on what arrived once at least this fraction of the actors asked (and at least
+    min_actors) delivered."""
     nonfinite_data: Literal["error", "drop"] = "error"
     """NaN/Inf in observations or rewards: stop the run with an error, or drop the segment and count it."""
     max_nonfinite_updates: int = Field(3, ge=1)
