@@ -1,11 +1,10 @@
-"""`dppo plot`: two runs -> one PNG, one labelled curve per run on each of the two axes."""
+"""`dppo plot` in-process: two runs -> one PNG, one labelled curve per run on each of the two axes. The real CLI
+and its import cost: tests/integration/test_plot_cli.py."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -86,15 +85,3 @@ def test_register_adds_the_plot_subcommand(tmp_path: Path) -> None:
                               "-o", str(output)])
     assert args.func(args) == 0
     assert output.read_bytes().startswith(PNG_SIGNATURE)
-
-
-def test_importing_the_module_does_not_import_matplotlib() -> None:
-    code = "import sys, dppo.commands.plot; assert 'matplotlib' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-
-
-def test_cli_exits_2_with_one_line_on_bad_input(tmp_path: Path, dppo_cmd: list[str]) -> None:
-    result = subprocess.run([*dppo_cmd, "plot", str(tmp_path / "nope")], capture_output=True, text=True,
-                            timeout=60)
-    assert result.returncode == 2
-    assert len(result.stderr.strip().splitlines()) == 1 and "does not exist" in result.stderr
