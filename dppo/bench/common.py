@@ -126,7 +126,7 @@ def sampling_actors(config: Config, count: int) -> Iterator[list[ray.actor.Actor
 
 
 def sample_round(handles: list[ray.actor.ActorHandle], model: ActorCritic, version: int) -> list[Segment]:
-    """One round as the learner drives it: the model's weights broadcast, every actor's Segment gathered."""
+    """One round as a run's driver does it: the model's weights broadcast, every actor's Segment gathered."""
     import ray
 
     from dppo.distributed.broadcast import Broadcast, broadcast_arg

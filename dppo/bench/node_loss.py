@@ -76,7 +76,7 @@ def progress_lines(path: Path, seen: int) -> list[dict[str, Any]]:
 
 
 def run_scenario(scenario: Scenario, out_dir: Path) -> tuple[Timeline, dict[str, Any], str]:
-    """Run it; the timeline, summary.json and the learner's stderr."""
+    """Run it; the timeline, summary.json and the driver's stderr (dppo train's)."""
     token = secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
@@ -100,11 +100,11 @@ def run_scenario(scenario: Scenario, out_dir: Path) -> tuple[Timeline, dict[str,
             (out_dir / "prometheus").mkdir(parents=True, exist_ok=True)
             prometheus = Prometheus(binary, out_dir / "prometheus", metrics_port)
         with open(out_dir / "train.err", "w") as err:
-            learner = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-            follow(scenario, cluster, learner, run_dir, victim, timeline, prometheus)
-        summary = json.loads((run_dir / "summary.json").read_text()) if learner.returncode == 0 else {}
-        if learner.returncode != 0:
-            raise RuntimeError(f"dppo train exited {learner.returncode}: see {out_dir / 'train.err'}")
+            driver = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+            follow(scenario, cluster, driver, run_dir, victim, timeline, prometheus)
+        summary = json.loads((run_dir / "summary.json").read_text()) if driver.returncode == 0 else {}
+        if driver.returncode != 0:
+            raise RuntimeError(f"dppo train exited {driver.returncode}: see {out_dir / 'train.err'}")
         return timeline, summary, (out_dir / "train.err").read_text()
     finally:
         if prometheus is not None:
@@ -112,13 +112,13 @@ def run_scenario(scenario: Scenario, out_dir: Path) -> tuple[Timeline, dict[str,
         cluster.stop()
 
 
-def follow(scenario: Scenario, cluster: LocalCluster, learner: subprocess.Popen, run_dir: Path, victim: str,
+def follow(scenario: Scenario, cluster: LocalCluster, driver: subprocess.Popen, run_dir: Path, victim: str,
            timeline: Timeline, prometheus: Prometheus | None) -> None:
     """Timestamp progress lines, kill the node, start it again, read the degraded state, until the run ends."""
     deadline = time.monotonic() + scenario.timeout_s
-    while learner.poll() is None:
+    while driver.poll() is None:
         if time.monotonic() > deadline:
-            learner.kill()
+            driver.kill()
             raise RuntimeError(f"the run did not finish within {scenario.timeout_s:g} s")
         now = time.monotonic()
         timeline.records += [(now, r) for r in progress_lines(run_dir / "progress.jsonl", len(timeline.records))]

@@ -1,6 +1,6 @@
 """`dppo bench round`: where one sampling round's time goes, with one actor and in-process.
 
-A round is what the learner does per iteration before its update: export the weights and hand them to
+A round is what a run's driver does per iteration before the update: export the weights and hand them to
 the actor (``broadcast_arg``), call ``sample``, wait for the Segment and read it. The part that is not the
 actor's own sampling (``Segment.sample_seconds``) is the round's overhead; only segments long enough to
 dwarf it hide it. Beside the per-round timings the command measures the pieces the overhead is made of:
@@ -67,7 +67,7 @@ def wire_cost(value: Any, repeats: int = 200) -> Row:
 
 
 def _paired_rounds(config: Config, iterations: int) -> tuple[Row, Any, Any]:
-    """Per-round timings of one actor sampling as the learner drives it, each round paired with one
+    """Per-round timings of one actor sampling as a run's driver does it, each round paired with one
     in-process sample just before it, so both halves of the ratio see the same load of this shared machine
     (measured one after the other, they need not). Also returns a Segment and a broadcast for their wire
     costs."""
@@ -152,7 +152,7 @@ def cmd_round(args: argparse.Namespace) -> int:
     rows = bench_round(lengths, check_env_id(args.env), args.envs_per_actor, args.iterations, args.address)
     note = ("One actor, CPU-bound, medians over the timed rounds (ms). `in_process_ms`: dppo's Sampler without "
             "Ray, one sample just before each Ray round (paired, so both see the same load); `round_ms`: the "
-            "learner's round with one Ray actor, from exporting the weights to the Segment in hand, made of "
+            "driver's round with one Ray actor, from exporting the weights to the Segment in hand, made of "
             "`broadcast_ms` (export the weights, hand them over with `broadcast_arg`), "
             "`submit_ms` (the `sample` call) and the wait; `sample_ms`: the actor's own sampling "
             "(Segment.sample_seconds); `overhead_ms` = round - sample; `efficiency` = in_process / round. "

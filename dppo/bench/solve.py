@@ -28,7 +28,7 @@ from dppo.run.curves import plot_runs
 
 
 def stop_process_tree(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """End a run that overran: SIGTERM first (a learner checkpoints and stops its local Ray), then SIGKILL to
+    """End a run that overran: SIGTERM first (its driver checkpoints and stops its local Ray), then SIGKILL to
     whatever is left of its process tree, found while the run was alive (a bare SIGKILL of the run leaves
     Ray's dashboard and runtime-env agents running)."""
     import psutil
@@ -189,7 +189,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     note = ("Each run is a `dppo train` subprocess: `wall_s` is from launch to exit (imports, Ray start-up, "
             "actor start and shutdown included), `train_s` the training loop alone (summary.json). Cells: "
             "median (min-max) over the seeds. Peak memory: summed RSS / PSS over the run's whole process tree "
-            "(learner, actors, Ray's own processes), sampled every 0.5 s. The figure shows the first seed of "
+            "(driver, actors, Ray's own processes), sampled every 0.5 s. The figure shows the first seed of "
             "each actor count.")
     columns = ["actors", "repeats", "solved", "wall_s", "startup_s", "train_s", "first_iteration_s", "exit_s",
                "env_steps", "peak_rss_mib", "peak_pss_mib"]

@@ -1,8 +1,8 @@
 """``dppo status``: the dppo runs on a Kubernetes cluster, one line each.
 
 Everything goes through the Kubernetes API with the user's kubeconfig (no port-forward): the RayJobs the
-Helm chart labels ``app.kubernetes.io/name=dppo``, their job and cluster state, and the learner's latest
-numbers read from its ``/metrics`` through the API server's service proxy. The ``kubernetes`` package is
+Helm chart labels ``app.kubernetes.io/name=dppo``, their job and cluster state, and the run's latest
+numbers read from its driver's ``/metrics`` through the API server's service proxy. The ``kubernetes`` package is
 imported only when the command runs, so the CLI starts fast.
 """
 
@@ -23,7 +23,7 @@ ACTORS_ANNOTATION = "dppo.io/actors"
 ENV_ANNOTATION = "dppo.io/env"
 SERVICE_ANNOTATION = "dppo.io/metrics-service"
 PORT_ANNOTATION = "dppo.io/metrics-port"
-# Deployment states in which the learner may be serving metrics (it lingers after training).
+# Deployment states in which the driver may be serving metrics (it lingers after training).
 LIVE_STATES = {"Running"}
 
 
@@ -51,7 +51,7 @@ def register(subparsers: Any) -> None:
         "status",
         help="list dppo runs (RayJobs) on a Kubernetes cluster",
         description="List the dppo RayJobs in a namespace: job state, worker pods and actors ready, and the "
-        "learner's latest env steps and mean return (read through the API server's service proxy).",
+        "run's latest env steps and mean return (its driver's metrics, read through the API server's service proxy).",
     )
     parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's, else default)")
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="list runs in every namespace")
@@ -99,7 +99,7 @@ def connect(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
 
 
 def collect(api_client: Any, namespace: str | None) -> list[RunStatus]:
-    """Every dppo RayJob in ``namespace`` (None: all namespaces), with the learner's metrics when live."""
+    """Every dppo RayJob in ``namespace`` (None: all namespaces), each with its driver's metrics when live."""
     from kubernetes import client
 
     objects = client.CustomObjectsApi(api_client)
@@ -138,7 +138,7 @@ def status_of(job: dict[str, Any], core: Any) -> RunStatus:
 
 
 def scrape(core: Any, namespace: str, service: str, port: str) -> dict[str, float]:
-    """The learner's unlabelled samples, via GET /api/v1/namespaces/NS/services/SVC:PORT/proxy/metrics.
+    """The driver's unlabelled samples, via GET /api/v1/namespaces/NS/services/SVC:PORT/proxy/metrics.
 
     Empty when the endpoint does not answer (cluster starting or gone, or a NetworkPolicy that does not
     admit the API server: see docs/kubernetes.md)."""

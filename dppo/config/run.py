@@ -32,7 +32,7 @@ class RunConfig(Section):
     keep_checkpoints: int = Field(3, ge=1)
     """How many of the newest checkpoints to keep."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where the learner trains: auto picks cuda when available."""
+    """Where the learners train: auto picks cuda when available."""
     learners: int = Field(1, ge=1, le=64)
     """L: data-parallel learner processes (torch.distributed through Ray). 1: the update runs in the driver.
     With L > 1 each global minibatch is split evenly, so ppo.minibatch_size must be a multiple of L."""
@@ -48,7 +48,7 @@ class RunConfig(Section):
     """torch threads in each actor, for image policies (formerly run.torch_threads; one is fastest for small
     batches)."""
     learner_threads: int = Field(1, ge=1)
-    """torch CPU threads of the learner's update: 1 is fastest for small MLPs and keeps a shared machine
+    """torch CPU threads of each learner's update: 1 is fastest for small MLPs and keeps a shared machine
     from thrashing; raise it for large networks on a CPU learner."""
     overlap_sampling: bool = False
     """Start the next sampling round before the update, with the weights it is about to replace: actors
@@ -80,7 +80,7 @@ class RunConfig(Section):
 
 class MetricsConfig(Section):
     port: int = Field(0, ge=0, le=65535)
-    """Prometheus metrics port of the learner (0: off)."""
+    """Prometheus metrics port of the run's driver (the process `dppo train` runs in; 0: off)."""
     host: str = "0.0.0.0"
     """Address the metrics server binds to."""
     linger_s: float = Field(0.0, ge=0)

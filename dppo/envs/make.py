@@ -1,4 +1,4 @@
-"""Making envs from the ``env`` config section, the same way in the learner and in every actor.
+"""Making envs from the ``env`` config section, the same way in the driver and in every actor.
 
 Three ways to name an env, as gymnasium users already write them:
 - a registered id (``CartPole-v1``);

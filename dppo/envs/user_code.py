@@ -1,4 +1,4 @@
-"""Loading a user's code by name, the same way in the learner and in every actor: ``module.path:name``
+"""Loading a user's code by name, the same way in the driver and in every actor: ``module.path:name``
 references, and the driver's import paths handed to local actors. Every way it can fail is an
 :class:`EnvLoadError` (exit 2, one line) that names what failed and how to fix it."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from dppo.errors import UsageError
 
-SHIP_HINT = ("it must be importable in the learner and in every Ray worker: locally, run from its directory or "
+SHIP_HINT = ("it must be importable in the driver and in every Ray worker: locally, run from its directory or "
              "put it on PYTHONPATH; on a cluster, install it in the image or ship it with run.runtime_env "
              "(working_dir, py_modules or pip; chart value runtimeEnv)")
 

@@ -1,4 +1,4 @@
-"""Segment: what one actor sends the learner per iteration, T steps of E envs."""
+"""Segment: what one actor sends the driver per iteration (the learners train on it), T steps of E envs."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 Each transform keeps its own per-env state and is applied once per step, in the sampler's order:
 NaN/Inf scrubbing (reported, never silently trained on), observation normalization with the statistics
-the learner broadcast, episode bookkeeping on raw rewards, Atari's life loss, and the learning reward
+the driver broadcast, episode bookkeeping on raw rewards, Atari's life loss, and the learning reward
 (sign clipping, scaling by the running std of the discounted return). The raw observations and discounted
-returns an actor saw are summarized per segment, so the learner can merge every actor's statistics
+returns an actor saw are summarized per segment, so the driver can merge every actor's statistics
 exactly (:mod:`dppo.rl.normalizer`).
 """
 
@@ -28,7 +28,7 @@ class ObsNormalizer:
     """Running mean/std normalization of the encoded vector, clipped (images are never normalized).
 
     Every actor normalizes with the statistics last broadcast, so all of them map an observation alike; the
-    raw vectors a segment saw are summarized in :meth:`summary` for the learner's merge.
+    raw vectors a segment saw are summarized in :meth:`summary` for the driver's merge.
     """
 
     def __init__(self, enabled: bool, clip: float, vector_dim: int) -> None:

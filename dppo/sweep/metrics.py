@@ -1,5 +1,5 @@
 """The sweep's Prometheus metrics, served by the sweep driver (one endpoint for the whole sweep, where a single
-run's learner would serve its own): every trial's learner metrics with a ``trial`` label, and trials by state.
+run's driver would serve its own): every trial's run metrics with a ``trial`` label, and trials by state.
 
 The trials report each iteration's progress record to Tune, which hands it to this callback in the driver, so
 the trials themselves serve nothing (they may share a node: one port each would collide). The label is bounded:

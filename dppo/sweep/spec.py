@@ -128,7 +128,7 @@ class SweepSpec(Section):
     """The progress.jsonl key the search maximizes."""
     name: str = "sweep"
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    """The sweep's Prometheus endpoint (port 0: off): every trial's learner metrics with a ``trial`` label, served
+    """The sweep's Prometheus endpoint (port 0: off): every trial's run metrics with a ``trial`` label, served
     by the sweep driver (the trials serve none)."""
 
     @field_validator("base")

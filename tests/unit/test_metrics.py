@@ -1,4 +1,4 @@
-"""Every metric in the learner's registry follows the naming rules and is documented in docs/metrics.md.
+"""Every metric in a run's registry follows the naming rules and is documented in docs/metrics.md.
 
 Rules (https://prometheus.io/docs/practices/naming/): ``dppo_`` prefix, snake case, base units
 (seconds, bytes) named as a suffix, ``_total`` on counters and only on counters, ``_info`` gauges of
@@ -115,7 +115,7 @@ def documented() -> dict[str, str]:
 
 
 def test_every_metric_is_documented_with_its_type() -> None:
-    """The learner's metrics and a sweep's (dppo.sweep.metrics: the same names with a trial label, and its own)."""
+    """A run's metrics and a sweep's (dppo.sweep.metrics: the same names with a trial label, and its own)."""
     from dppo.sweep.metrics import TrialMetrics
 
     docs = documented()
