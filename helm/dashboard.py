@@ -167,7 +167,7 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
     ]
     throughput = [
         (8, 8, timeseries_panel(
-            "Env steps per second", "Rate of dppo_env_steps_total over the window, and the learner's own "
+            "Env steps per second", "Rate of dppo_env_steps_total over the window, and the driver's own "
             "figure for the last iteration (dppo_env_steps_per_second).",
             targets((by_run(f"rate(dppo_env_steps_total[{RATE}])"), "{{run}} (rate)"),
                     (by_run("dppo_env_steps_per_second"), "{{run}} (last iteration)")),
@@ -278,7 +278,7 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
 
 
 def sweep_panels() -> list[tuple[int, int, Panel]]:
-    """A `dppo sweep`'s row: its driver serves every trial's learner metrics with a ``trial`` label (pick the
+    """A `dppo sweep`'s row: its driver serves every trial's run metrics with a ``trial`` label (pick the
     sweep's name in the Run variable); empty for a single run."""
     per_trial = '{trial!=""}'
     return [

@@ -138,7 +138,7 @@ def test_pods_run_restricted_with_memory_limits_and_no_cpu_limits(helm_bin: str,
         assert sc["capabilities"]["drop"] == ["ALL"]
         limits = container["resources"].get("limits", {})
         requests = container["resources"]["requests"]
-        assert "cpu" not in limits, "no CPU limits: they throttle the learner and the actors"
+        assert "cpu" not in limits, "no CPU limits: they throttle the driver and the actors"
         assert limits["memory"] == requests["memory"]
     for service in by_kind(objects, "Service"):
         assert service["spec"]["type"] == "ClusterIP"
@@ -413,7 +413,7 @@ def test_autoscaling_start_is_clamped_into_min_and_max(helm_bin: str, args: list
 
 def test_autoscaler_alone_gets_the_api_token(helm_bin: str) -> None:
     """The autoscaler needs a service-account token (KubeRay's ServiceAccount and Role for it); the head pod still
-    automounts none, so the learner's container has none: the token is projected into the autoscaler only."""
+    automounts none, so the driver's container has none: the token is projected into the autoscaler only."""
     rayjob = one(render(helm_bin, "-f", str(VALUES_DIR / "autoscaling.yaml")), "RayJob")
     head_spec = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     assert head_spec["automountServiceAccountToken"] is False

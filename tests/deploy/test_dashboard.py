@@ -33,7 +33,7 @@ SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", 
 
 
 def registry_samples() -> tuple[set[str], set[str]]:
-    """(family names, exposed series names) of a fresh learner's and a sweep's registry, labelled children or
+    """(family names, exposed series names) of a fresh run's and a sweep's registry, labelled children or
     not."""
     families = [*Metrics("CartPole-v1", "test").registry.collect(),
                 *TrialMetrics("test-sweep", "CartPole-v1").registry.collect()]

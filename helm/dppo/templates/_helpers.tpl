@@ -62,7 +62,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/* Worker pods the run needs: ceil(actors / actorsPerPod); for a sweep, the Ray CPUs of `concurrent` trials
-(each its learner and its actors, one Ray CPU each) over actorsPerPod. */}}
+(each its driver and its actors, one Ray CPU each) over actorsPerPod. */}}
 {{- define "dppo.workerReplicas" -}}
 {{- $cpus := int .Values.actors }}
 {{- if .Values.sweep.enabled }}{{ $cpus = mul (int .Values.sweep.concurrent) (add1 (int .Values.actors)) }}{{ end }}
@@ -102,7 +102,7 @@ needs) clamped into [minReplicas, maxReplicas]; without, what `actors` needs. */
 {{- end }}
 {{- end }}
 
-{{/* The learner's command line (a sweep's driver's with sweep.enabled): the Ray job entrypoint. */}}
+{{/* The driver's command line (dppo train, or with sweep.enabled dppo sweep): the Ray job entrypoint. */}}
 {{- define "dppo.entrypoint" -}}
 {{- if .Values.sweep.enabled -}}
 dppo sweep --config {{ include "dppo.sweepPath" . }} --out-dir {{ include "dppo.runDir" . }} --auto-resume
@@ -113,7 +113,7 @@ dppo train --config {{ include "dppo.configPath" . }}{{ if .Values.persistence.e
 
 {{- define "dppo.sweepPath" -}}/etc/dppo/sweep.yaml{{- end }}
 
-{{/* The sweep file (sweep.enabled): the training config beside it is every trial's base. Its trials' learners
+{{/* The sweep file (sweep.enabled): the training config beside it is every trial's base. Its trials' drivers
 reserve one Ray CPU each (driver_cpus), as the worker group is sized. */}}
 {{- define "dppo.sweepFile" -}}
 {{- $sweep := .Values.sweep }}
@@ -124,10 +124,10 @@ reserve one Ray CPU each (driver_cpus), as the worker group is sized. */}}
 {{- fail (printf "sweep.enabled: the head and every worker pod mount the claim, so it must be ReadWriteMany; set persistence.accessModes={ReadWriteMany} (a storage class that offers it: NFS, EFS, Filestore, CephFS) or persistence.existingClaim (now %s)" (join "," .Values.persistence.accessModes)) }}
 {{- end }}
 {{- if gt (int .Values.learners.replicas) 0 }}
-{{- fail "sweep.enabled with learners.replicas > 0: each trial trains in its own learner process in a worker pod; set learners.replicas=0" }}
+{{- fail "sweep.enabled with learners.replicas > 0: each trial trains in its own driver process (one learner, the update inside it) in a worker pod; set learners.replicas=0" }}
 {{- end }}
 {{- if gt (int .Values.head.gpus) 0 }}
-{{- fail "sweep.enabled with head.gpus > 0: the trials' learners run in the worker pods, not on the head; set head.gpus=0" }}
+{{- fail "sweep.enabled with head.gpus > 0: the trials (each a driver with its update) run in the worker pods, not on the head; set head.gpus=0" }}
 {{- end }}
 {{- if eq $sweep.scheduler.name "pbt" }}
 {{- $mutable := list }}
@@ -154,7 +154,7 @@ replaces the registered id: the env value is then empty.
 {{- .Values.env | default (((.Values.config | default dict).env | default dict).entry_point) -}}
 {{- end }}
 {{/* A plain env id must be one the image registers (registered-envs.json, written by helm/values_schema.py):
-a typo fails here, in one line with the ids that start like it, instead of in the learner pod. module:EnvId-v0
+a typo fails here, in one line with the ids that start like it, instead of in the driver on the head. module:EnvId-v0
 (a package that registers the id on import) is left to the run's own check. */}}
 {{- define "dppo.checkEnvId" -}}
 {{- $env := .Values.env | default "" | toString }}
