@@ -8,7 +8,7 @@ worker replica, each rayStartParams key turned into `--key=value`; the token-aut
 injects (RAY_AUTH_MODE, RAY_AUTH_TOKEN) with a token made here; and the submitter's commands,
 `ray job submit --no-wait ... -- <entrypoint>` followed by `ray job logs --follow`.
 
-Persistence and one retry are on, as for a long run: the first attempt's learner is killed after its
+Persistence and one retry are on, as for a long run: the first attempt's driver is killed after its
 first checkpoint (as when the head pod dies) and the entrypoint is submitted again, as KubeRay does on a retry (a
 new cluster, the same PersistentVolumeClaim), so it must resume and finish.
 
@@ -206,7 +206,7 @@ def start_rendered_cluster(local: LocalCluster, cluster: dict[str, Any], cluster
         time.sleep(0.5)
     # Each pod has its own filesystem; here the nodes share one. Ray keeps runtime_env files (a working_dir
     # unpacked on every node) under the session directory, so each worker node gets a private one in its
-    # own mount namespace: otherwise a worker's unpacking would replace the directory the learner runs in.
+    # own mount namespace: otherwise a worker's unpacking would replace the directory the driver runs in.
     resources = (cluster_root / "session_latest").resolve() / "runtime_resources"
     resources.mkdir(parents=True, exist_ok=True)
     i = 0
@@ -343,13 +343,13 @@ def test_rendered_chart_trains_and_its_retry_resumes_from_the_checkpoint(helm_bi
             with urllib.request.urlopen(request, timeout=10) as resp:
                 return json.load(resp)["status"]
 
-        # Attempt 1: the learner (the entrypoint's processes, ours alone) is killed after its first checkpoint.
+        # Attempt 1: the driver (the entrypoint's processes, ours alone) is killed after its first checkpoint.
         first = submit(f"{release}-attempt-1")
         wait_for_metrics(first, "dppo_checkpoints_written_total", 1)
-        learner = [int(e.name) for e in Path("/proc").iterdir()
+        driver = [int(e.name) for e in Path("/proc").iterdir()
                    if e.name.isdigit() and str(config_file).encode() in _cmdline(e)]
-        assert learner, "learner process not found"
-        for pid in learner:
+        assert driver, "driver process not found"
+        for pid in driver:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         first.communicate(timeout=60)
@@ -357,12 +357,12 @@ def test_rendered_chart_trains_and_its_retry_resumes_from_the_checkpoint(helm_bi
         assert not (run_dir / "summary.json").exists()
 
         # The retry: same entrypoint, same volume. The declared metrics port answers on the head during
-        # training and while the learner lingers.
+        # training and while the driver lingers.
         second = submit(f"{release}-attempt-2")
         final = wait_for_metrics(second, "dppo_env_steps_total", TOTAL_STEPS)
         output, _ = second.communicate(timeout=LINGER_S + 60)
         assert job_status(f"{release}-attempt-2") == "SUCCEEDED", output
-        # The learner's iteration lines reach the submitter's log, numbered on from the checkpoint.
+        # The driver's iteration lines reach the submitter's log, numbered on from the checkpoint.
         assert f"iter={TOTAL_STEPS // 1024}" in output, output
         assert "iter=1 " not in output, f"the retry started over instead of resuming\n{output}"
         assert final["dppo_actors_alive"] == 2
@@ -402,7 +402,7 @@ def serve_directory(directory: Path) -> Iterator[int]:
 @pytest.mark.timeout(420)
 def test_chart_trains_the_example_env_shipped_by_runtime_env(helm_bin: str, cluster_root: Path) -> None:
     """examples/custom-env through the chart's runtimeEnv: a zip served on 127.0.0.1 becomes the job's
-    working_dir on the head and the workers; the learner and both actors import the package from it."""
+    working_dir on the head and the workers; the driver and both actors import the package from it."""
     import importlib.util
 
     assert importlib.util.find_spec("dppo_example_env") is None, "the example must not be installed here"
