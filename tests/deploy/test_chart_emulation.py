@@ -347,7 +347,7 @@ def test_rendered_chart_trains_and_its_retry_resumes_from_the_checkpoint(helm_bi
         first = submit(f"{release}-attempt-1")
         wait_for_metrics(first, "dppo_checkpoints_written_total", 1)
         driver = [int(e.name) for e in Path("/proc").iterdir()
-                   if e.name.isdigit() and str(config_file).encode() in _cmdline(e)]
+                  if e.name.isdigit() and str(config_file).encode() in _cmdline(e)]
         assert driver, "driver process not found"
         for pid in driver:
             with contextlib.suppress(ProcessLookupError):
