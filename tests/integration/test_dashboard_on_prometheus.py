@@ -39,10 +39,15 @@ class Prometheus(BenchPrometheus):
         with urllib.request.urlopen(url, timeout=10) as response:
             return list(json.load(response)["data"])
 
-    def last(self, expr: str) -> float:
+    def last_values(self, expr: str) -> list[float]:
+        """The newest value of each series of ``expr``, on the 1 s grid the panels' queries see."""
         result = self.api("query", query=f"last_over_time(({expr})[10m:{SCRAPE_INTERVAL_S}s])")
-        assert len(result) == 1, f"{expr}: {result}"
-        return float(result[0]["value"][1])
+        return [float(r["value"][1]) for r in result]
+
+    def last(self, expr: str) -> float:
+        values = self.last_values(expr)
+        assert len(values) == 1, f"{expr}: {values}"
+        return values[0]
 
     def wait_for_scrapes(self, expr: str, count: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -52,6 +57,17 @@ class Prometheus(BenchPrometheus):
                 return
             time.sleep(0.5)
         raise AssertionError(f"fewer than {count} scrapes of {expr} within {timeout_s} s")
+
+    def wait_for_value(self, expr: str, value: float, timeout_s: float) -> None:
+        """Poll until the newest scraped sample of ``expr`` is ``value``: the exporter's final state is in."""
+        deadline = time.monotonic() + timeout_s
+        seen = None
+        while time.monotonic() < deadline:
+            seen = self.last_values(expr)
+            if seen == [value]:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{expr} was {seen}, not [{value}], {timeout_s} s after the last update")
 
     def scrapes_since(self, since: float) -> int:
         window = max(1, math.ceil(time.time() - since))
@@ -129,7 +145,7 @@ def test_every_panel_has_data_for_the_metrics_module(prometheus_bin: str, tmp_pa
                 metrics.checkpoints.inc()
                 metrics.checkpoint_bytes.set(50_000)
             time.sleep(0.25)
-        time.sleep(2 * SCRAPE_INTERVAL_S)
+        prom.wait_for_value("dppo_env_steps_total", steps, timeout_s=30)  # the last iteration's values scraped
         assert_every_panel_has_data(prom, "synthetic-run", start, time.time())
         assert_every_panel_has_data(prom, ".*", start, time.time())  # the variable's "All"
         assert prom.last("dppo_env_steps_total") == steps
