@@ -54,12 +54,13 @@ def test_json_log_lines_equal_the_progress_records(tmp_path: Path, dppo_cmd: lis
     assert logged == progress
     for record in logged:
         assert record.keys() >= RECORD_KEYS, f"missing {sorted(RECORD_KEYS - record.keys())}"
-    # checkpoint_s times the checkpoint's write where one was due (iterations 2 and 4): milliseconds, against the
-    # microseconds of an iteration that only checked whether one was due
+    # checkpoint_s times the checkpoint's write where one was due (iterations 2 and 4, their files on disk): about
+    # 10 ms here, against the few microseconds of an iteration that only checked whether one was due (an empty phase
+    # right after a write takes ~2 us, one after none ~0.5 us: hence a factor, not a bare ordering)
     saving = {r["iteration"]: r["checkpoint_s"] for r in logged if r["iteration"] % CHECKPOINT_EVERY == 0}
     skipping = [r["checkpoint_s"] for r in logged if r["iteration"] % CHECKPOINT_EVERY]
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.pt")) == [f"ckpt-{i:08d}.pt" for i in saving]
-    assert min(saving.values()) > max(skipping), logged
+    assert min(saving.values()) > 10 * max(skipping), [(r["iteration"], r["checkpoint_s"]) for r in logged]
     assert [r["iteration"] for r in logged] == [1, 2, 3, 4]
     assert logged[-1]["env_steps"] == summary["env_steps"] == 2048
 
