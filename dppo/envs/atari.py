@@ -73,16 +73,36 @@ def make_atari_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     return gym.wrappers.FrameStackObservation(env, STACK)
 
 
-def make_ale_vector_env(config: Config) -> VectorEnv:
-    """E preprocessed envs in ale-py's C++ vector env, stepped in ``run.actor_cpus`` threads."""
+def ale_vector_env(env_id: str, num_envs: int, threads: int, **kwargs: Any) -> VectorEnv:
+    """ale-py's C++ vector env with the preprocessing above, SAME_STEP autoreset, raw rewards, full games."""
     require_ale()
     from ale_py.vector_env import AtariVectorEnv
 
-    cfg = config.env
     return AtariVectorEnv(
-        game(cfg.id or ""), cfg.num_envs, num_threads=max(1, round(config.run.actor_cpus)),
-        autoreset_mode=AutoresetMode.SAME_STEP, noop_max=NOOP_MAX, frameskip=FRAME_SKIP, maxpool=True,
-        img_height=SCREEN, img_width=SCREEN, grayscale=True, stack_num=STACK, repeat_action_probability=0.0,
-        full_action_space=False, max_num_frames_per_episode=MAX_FRAMES, use_fire_reset=True,
-        episodic_life=False, life_loss_info=False, reward_clipping=False, **cfg.kwargs,
+        game(env_id), num_envs, num_threads=threads, autoreset_mode=AutoresetMode.SAME_STEP, noop_max=NOOP_MAX,
+        frameskip=FRAME_SKIP, maxpool=True, img_height=SCREEN, img_width=SCREEN, grayscale=True, stack_num=STACK,
+        repeat_action_probability=0.0, full_action_space=False, max_num_frames_per_episode=MAX_FRAMES,
+        use_fire_reset=True, episodic_life=False, life_loss_info=False, reward_clipping=False, **kwargs,
     )
+
+
+def envpool_vector_env(env_id: str, num_envs: int, threads: int, seed: int) -> Any:
+    """EnvPool's Atari with the same preprocessing (its gymnasium API: NEXT_STEP autoreset, seeded when made).
+
+    Measured against ale-py's by ``dppo bench envs`` (docs/benchmarks.md); not one of dppo's vectorizations."""
+    try:
+        import envpool
+    except ImportError:
+        raise UsageError("EnvPool is not installed: pip install 'dppo[envpool]'") from None
+    return envpool.make_gymnasium(
+        env_id.split("/")[-1], num_envs=num_envs, batch_size=num_envs, num_threads=threads, seed=seed,
+        noop_max=NOOP_MAX, frame_skip=FRAME_SKIP, img_height=SCREEN, img_width=SCREEN, gray_scale=True,
+        stack_num=STACK, repeat_action_probability=0.0, full_action_space=False,
+        max_episode_steps=MAX_FRAMES // FRAME_SKIP, use_fire_reset=True, episodic_life=False, reward_clip=False,
+    )
+
+
+def make_ale_vector_env(config: Config) -> VectorEnv:
+    """E preprocessed envs in ale-py's C++ vector env, stepped in ``run.actor_cpus`` threads."""
+    cfg = config.env
+    return ale_vector_env(cfg.id or "", cfg.num_envs, max(1, round(config.run.actor_cpus)), **cfg.kwargs)
