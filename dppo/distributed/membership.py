@@ -72,7 +72,7 @@ class Membership:
         self.slots: list[Slot] = []
         self.spawns = 0  # every actor started in this process, replacements included: each gets its own seed
         faults = config.faults
-        self.crashes = RestartBudget("actor", faults.max_actor_restarts, faults.restart_window_s)
+        self.crashes = RestartBudget("actor", faults.max_actor_restarts, faults.restart_window_s, clock=self.calls.now)
 
     @property
     def alive(self) -> list[int]:
