@@ -33,6 +33,13 @@ class RunConfig(Section):
     """How many of the newest checkpoints to keep."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the learners train: auto picks cuda when available."""
+    inference: Literal["actor", "server", "auto"] = "auto"
+    """Where the policy's forward pass runs while sampling. actor: in each actor's process (numpy for MLPs, torch on
+    its CPU for CNN and LSTM). server: one inference service beside the learner on run.device batches every
+    actor's observations into one forward pass (each actor steps its envs in two halves, one while the other's
+    actions are computed, so env.num_envs must be even or 1); actors still draw their actions with their own
+    seeded streams. auto: server for a CNN policy when the learner is on a GPU (where one batched forward pass
+    beats N small ones on CPUs), else actor (a small MLP costs less in the actor than a round trip)."""
     learners: int = Field(1, ge=1, le=64)
     """L: data-parallel learner processes (torch.distributed through Ray). 1: the update runs in the driver.
     With L > 1 each global minibatch is split evenly, so ppo.minibatch_size must be a multiple of L."""

@@ -9,9 +9,21 @@ import ray
 
 from dppo.config import Config
 from dppo.distributed.broadcast import Broadcast
+from dppo.distributed.inference import ServedBroadcast, ServiceClient
 from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import UsageError, first_line
+from dppo.rl.agent import Agent
+from dppo.rl.policy import RemotePolicy
 from dppo.rl.segment import Segment
+
+
+def remote_policy(config: Config, seed: int) -> RemotePolicy | None:
+    """With run.inference=server the policy is the service's (seeded like the local one); else None (local)."""
+    if config.run.inference != "server":
+        return None
+    from dppo.envs.make import env_spaces
+
+    return RemotePolicy(*env_spaces(config), config.model, seed, config.env.num_envs)
 
 
 class Actor:
@@ -25,20 +37,23 @@ class Actor:
         self.actor_id = actor_id
         self.problem: str | None = None
         try:
-            self.sampler = Sampler(config, actor_id, seed=seed)
+            self.sampler = Sampler(config, actor_id, seed=seed, policy=remote_policy(config, seed))
         except Exception as err:  # the user's env cannot be imported, made or reset here
             where = f"actor {actor_id} on node {ray.util.get_node_ip_address()}"
             what = first_line(err) if isinstance(err, UsageError) else (
                 f"env {config.env.name!r} raised {type(err).__name__} while starting: {first_line(err)}")
             self.problem = f"{what} [{where}]"  # reported by ready(): bad input, before anything is written
             return
-        if not self.sampler.agent.fast:  # image policies act with torch; MLP actors never import it
+        if isinstance(self.sampler.policy, Agent) and not self.sampler.policy.fast:
+            # image policies act with torch; MLP actors, and those the inference service serves, never import it
             import torch
 
             torch.set_num_threads(config.run.actor_threads)
             torch.manual_seed(seed)
 
     def sample(self, broadcast: Broadcast) -> Segment:
+        if isinstance(broadcast, ServedBroadcast):  # the service named in each round: a replacement's too
+            self.sampler.policy.client = ServiceClient(broadcast.service)
         self.sampler.set_weights(broadcast.weights, broadcast.version, broadcast.obs_stats, broadcast.return_stats)
         return self.sampler.sample()
 

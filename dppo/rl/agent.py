@@ -12,6 +12,7 @@ them.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import gymnasium as gym
@@ -49,16 +50,32 @@ def numpy_layers(weights: Weights) -> tuple[Layers, Layers]:
     return policy, value
 
 
+@dataclass
+class Heads:
+    """What the networks say about a batch before any action is drawn: the policy head's output (B, out_dim)
+    (logits, or the Gaussian's mean) as float64, the log-std of a Gaussian policy, V(obs) (B,) float32, and a
+    recurrent policy's memory after the observation (2, B, hidden) float32 (h and c stacked)."""
+
+    out: np.ndarray
+    log_std: np.ndarray | None
+    values: np.ndarray
+    memory: np.ndarray | None = None
+
+
 class Agent:
     """Acts with the current policy in batches over E envs; no gradients, one version at a time.
 
     ``seed`` seeds the action sampling; without it the seed is drawn from torch's generator (so an
     actor seeded with ``torch.manual_seed`` stays reproducible, at the cost of importing torch).
+    ``device``: where the torch model runs (the inference service's; actors use the CPU).
+    It is the local :class:`dppo.rl.policy.Policy`: it acts on all E envs at once (one half).
     """
 
+    halves = 1
+
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig,
-                 seed: int | None = None) -> None:
-        self.obs_space, self.action_space, self.config = obs_space, action_space, config
+                 seed: int | None = None, device: str = "cpu") -> None:
+        self.obs_space, self.action_space, self.config, self.device = obs_space, action_space, config, device
         self.obs_spec, self.action_spec = check_spaces(obs_space, action_space, config)
         self.discrete = self.action_spec.discrete
         self.recurrent = config.recurrent == "lstm"
@@ -69,6 +86,7 @@ class Agent:
         self.version = -1
         self._model: ActorCritic | None = None
         self._weights: Weights | None = None
+        self._sent: Obs | None = None  # the observation send() handed over, acted on by receive()
         if seed is None:
             import torch
 
@@ -89,7 +107,7 @@ class Agent:
             if self._weights is not None:
                 model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in self._weights.items()})
             model.eval()
-            self._model = model
+            self._model = model.to(self.device)
             if self._weights is None:
                 self._copy_weights(model)
         return self._model
@@ -165,6 +183,43 @@ class Agent:
             log_prob = dist.log_prob(action)
         return action.numpy(), log_prob.numpy(), value.numpy()
 
+    def send(self, obs: Obs, rows: slice) -> None:
+        """Hand over the next observation of every env (one half: ``rows`` covers all E); acted on at receive()."""
+        self._sent = obs
+
+    def receive(self, rows: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(actions, log_probs, values) for the observation sent, computed now: the local path's step order."""
+        obs, self._sent = self._sent, None
+        return self.act(obs)
+
+    def forget(self) -> None:
+        """Drop an observation sent and not acted on (the segment it belonged to is lost)."""
+        self._sent = None
+
+    def heads(self, obs: Obs | np.ndarray, memory: np.ndarray | None = None,
+              starts: np.ndarray | None = None) -> Heads:
+        """The networks' outputs without sampling: what the inference service computes for its actors, which draw
+        the actions themselves. ``memory`` (2, B, hidden) and ``starts`` (B,): a recurrent policy's state."""
+        obs = self.as_obs(obs)
+        if self.fast:
+            self._ready()
+            return Heads(self._mlp(self.policy_layers, obs.vector), getattr(self, "log_std", None),
+                         self._mlp(self.value_layers, obs.vector)[:, 0].astype(np.float32))
+        import torch
+
+        model = self.model
+        with torch.inference_mode():
+            features = model.features(obs.map(lambda part: torch.as_tensor(part, device=self.device)))
+            after = None
+            if self.recurrent:
+                h, c = (torch.as_tensor(part, device=self.device)[None] for part in memory)
+                core, (h, c) = model.unroll(features[None], torch.as_tensor(starts, device=self.device)[None], (h, c))
+                features, after = core[0], torch.cat([h, c]).cpu().numpy()
+            out = model.policy_head(features).double().cpu().numpy()
+            values = model.value_head(features).squeeze(-1).cpu().numpy()
+        log_std = getattr(model, "log_std", None)
+        return Heads(out, None if log_std is None else log_std.detach().double().cpu().numpy(), values, after)
+
     def value(self, obs: Obs | np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """V(obs); ``rows``: which envs these observations belong to (a recurrent policy reads their memory)."""
         obs = self.as_obs(obs)
@@ -189,6 +244,13 @@ class Agent:
         if self.memory is None or self.memory[0].shape[1] != rows:
             self.memory, self.starts = self.model.initial_memory(rows), np.ones(rows, bool)
         return self.memory, self.starts
+
+    def memory_at_start(self, rows: int) -> np.ndarray | None:
+        """A recurrent policy's memory of ``rows`` envs now, (2, rows, hidden): what a segment starts from."""
+        if not self.recurrent:
+            return None
+        (h, c), _ = self.memory_state(rows)
+        return np.stack([h[0].numpy(), c[0].numpy()])
 
     def end_episodes(self, done: np.ndarray) -> None:
         """The envs in ``done`` start new episodes: their memory is zeroed before their next observation."""

@@ -23,6 +23,7 @@ from dppo.errors import UsageError, first_line
 from dppo.rl.actions import NoLegalAction
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.normalizer import RunningStats
+from dppo.rl.policy import InferenceLost, Policy
 from dppo.rl.segment import Segment
 from dppo.rl.spaces import Obs
 from dppo.rl.transforms import EpisodeStats, LearningReward, LifeLoss, ObsNormalizer, scrub_nonfinite
@@ -50,58 +51,95 @@ def actor_seed(run_seed: int, actor: int, spawn: int = 0) -> int:
 
 
 class Sampler:
-    """Env + agent + transforms of one actor. Plain Python, so tests and benchmarks use it without Ray."""
+    """Env + policy + transforms of one actor. Plain Python, so tests and benchmarks use it without Ray.
 
-    def __init__(self, config: Config, actor_id: int = 0, seed: int | None = None) -> None:
+    ``policy``: what acts (default: a local Agent seeded like the actor). A policy with two ``halves`` gets two
+    vector envs of E/2 each, seeded as the one vector env of E would be (env i with seed + i), stepped in turn
+    so one half steps while the other's actions are computed elsewhere.
+    """
+
+    def __init__(self, config: Config, actor_id: int = 0, seed: int | None = None,
+                 policy: Policy | None = None) -> None:
         self.config = config
         self.actor_id = actor_id
         self.seed = actor_seed(config.run.seed, actor_id) if seed is None else seed
         self.env_resets = 0
-        self.envs = self._start_envs()
-        self.agent = Agent(self.envs.single_observation_space, self.envs.single_action_space, config.model,
-                           seed=self.seed)
-        self.obs_spec, self.action_spec = self.agent.obs_spec, self.agent.action_spec
-        env, num_envs = config.env, config.env.num_envs
+        num_envs = config.env.num_envs
+        halves = 1 if policy is None else policy.halves
+        self.rows = [slice(h * num_envs // halves, (h + 1) * num_envs // halves) for h in range(halves)]
+        self.halves = self._start_envs()
+        space = self.halves[0]
+        self.policy: Policy = policy or Agent(space.single_observation_space, space.single_action_space,
+                                              config.model, seed=self.seed)
+        self.obs_spec, self.action_spec = self.policy.obs_spec, self.policy.action_spec
+        env = config.env
         self.normalize_obs = ObsNormalizer(env.normalize_obs, env.obs_clip, self.obs_spec.vector_dim)
         self.learning_reward = LearningReward(env.clip_reward, env.normalize_reward, num_envs, config.ppo.gamma,
                                               env.reward_clip)
         self.episodes = EpisodeStats(num_envs)
 
-    def _start_envs(self) -> VectorEnv:
-        envs = make_vector_env(self.config)
+    @property
+    def agent(self) -> Agent:
+        """The local policy (tests and tools read its model)."""
+        assert isinstance(self.policy, Agent), "this sampler's policy is remote"
+        return self.policy
+
+    @property
+    def envs(self) -> VectorEnv:
+        """The vector env of a one-half sampler (the local policy's)."""
+        return self.halves[0]
+
+    @property
+    def obs(self) -> object:
+        """The latest raw observations of a one-half sampler."""
+        return self.half_obs[0]
+
+    def _start_envs(self) -> list[VectorEnv]:
         seed = self.seed + 1_000 * self.env_resets
-        try:
-            self.obs, info = envs.reset(seed=seed)
-        except Exception:
-            old = old_api_error(self.config.env, seed)  # gymnasium's unpack error does not say why
-            if old is None:
-                raise
-            with contextlib.suppress(Exception):
-                envs.close(terminate=True)  # an async vector env's half-done reset cannot be waited for
-            raise old from None
+        halves, self.half_obs, lives = [], [], []
+        for rows in self.rows:
+            config = self.config
+            if len(self.rows) > 1:
+                env = config.env.model_copy(update={"num_envs": rows.stop - rows.start})
+                config = config.model_copy(update={"env": env})
+            envs = make_vector_env(config)
+            halves.append(envs)
+            try:
+                obs, info = envs.reset(seed=seed + rows.start)
+            except Exception:
+                old = old_api_error(self.config.env, seed)  # gymnasium's unpack error does not say why
+                if old is None:
+                    raise
+                for made in halves:
+                    with contextlib.suppress(Exception):
+                        made.close(terminate=True)  # an async vector env's half-done reset cannot be waited for
+                raise old from None
+            self.half_obs.append(obs)
+            lives.append(info.get("lives"))
+            envs.action_space.seed(seed + rows.start)
         self.life_loss = None
         if self.config.env.terminal_on_life_loss:
-            if "lives" not in info:
+            if any(part is None for part in lives):
                 raise UsageError(f"env.terminal_on_life_loss needs an env that reports info['lives'] (Atari); "
                                  f"{self.config.env.name} does not: set it to false")
-            self.life_loss = LifeLoss(info["lives"])
-        envs.action_space.seed(seed)
-        return envs
+            self.life_loss = LifeLoss(np.concatenate([np.asarray(part) for part in lives]))
+        return halves
 
     def _restart_envs(self) -> None:
         """Replace a vector env that raised: a fresh one, differently seeded, episodes restart."""
-        with contextlib.suppress(Exception):
-            self.envs.close()
+        for envs in self.halves:
+            with contextlib.suppress(Exception):
+                envs.close()
         self.env_resets += 1
-        self.envs = self._start_envs()
+        self.halves = self._start_envs()
         self.learning_reward.end_episodes(np.ones(self.config.env.num_envs, bool))
-        self.agent.end_episodes(np.ones(self.config.env.num_envs, bool))
+        self.policy.end_episodes(np.ones(self.config.env.num_envs, bool))
         self.episodes.reset()
 
     def set_weights(self, weights: Weights, version: int, obs_stats: RunningStats | None = None,
                     return_stats: RunningStats | None = None) -> None:
         """Load broadcast weights and the merged normalizer statistics every actor shares."""
-        self.agent.load(weights, version)
+        self.policy.load(weights, version)
         if obs_stats is not None:
             self.normalize_obs.stats = obs_stats
         if return_stats is not None:
@@ -118,6 +156,10 @@ class Sampler:
         while True:
             try:
                 return self._sample_once()
+            except InferenceLost:  # the envs stepped past what the segment kept: start them afresh
+                self.policy.forget()
+                self._restart_envs()
+                raise
             except NoLegalAction as err:  # the env's mask, not a passing fault: no retry helps
                 raise EnvFailure(f"env {self.config.env.name} in actor {self.actor_id} returned an action mask that "
                                  f"allows no action ({err}); every observation must allow at least one",
@@ -135,7 +177,7 @@ class Sampler:
 
     def _sample_once(self) -> Segment:
         steps, num_envs = self.config.ppo.segment_length, self.config.env.num_envs
-        spec, action_spec = self.obs_spec, self.action_spec
+        spec, action_spec, policy = self.obs_spec, self.action_spec, self.policy
         obs_buf = spec.empty((steps, num_envs))
         act_buf = np.empty((steps, num_envs, *action_spec.stored_shape), action_spec.stored_dtype)
         logp_buf, value_buf, reward_buf = (np.empty((steps, num_envs), np.float32) for _ in range(3))
@@ -147,54 +189,82 @@ class Sampler:
         memory = self._memory_at_start(steps, num_envs)
         start = time.perf_counter()
         last = spec.empty((num_envs,))  # the observation after the segment: the bootstrap's input
-        nonfinite = self._encode(self.obs, obs_buf[0])
-        obs = self.obs
+        nonfinite = False
+        for rows, obs in zip(self.rows, self.half_obs, strict=True):
+            nonfinite |= self._encode(obs, obs_buf[0][rows])
+        self.normalize_obs(obs_buf[0])
+        for rows in self.rows:
+            self._send(obs_buf[0][rows], rows, memory, 0)
         for t in range(steps):
-            if memory is not None:
-                memory["starts"][t] = self.agent.starts
-            action, log_prob, value = self.agent.act(self.normalize_obs(obs_buf[t]))
-            act_buf[t], logp_buf[t], value_buf[t] = action, log_prob, value
-            next_obs, reward, terminated, truncated, info = self.envs.step(action_spec.to_env(action))
             encoded = obs_buf[t + 1] if t + 1 < steps else last
-            nonfinite |= self._encode(next_obs, encoded)
+            stepped = []
+            for h, rows in enumerate(self.rows):  # with two halves, one steps while the other's actions are made
+                action, log_prob, value = policy.receive(rows)
+                act_buf[t, rows], logp_buf[t, rows], value_buf[t, rows] = action, log_prob, value
+                next_obs, reward, terminated, truncated, info = self.halves[h].step(action_spec.to_env(action))
+                nonfinite |= self._encode(next_obs, encoded[rows])
+                cut = truncated & ~terminated
+                if cut.any():  # a time limit, not a terminal state: bootstrap from V(final obs)
+                    final = spec.encode_rows(info["final_obs"], np.flatnonzero(cut))
+                    scrub_nonfinite(final.vector)
+                    final_value_buf[t, rows][cut] = policy.value(self.normalize_obs(final),
+                                                                 rows=np.flatnonzero(cut) + rows.start)
+                done = np.zeros(num_envs, bool)
+                done[rows] = terminated | truncated
+                if done.any():
+                    policy.end_episodes(done)
+                self.half_obs[h] = next_obs
+                if t + 1 < steps:
+                    self._send(self.normalize_obs(encoded[rows].map(np.copy)), rows, memory, t + 1)
+                stepped.append((reward, terminated, truncated, info))
             self.normalize_obs.record(t, encoded)
-            reward = np.array(reward, np.float64)
-            nonfinite |= scrub_nonfinite(reward)
-            done = terminated | truncated
-            self.episodes.step(reward)
-            if self.life_loss is not None:
-                terminated = self.life_loss(terminated, done, info)
-            reward_buf[t], term_buf[t], trunc_buf[t] = self.learning_reward(t, reward), terminated, truncated
-            cut = truncated & ~terminated
-            if cut.any():  # a time limit, not a terminal state: bootstrap from V(final obs)
-                final = spec.encode_rows(info["final_obs"], np.flatnonzero(cut))
-                scrub_nonfinite(final.vector)
-                final_value_buf[t, cut] = self.agent.value(self.normalize_obs(final), rows=np.flatnonzero(cut))
-            if done.any():
-                self.episodes.end_episodes(done)
-                self.learning_reward.end_episodes(done)
-                self.agent.end_episodes(done)
-            obs = next_obs
-        self.obs = obs
-        last_values = self.agent.value(self.normalize_obs(last))
+            if t + 1 < steps:
+                self.normalize_obs(encoded)
+            nonfinite |= self._account(t, stepped, reward_buf, term_buf, trunc_buf)
+        last_values = policy.value(self.normalize_obs(last))
         return Segment(
             obs=obs_buf, actions=act_buf, log_probs=logp_buf, values=value_buf, rewards=reward_buf,
             terminated=term_buf, truncated=trunc_buf, final_values=final_value_buf,
             last_values=last_values.astype(np.float32),
             episode_returns=np.asarray(self.episodes.returns, np.float64),
             episode_lengths=np.asarray(self.episodes.lengths, np.int64),
-            policy_version=self.agent.version, actor_id=self.actor_id,
+            policy_version=policy.version, actor_id=self.actor_id,
             sample_seconds=time.perf_counter() - start,
             obs_stats=self.normalize_obs.summary(), return_stats=self.learning_reward.summary(),
             nonfinite=nonfinite, **(memory or {}),
         )
 
+    def _send(self, obs: Obs, rows: slice, memory: dict[str, np.ndarray] | None, t: int) -> None:
+        """Ask for step t's actions of ``rows`` (normalized observations; a recurrent policy's starts recorded)."""
+        if memory is not None:
+            memory["starts"][t, rows] = self.policy.starts[rows]
+        self.policy.send(obs, rows)
+
+    def _account(self, t: int, stepped: list[tuple], reward_buf: np.ndarray, term_buf: np.ndarray,
+                 trunc_buf: np.ndarray) -> bool:
+        """Step t's rewards and ends of every env into the segment and the transforms; True on NaN/Inf rewards."""
+        reward = np.concatenate([np.array(part[0], np.float64) for part in stepped])
+        terminated = np.concatenate([part[1] for part in stepped])
+        truncated = np.concatenate([part[2] for part in stepped])
+        nonfinite = scrub_nonfinite(reward)
+        done = terminated | truncated
+        self.episodes.step(reward)
+        if self.life_loss is not None:
+            lives = np.concatenate([np.asarray(part[3]["lives"]) for part in stepped])
+            terminated = self.life_loss(terminated, done, {"lives": lives})
+        reward_buf[t], term_buf[t], trunc_buf[t] = self.learning_reward(t, reward), terminated, truncated
+        if done.any():
+            self.episodes.end_episodes(done)
+            self.learning_reward.end_episodes(done)
+        return nonfinite
+
     def _memory_at_start(self, steps: int, num_envs: int) -> dict[str, np.ndarray] | None:
         """A recurrent policy's segment carries the memory it started from and where episodes start."""
-        if not self.agent.recurrent:
+        initial = self.policy.memory_at_start(num_envs)
+        if initial is None:
             return None
-        (h, c), _ = self.agent.memory_state(num_envs)
-        return {"initial_memory": np.stack([h[0].numpy(), c[0].numpy()]), "starts": np.empty((steps, num_envs), bool)}
+        return {"initial_memory": initial, "starts": np.empty((steps, num_envs), bool)}
 
     def close(self) -> None:
-        self.envs.close()
+        for envs in self.halves:
+            envs.close()

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from dppo.config import Config
-from dppo.distributed.actor_pool import ActorPool, Gathered, Stop
+from dppo.distributed.actor_pool import ActorPool, Gathered, Round, Stop
 from dppo.distributed.broadcast import Broadcast, broadcast_arg
 from dppo.distributed.evaluation import EvalResult, Evaluation, EvaluationStopped
+from dppo.distributed.inference import Inference, is_lost_service, likely_device, resolve_inference
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.make import env_spaces
@@ -52,6 +53,7 @@ class Coordinator:
         np.random.seed(config.run.seed)
         self.spaces = env_spaces(config)
         self.model = build_model(*self.spaces, config.model)
+        config = self.config = resolve_inference(config, self.model.obs_spec.has_image, likely_device(config))
         self.state = RunState(config, self.model.obs_spec.vector_dim)
         self.trainer_state = None
         self.record: dict[str, Any] | None = None  # the last iteration's progress record, kept in its checkpoint
@@ -66,6 +68,7 @@ class Coordinator:
         self.signals = StopSignals()
         self.pool = ActorPool(config, self.reporter, lambda: self.signals.received is not None)
         self.learners: LearnerGroup | None = None
+        self.inference: Inference | None = None  # the policy-inference service (run.inference=server)
         self.evaluation = Evaluation(config)
         faults = config.faults
         self.learner_restarts = RestartBudget("learner", faults.max_learner_restarts, faults.restart_window_s)
@@ -76,6 +79,9 @@ class Coordinator:
         """Start the learners and the actors; every actor has made its envs when this returns, so an env that
         cannot be made anywhere is bad input before anything is written."""
         self.learners = LearnerGroup(self.config, *self.spaces, self.model, self.trainer_state)
+        if self.config.run.inference == "server":  # beside the learner, on its device
+            self.inference = Inference(self.config, *self.spaces, self.learners.device, self.reporter.message)
+            self.inference.start()
         self.pool.start()
 
     # ---- the loop ------------------------------------------------------------------------------------
@@ -87,11 +93,13 @@ class Coordinator:
             while (reason := self._stop_reason()) is None:
                 timer = PhaseTimer()
                 with timer.phase("sync"):  # weights + normalizer stats, once per iteration
-                    broadcast = broadcast_arg(self._broadcast())
+                    full = self._broadcast()
+                    broadcast = broadcast_arg(full)
                     self.evaluation.submit(broadcast, self.state.counters.iteration, self.state.counters.env_steps)
+                    sampling = broadcast if self.inference is None else self.inference.serve(full)
                 with timer.phase("gather"):  # ray.wait as segments arrive; dead actors replaced
-                    gathered = self.pool.gather(ahead or self.pool.dispatch(broadcast))
-                    ahead = self.pool.dispatch(broadcast) if self.config.run.overlap_sampling else None
+                    gathered = self._gather(ahead or self.pool.dispatch(sampling))
+                    ahead = self.pool.dispatch(sampling) if self.config.run.overlap_sampling else None
                 with timer.phase("update"):
                     stats = self._update(gathered)
                 record, new_returns, phases = self._account(gathered, stats, timer)
@@ -134,6 +142,16 @@ class Coordinator:
         assert self.learners is not None
         return Broadcast(self.learners.weights(), self.state.counters.policy_version, self.state.obs_stats,
                          self.state.return_stats)
+
+    def _gather(self, round_: Round) -> Gathered:
+        """The round's segments; a round the inference service's loss failed goes again to its replacement."""
+        while True:
+            try:
+                return self.pool.gather(round_)
+            except RunFailure as err:
+                if self.inference is None or not is_lost_service(err):
+                    raise
+                round_ = self.pool.dispatch(self.inference.recover(round_.broadcast, err))
 
     def _update(self, gathered: Gathered) -> TrainStats:
         """The learner group's update; a dead learner restarts the group (within its budget) and the update is
@@ -214,6 +232,8 @@ class Coordinator:
     def shutdown(self) -> None:
         self.evaluation.shutdown()
         self.pool.shutdown()
+        if self.inference is not None:
+            self.inference.shutdown()
         if self.learners is not None:
             self.learners.shutdown()
         self.reporter.close()

@@ -1,0 +1,298 @@
+"""The policy-inference service (``run.inference: server``): one Ray actor on ``run.device`` that holds the
+networks and answers every actor's observations in batches, so the forward pass runs once for many actors on the
+GPU instead of once per actor on its CPU (Sample Factory's inference workers, SEED RL, Cleanba).
+
+The service returns the networks' outputs (logits or mean and log-std, values, a recurrent policy's memory), not
+actions: each actor draws its actions with its own seeded stream (:class:`dppo.rl.policy.RemotePolicy`), so a
+seeded run is reproducible and an MLP policy draws what it would in the actor. A recurrent policy's memory
+travels with each request, so the service holds nothing but weights: the last two versions, since with
+``run.overlap_sampling`` one round samples with the weights the update is about to replace. A request names its
+version and the reply is stamped with it.
+
+Three layers: :class:`Batcher` (when to run a batch) and :class:`InferenceServer` (the versions and the batched
+forward pass) are plain classes tested without Ray; :class:`InferenceService` is the asyncio Ray actor around
+them; :class:`Inference` is the driver's side (start, ready, load each broadcast, replace a lost one), making its
+Ray calls through :class:`~dppo.distributed.ray_calls.RayCalls` like the actor pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import ray
+
+from dppo.config import Config, ModelConfig
+from dppo.distributed.broadcast import Broadcast
+from dppo.distributed.ray_calls import RayCalls
+from dppo.distributed.restarts import RestartBudget
+from dppo.errors import RunFailure, UsageError, first_line
+from dppo.rl.agent import Agent, Heads, Weights
+from dppo.rl.policy import InferenceLost, Reply, Request
+from dppo.rl.spaces import Obs
+
+BATCH_WAIT_S = 0.002  # how long a batch waits for the rest of the actors' requests after its first one
+KEEP_VERSIONS = 2  # the weights sampled with and, with run.overlap_sampling, the ones sampled with meanwhile
+
+
+def resolve_inference(config: Config, has_image: bool, device: str) -> Config:
+    """The config with run.inference decided: ``auto`` is the server where the forward pass is worth batching on
+    an accelerator (a CNN, ``device`` a GPU), else the actors; an odd E above 1 cannot be split into halves."""
+    mode = config.run.inference
+    if mode == "auto":
+        mode = "server" if has_image and device.startswith("cuda") else "actor"
+    num_envs = config.env.num_envs
+    if mode == "server" and num_envs > 1 and num_envs % 2:
+        raise UsageError(f"run.inference=server steps each actor's envs in two halves, so env.num_envs must be even "
+                         f"(or 1), not {num_envs}; set env.num_envs={num_envs + 1} or run.inference=actor")
+    return config.model_copy(update={"run": config.run.model_copy(update={"inference": mode})})
+
+
+def likely_device(config: Config) -> str:
+    """Where the learner will be, as far as the driver can tell before Ray is up (for run.inference=auto)."""
+    import torch
+
+    if config.run.device == "cuda" or (config.run.device == "auto" and torch.cuda.is_available()):
+        return "cuda"
+    return "cpu"
+
+
+class Batcher:
+    """Collects requests until ``expected`` are in or ``wait_s`` has passed since the first (clock passed in)."""
+
+    def __init__(self, expected: int, wait_s: float = BATCH_WAIT_S) -> None:
+        self.expected, self.wait_s = expected, wait_s
+        self.items: list[Any] = []
+        self.first_at = 0.0
+
+    def add(self, item: Any, now: float) -> None:
+        if not self.items:
+            self.first_at = now
+        self.items.append(item)
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= self.expected
+
+    def remaining(self, now: float) -> float:
+        """Seconds until the batch is due (<= 0: due now)."""
+        return self.first_at + self.wait_s - now
+
+    def due(self, now: float) -> bool:
+        return bool(self.items) and (self.full or self.remaining(now) <= 0)
+
+    def take(self) -> list[Any]:
+        items, self.items = self.items, []
+        return items
+
+
+def _join(parts: list[np.ndarray | None], axis: int = 0) -> np.ndarray | None:
+    return None if parts[0] is None else np.concatenate(parts, axis=axis)
+
+
+def _split(heads: Heads, sizes: list[int]) -> list[Heads]:
+    cuts = np.cumsum(sizes)[:-1]
+    memories = [None] * len(sizes) if heads.memory is None else np.split(heads.memory, cuts, axis=1)
+    return [Heads(out, heads.log_std, values, memory) for out, values, memory
+            in zip(np.split(heads.out, cuts), np.split(heads.values, cuts), memories, strict=True)]
+
+
+class InferenceServer:
+    """The weights of the last KEEP_VERSIONS versions and the batched forward pass (no Ray: tests use it)."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig,
+                 device: str = "cpu") -> None:
+        self.obs_space, self.action_space, self.config, self.device = obs_space, action_space, config, device
+        self.agents: dict[int, Agent] = {}  # version -> the networks with those weights
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted(self.agents)
+
+    def load(self, weights: Weights, version: int) -> None:
+        """Hold ``version`` (the oldest held is dropped beyond KEEP_VERSIONS; its networks are reused)."""
+        if version in self.agents:
+            return
+        if len(self.agents) >= KEEP_VERSIONS:
+            agent = self.agents.pop(min(self.agents))
+        else:
+            agent = Agent(self.obs_space, self.action_space, self.config, seed=0, device=self.device)
+        agent.load(weights, version)
+        self.agents[version] = agent
+
+    def forward(self, requests: list[Request]) -> list[Reply]:
+        """One forward pass per version among ``requests`` over all their rows; replies in request order."""
+        replies: list[Reply | None] = [None] * len(requests)
+        for version in sorted({r.version for r in requests}):
+            if version not in self.agents:
+                raise KeyError(f"weights version {version} is not held by the inference service "
+                               f"(it holds {self.versions}): the driver loads each broadcast before a round")
+            picked = [i for i, r in enumerate(requests) if r.version == version]
+            batch = [requests[i] for i in picked]
+            obs = Obs(image=_join([r.obs.image for r in batch]), vector=_join([r.obs.vector for r in batch]))
+            heads = self.agents[version].heads(obs, _join([r.memory for r in batch], axis=1),
+                                               _join([r.starts for r in batch]))
+            for i, part in zip(picked, _split(heads, [len(r.obs) for r in batch]), strict=True):
+                replies[i] = Reply(version, part)
+        return replies  # type: ignore[return-value]
+
+
+class InferenceService:
+    """The Ray actor (asyncio): requests wait in a Batcher; a full or due batch runs as one forward pass."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, device: str,
+                 expected: int, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.server = InferenceServer(obs_space, action_space, config, device)
+        self.batcher = Batcher(expected)
+        self.batches = 0  # forward passes run (tests read it to see requests batched)
+
+    async def act(self, request: Request) -> Reply:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.batcher.add((request, future), time.monotonic())
+        if self.batcher.full:
+            self._run()
+        elif len(self.batcher.items) == 1:
+            loop.call_later(self.batcher.wait_s, self._run_when_due)
+        return await future
+
+    def _run_when_due(self) -> None:
+        now = time.monotonic()
+        if self.batcher.due(now):
+            self._run()
+        elif self.batcher.items:  # a newer batch than the one this timer was set for
+            asyncio.get_running_loop().call_later(self.batcher.remaining(now), self._run_when_due)
+
+    def _run(self) -> None:
+        items = self.batcher.take()
+        self.batches += 1
+        try:
+            replies = self.server.forward([request for request, _ in items])
+        except Exception as err:
+            for _, future in items:
+                future.set_exception(err)
+            return
+        for (_, future), reply in zip(items, replies, strict=True):
+            future.set_result(reply)
+
+    async def load(self, weights: Weights, version: int) -> list[int]:
+        self.server.load(weights, version)
+        return self.server.versions
+
+    async def ready(self) -> int:
+        return self.batches
+
+
+RemoteService = ray.remote(InferenceService)
+
+
+@dataclass
+class ServedBroadcast(Broadcast):
+    """What the actors get when the service computes their policy: the version, the normalizer statistics and the
+    service to ask, without the weights (the service holds them)."""
+
+    service: Any = None
+    generation: int = 0  # which service it names: the driver's count of services started
+
+
+class ServiceClient:
+    """An actor's calls to the service: few, large ones (one per half of its envs per step)."""
+
+    def __init__(self, service: ray.actor.ActorHandle) -> None:
+        self.service = service
+
+    def submit(self, request: Request) -> ray.ObjectRef:
+        return self.service.act.remote(request)
+
+    def result(self, ticket: ray.ObjectRef) -> Reply:
+        try:
+            return ray.get(ticket)
+        except ray.exceptions.RayActorError as err:
+            raise InferenceLost(f"the inference service went away: {first_line(err)}") from None
+
+
+def start_service(config: Config, obs_space: gym.Space, action_space: gym.Space, device: str
+                  ) -> ray.actor.ActorHandle:
+    """The service on ``device``, beside the driver: half a GPU when it is cuda (the learner uses the rest), and no
+    reserved CPU (like the driver's own process: the actors keep their reservations)."""
+    gpus = 0.5 if device.startswith("cuda") else 0
+    return RemoteService.options(num_cpus=0, num_gpus=gpus, max_restarts=0).remote(
+        obs_space, action_space, config.model, device, config.run.actors, config.run.learner_threads)
+
+
+def is_lost_service(err: BaseException) -> bool:
+    """Whether a failed round failed because the service went away (an actor's sample raised InferenceLost)."""
+    cause = err.__cause__
+    return isinstance(cause, ray.exceptions.RayTaskError) and isinstance(cause.cause, InferenceLost)
+
+
+class Inference:
+    """The driver's side of the service: start it, load each broadcast, replace it when lost (counted)."""
+
+    def __init__(self, config: Config, obs_space: gym.Space, action_space: gym.Space, device: str,
+                 message: Callable[[str], None], calls: RayCalls | None = None) -> None:
+        self.message = message
+        self.calls = calls or RayCalls(lambda index, seed: start_service(config, obs_space, action_space, device))
+        self.handle: ray.actor.ActorHandle | None = None
+        self.held: dict[int, Weights] = {}  # the versions the service holds, to load into a replacement
+        self.generation = 0  # services started: a round names the one it was sent to
+        self.losses = 0
+        faults = config.faults  # a service that keeps dying spends the actors' crash-loop budget
+        self.crashes = RestartBudget("actor", faults.max_actor_restarts, faults.restart_window_s)
+
+    def start(self) -> None:
+        """A service, ready, holding the versions its predecessor held."""
+        self.generation += 1
+        self.handle = self.calls.start(0, self.generation)
+        try:
+            self.calls.get(self.handle.ready.remote())
+        except ray.exceptions.RayActorError as err:
+            raise RunFailure(f"the inference service failed to start: {first_line(err)}") from err
+        for version, weights in sorted(self.held.items()):
+            self.calls.get(self.handle.load.remote(weights, version))
+
+    def serve(self, broadcast: Broadcast) -> ServedBroadcast:
+        """Load the broadcast's weights into the service (a lost one replaced first); what the actors get."""
+        # a copy: exported weights are views of the learner's parameters, which the update changes in place
+        self.held[broadcast.version] = {k: np.array(v) for k, v in broadcast.weights.items()}
+        for version in sorted(self.held)[:-KEEP_VERSIONS]:
+            del self.held[version]
+        try:
+            self.calls.get(self.handle.load.remote(self.held[broadcast.version], broadcast.version))
+        except ray.exceptions.RayActorError as err:
+            self.replace(err)
+        return self.again(broadcast)
+
+    def again(self, broadcast: Broadcast) -> ServedBroadcast:
+        """``broadcast`` for the actors, naming the current service (a round sent again after a replacement)."""
+        return ServedBroadcast(weights={}, version=broadcast.version, obs_stats=broadcast.obs_stats,
+                               return_stats=broadcast.return_stats, service=self.handle, generation=self.generation)
+
+    def recover(self, broadcast: ServedBroadcast, err: Exception) -> ServedBroadcast:
+        """A round that failed because its service was lost: the service replaced (unless that was done since the
+        round was sent) and the round's broadcast for sending it again."""
+        if broadcast.generation == self.generation:
+            self.replace(err)
+        return self.again(broadcast)
+
+    def replace(self, err: Exception) -> None:
+        """A new service with the versions the lost one held; the loss counted and said in one line."""
+        self.crashes.spend(err)
+        self.losses += 1
+        self.calls.kill(self.handle)
+        self.message(f"the inference service was lost ({first_line(err)}); replacing it (loss {self.losses})")
+        self.start()
+
+    def shutdown(self) -> None:
+        if self.handle is not None:
+            self.calls.kill(self.handle)
+            self.handle = None
+
