@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -9,6 +10,8 @@ from pydantic import Field, field_validator, model_validator
 from dppo.config.base import Section
 
 DEFAULT_ENV_ID = "CartPole-v1"
+# How PettingZoo names an env: the module that holds it, e.g. mpe2.simple_spread_v3 (gymnasium ids end in -v<N>)
+PETTINGZOO_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\.[A-Za-z_]\w*_v\d+")
 
 
 class WrapperConfig(Section):
@@ -37,7 +40,18 @@ class EnvConfig(Section):
     """module.path:callable: an Env subclass or a function returning an Env, called with env.kwargs,
     for envs that are not registered. The module must be importable on every Ray worker."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the env (passed to gymnasium.make or to the entry point)."""
+    """Keyword arguments of the env (passed to gymnasium.make, to the entry point, or to a PettingZoo env's
+    parallel_env)."""
+    multiagent: bool = False
+    """A PettingZoo Parallel env, each agent a column of the actor's vector env, one policy shared by all agents:
+    env.id names its module, whose parallel_env(**env.kwargs) makes it (mpe2.simple_spread_v3,
+    pettingzoo.butterfly.pistonball_v6, your own mysim.agents), or env.entry_point a function returning one.
+    Left out, it is true when env.id is named as PettingZoo names env modules: a dotted module path ending in
+    _v<N> (gymnasium ids end in -v<N>). env.num_envs then counts columns (agents x env copies) and env steps
+    count agent steps; env.wrappers are functions of the Parallel env (supersuit:color_reduction_v0)."""
+    agent_id_in_obs: bool = False
+    """Add each agent's index, one-hot, to its observation (key agent_id of a Dict observation), so the shared
+    policy can act differently per agent (env.multiagent)."""
     max_episode_steps: int | None = Field(None, ge=1)
     """Time limit (episodes are truncated there and bootstrapped); null keeps the env's own."""
     wrappers: list[WrapperConfig] = Field(default_factory=list)
@@ -75,6 +89,14 @@ class EnvConfig(Section):
             return {**data, "id": None}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _multiagent_by_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("multiagent") is None:
+            env_id = data.get("id", DEFAULT_ENV_ID)
+            return {**data, "multiagent": isinstance(env_id, str) and bool(PETTINGZOO_MODULE.fullmatch(env_id))}
+        return data
+
     @field_validator("id")
     @classmethod
     def _id_format(cls, value: str | None) -> str | None:
@@ -96,6 +118,20 @@ class EnvConfig(Section):
         if self.vectorization == "ale" and (not self.atari or self.wrappers or self.max_episode_steps):
             raise ValueError("env.vectorization=ale applies the standard Atari preprocessing itself: set "
                              "env.atari=true and no env.wrappers or env.max_episode_steps, or use sync")
+        return self
+
+    @model_validator(mode="after")
+    def _multiagent_fits(self) -> EnvConfig:
+        if not self.multiagent:
+            if self.agent_id_in_obs:
+                raise ValueError("env.agent_id_in_obs applies to multi-agent envs (env.multiagent); set it to false")
+            return self
+        if self.id is not None and ":" in self.id:
+            raise ValueError(f"env.id {self.id!r} with env.multiagent names a module whose parallel_env() makes the "
+                             "env (mpe2.simple_spread_v3); for a function write env.entry_point: module.path:function")
+        if self.atari or self.vectorization != "sync" or self.max_episode_steps is not None:
+            raise ValueError("a PettingZoo env (env.multiagent) is stepped with env.vectorization=sync, no env.atari "
+                             "and no env.max_episode_steps (set the env's own limit in env.kwargs, e.g. max_cycles)")
         return self
 
     @property

@@ -22,6 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from dppo.envs.make import make_env
+from dppo.envs.multiagent import AgentTurns, check_columns
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import first_line
 
@@ -49,6 +50,8 @@ def check_env(config: Config) -> tuple[gym.Space, gym.Space, Any]:
     env = make_env(config.env)
     name = config.env.name
     try:
+        if isinstance(env, AgentTurns):
+            check_multiagent(config, env)
         space = env.observation_space
         first = None
         for call, run, size in (("reset()", lambda: env.reset(seed=config.run.seed), 2),
@@ -69,6 +72,15 @@ def check_env(config: Config) -> tuple[gym.Space, gym.Space, Any]:
     finally:
         with contextlib.suppress(Exception):
             env.close()
+
+
+def check_multiagent(config: Config, env: AgentTurns) -> None:
+    """What a multi-agent env needs of the rest of the config: whole env copies per actor, a memoryless policy."""
+    check_columns(config.env.num_envs, env.num_agents, config.env.name)
+    if config.model.recurrent != "none":
+        raise EnvLoadError(f"model.recurrent {config.model.recurrent!r} with the multi-agent env {config.env.name!r} "
+                           "is not supported yet (issue 36): evaluation plays the agents in turns through one memory; "
+                           "set model.recurrent: none (env.agent_id_in_obs tells agents apart)")
 
 
 def old_api(env: gym.Env, seed: int | None = None) -> str | None:

@@ -6,6 +6,11 @@ Three ways to name an env, as gymnasium users already write them:
 - ``env.entry_point: module.path:callable`` (an Env subclass or a factory) with ``env.kwargs``.
 Then the configured wrappers, in order. Every way a user's code can fail to load becomes an
 :class:`EnvLoadError` (exit 2, one line) that names what failed and how to fix it.
+
+A PettingZoo Parallel env (``env.multiagent``) is named by its module, whose ``parallel_env`` makes it
+(``mpe2.simple_spread_v3``), or by an entry point returning one; its wrappers are functions of the Parallel env
+(SuperSuit's). :mod:`dppo.envs.multiagent` turns it into the vector env (agents as columns) and the one env that
+``dppo eval`` plays (agents in turns).
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 
 from dppo.envs.atari import make_ale_vector_env, make_atari_env, require_ale
 from dppo.envs.latency import LatencyWrapper
-from dppo.envs.user_code import EnvLoadError, import_module, load_callable
+from dppo.envs.multiagent import AgentTurns, ParallelVectorEnv, check_columns
+from dppo.envs.user_code import SHIP_HINT, EnvLoadError, import_module, load_callable
 from dppo.errors import UsageError
 
 if TYPE_CHECKING:
@@ -101,9 +107,83 @@ def _make_entry_point(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
     return env
 
 
-def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
-    """One env as the config names it, with its wrappers (no latency wrapper: that is for benchmarks)."""
+# What to install when a PettingZoo env's module cannot be imported, by its top-level package
+PETTINGZOO_PACKAGES = {"mpe2": "pip install mpe2", "pettingzoo": "pip install 'dppo[multiagent]'"}
+
+
+def _pettingzoo_install_hint(module_name: str) -> str:
+    parts = module_name.split(".")
+    if parts[0] == "pettingzoo" and len(parts) > 2 and importlib.util.find_spec("pettingzoo") is not None:
+        return f"pip install 'pettingzoo[{parts[1]}]'"  # the family's own dependencies (butterfly: pygame, pymunk)
+    if parts[0] in PETTINGZOO_PACKAGES:
+        return PETTINGZOO_PACKAGES[parts[0]]
+    return f"install the package that provides it; {SHIP_HINT}"
+
+
+def _parallel_env_factory(cfg: EnvConfig) -> Callable[..., Any]:
+    if cfg.entry_point:
+        return load_callable(cfg.entry_point, "env entry point")
+    module_name = cfg.id or ""
     try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise EnvLoadError(f"cannot import the PettingZoo env module {module_name!r} ({err}); "
+                           f"{_pettingzoo_install_hint(module_name)}") from None
+    except Exception as err:  # the module raised while importing
+        raise EnvLoadError(f"importing module {module_name!r} raised {type(err).__name__}: {err}") from None
+    factory = getattr(module, "parallel_env", None)
+    if not callable(factory):
+        raise EnvLoadError(f"module {module_name!r} has no parallel_env(); a PettingZoo env module makes its "
+                           "Parallel env with parallel_env(**kwargs): name such a module, or a function with "
+                           "env.entry_point: module.path:function")
+    return factory
+
+
+def _require_parallel_env(env: Any, what: str) -> Any:
+    try:
+        from pettingzoo import AECEnv, ParallelEnv
+    except ImportError:
+        raise EnvLoadError(f"{what} needs PettingZoo (env.multiagent): pip install 'dppo[multiagent]'") from None
+    if isinstance(env, AECEnv):
+        raise EnvLoadError(f"{what} returned an AEC (turn-based) env; dppo takes PettingZoo's Parallel API for now "
+                           "(AEC games: issue 36): name the env's parallel_env, or wrap it with "
+                           "pettingzoo.utils.conversions:aec_to_parallel if its agents can act at once")
+    if not isinstance(env, ParallelEnv):
+        raise EnvLoadError(f"{what} returned a {type(env).__name__}, not a PettingZoo ParallelEnv; return one, or "
+                           "set env.multiagent to false for a gymnasium env")
+    return env
+
+
+def make_parallel_env(cfg: EnvConfig, render_mode: str | None = None) -> Any:
+    """One PettingZoo Parallel env as the config names it, with its wrappers (functions of the Parallel env)."""
+    factory = _parallel_env_factory(cfg)
+    kwargs = dict(cfg.kwargs)
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    try:
+        env = factory(**kwargs)
+    except TypeError as err:
+        raise kwargs_error(f"env {cfg.name!r}", cfg.kwargs, render_mode, err) from None
+    env = _require_parallel_env(env, f"env {cfg.name!r}")
+    for wrapper in cfg.wrappers:
+        if ":" not in wrapper.name:
+            raise EnvLoadError(f"wrapper {wrapper.name!r}: a PettingZoo env's wrappers are functions of the Parallel "
+                               "env, written module.path:function (e.g. supersuit:color_reduction_v0)")
+        try:
+            env = load_callable(wrapper.name, "wrapper")(env, **wrapper.kwargs)
+        except TypeError as err:
+            raise EnvLoadError(f"wrapper {wrapper.name!r} rejected kwargs {wrapper.kwargs} ({err}); fix its kwargs"
+                               ) from None
+        env = _require_parallel_env(env, f"wrapper {wrapper.name!r}")
+    return env
+
+
+def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
+    """One env as the config names it, with its wrappers (no latency wrapper: that is for benchmarks). A
+    multi-agent env is one copy with its agents in turns (:class:`AgentTurns`)."""
+    try:
+        if cfg.multiagent:
+            return AgentTurns(make_parallel_env(cfg, render_mode), cfg.name, cfg.agent_id_in_obs)
         if cfg.atari:
             env = make_atari_env(cfg, render_mode)
         elif cfg.entry_point:
@@ -138,8 +218,19 @@ def env_factory(config: Config) -> Callable[[], gym.Env]:
     return make
 
 
+def make_multiagent_vector_env(config: Config) -> ParallelVectorEnv:
+    """Agents as columns: env.num_envs / M copies of the Parallel env (M agents), each agent a column."""
+    env_cfg, mask_key = config.env, config.model.action_mask_key
+    first = make_parallel_env(env_cfg)
+    copies = check_columns(env_cfg.num_envs, len(first.possible_agents), env_cfg.name)
+    envs = [first, *(make_parallel_env(env_cfg) for _ in range(copies - 1))]
+    return ParallelVectorEnv(envs, env_cfg.name, env_cfg.agent_id_in_obs, mask_key)
+
+
 def make_vector_env(config: Config) -> VectorEnv:
     """E copies of the env in one vector env, autoreset mode set explicitly to SAME_STEP."""
+    if config.env.multiagent:
+        return make_multiagent_vector_env(config)
     if config.env.vectorization == "ale":
         return make_ale_vector_env(config)
     fns = [env_factory(config)] * config.env.num_envs
@@ -149,7 +240,8 @@ def make_vector_env(config: Config) -> VectorEnv:
 
 
 def env_spaces(config: Config) -> tuple[gym.Space, gym.Space]:
-    """Observation and action space of one env (made and closed): what the model is built for."""
+    """Observation and action space of one env (made and closed): what the model is built for (of one agent, for
+    a multi-agent env)."""
     env = make_env(config.env)
     try:
         return env.observation_space, env.action_space

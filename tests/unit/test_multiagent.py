@@ -1,0 +1,270 @@
+"""PettingZoo Parallel envs as dppo steps them (dppo.envs.multiagent): agents as columns, SAME_STEP autoreset with
+the final observation, per-agent rewards and done flags, agents leaving early (black death), action masks per
+agent, agent ids, the one-env view that eval plays, and naming PettingZoo envs in the config."""
+
+from __future__ import annotations
+
+import sys
+from typing import ClassVar
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from pettingzoo import AECEnv, ParallelEnv
+
+from dppo.config import ConfigError, load_config
+from dppo.envs.checks import check_env
+from dppo.envs.make import make_env, make_parallel_env, make_vector_env
+from dppo.envs.multiagent import AgentTurns, ParallelVectorEnv, check_columns
+from dppo.envs.user_code import EnvLoadError
+from dppo.errors import UsageError
+from dppo.rl.sampler import Sampler
+
+MASKS = {"runner": np.array([1, 1, 0], np.int8), "scout": np.array([0, 1, 1], np.int8)}
+
+
+class Relay(ParallelEnv):
+    """Two agents. The scout earns 10 a step and leaves (terminated) after ``scout_steps`` steps; the runner earns
+    1 a step and is cut by the time limit (truncated) after ``steps``. The observation says whose it is, the step
+    and a random start, so columns can be told apart; each agent has its own action mask."""
+
+    metadata: ClassVar[dict] = {"name": "relay_v0", "render_fps": 5}
+
+    def __init__(self, steps: int = 4, scout_steps: int = 2, render_mode: str | None = None) -> None:
+        self.possible_agents = ["runner", "scout"]
+        self.steps, self.scout_steps, self.render_mode = steps, scout_steps, render_mode
+        self.rng = np.random.default_rng()
+        self.actions_seen: list[dict] = []
+
+    def observation_space(self, agent: str) -> gym.Space:
+        return gym.spaces.Dict({"state": gym.spaces.Box(-100, 100, (3,), np.float32),
+                                "action_mask": gym.spaces.MultiBinary(3)})
+
+    def action_space(self, agent: str) -> gym.Space:
+        return gym.spaces.Discrete(3)
+
+    def _obs(self, agent: str) -> dict:
+        who = self.possible_agents.index(agent)
+        return {"state": np.array([who + 1, self.t, self.start], np.float32), "action_mask": MASKS[agent].copy()}
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.agents, self.t, self.start = list(self.possible_agents), 0, float(self.rng.integers(0, 50))
+        return {a: self._obs(a) for a in self.agents}, {a: {"start": self.start} for a in self.agents}
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        self.actions_seen.append(dict(actions))
+        self.t += 1
+        rewards = {a: 10.0 if a == "scout" else 1.0 for a in self.agents}
+        term = {a: a == "scout" and self.t >= self.scout_steps for a in self.agents}
+        trunc = {a: self.t >= self.steps for a in self.agents}
+        obs = {a: self._obs(a) for a in self.agents}
+        infos = {a: {"t": self.t} for a in self.agents}
+        self.agents = [a for a in self.agents if not (term[a] or trunc[a])]
+        return obs, rewards, term, trunc, infos
+
+
+class Odd(Relay):
+    """The scout sees more than the runner: one shared policy cannot serve both."""
+
+    def observation_space(self, agent: str) -> gym.Space:
+        return gym.spaces.Box(-1, 1, (2 if agent == "scout" else 3,), np.float32)
+
+
+class Turns(AECEnv):
+    possible_agents: ClassVar[list[str]] = ["a"]
+
+
+def relay_env(**kwargs) -> Relay:
+    return Relay(**kwargs)
+
+
+def odd_env() -> Odd:
+    return Odd()
+
+
+def aec_env() -> Turns:
+    return Turns()
+
+
+def a_gymnasium_env() -> gym.Env:
+    return gym.make("CartPole-v1")
+
+
+def config(*sets: str, num_envs: int = 4):
+    return load_config(None, {"env.entry_point": "test_multiagent:relay_env", "env.num_envs": num_envs},
+                       ["env.multiagent=true", "ppo.segment_length=8", "ppo.minibatch_size=16", *sets])
+
+
+def step(vec: ParallelVectorEnv, action: int = 1):
+    return vec.step(np.full(vec.num_envs, action))
+
+
+def test_each_agent_of_each_copy_is_a_column_with_its_own_reward_and_mask() -> None:
+    vec = ParallelVectorEnv([Relay(), Relay()], "relay")
+    obs, info = vec.reset(seed=3)
+    assert vec.num_envs == 4 and vec.single_action_space == gym.spaces.Discrete(3)
+    assert obs["state"].shape == (4, 3) and obs["state"][:, 0].tolist() == [1, 2, 1, 2]  # runner, scout, runner, ..
+    assert obs["action_mask"].tolist() == [[1, 1, 0], [0, 1, 1]] * 2
+    assert obs["state"][0, 2] != obs["state"][2, 2] or obs["state"][0, 2] == 0  # copies seeded 3 and 4
+    assert info["start"].tolist() == [obs["state"][c, 2] for c in range(4)]
+    _, reward, terminated, truncated, info = step(vec)
+    assert reward.tolist() == [1.0, 10.0, 1.0, 10.0]
+    assert not terminated.any() and not truncated.any() and info["t"].tolist() == [1, 1, 1, 1]
+
+
+def test_an_agent_that_leaves_is_padded_until_the_copy_ends_then_ends_with_its_own_cause() -> None:
+    env = Relay(steps=4, scout_steps=2)
+    vec = ParallelVectorEnv([env], "relay", mask_key="action_mask")
+    vec.reset(seed=0)
+    step(vec)
+    obs, reward, terminated, truncated, _ = step(vec)  # the scout leaves: its reward counts, its episode goes on
+    assert reward.tolist() == [1.0, 10.0] and not terminated.any() and not truncated.any()
+    assert obs["state"][1].tolist() == [0, 0, 0] and obs["action_mask"][1].tolist() == [1, 1, 1]  # black death
+    assert obs["state"][0, 1] == 2  # the runner plays on
+    obs, reward, terminated, truncated, info = step(vec)
+    assert reward.tolist() == [1.0, 0.0] and "scout" not in env.actions_seen[-1]  # its actions are dropped
+    start = obs["state"][0, 2]
+    obs, reward, terminated, truncated, info = step(vec)  # the runner's time is up: the copy's episode ends
+    assert terminated.tolist() == [False, True] and truncated.tolist() == [True, False]
+    assert info["_final_obs"].tolist() == [True, True]
+    assert info["final_obs"][0]["state"].tolist() == [1, 4, start]  # the runner's real last observation
+    assert info["final_obs"][1]["state"].tolist() == [0, 0, 0]  # the scout's padding
+    assert info["final_info"]["t"].tolist() == [4, 0] and info["final_info"]["_t"].tolist() == [True, False]
+    assert obs["state"][:, 1].tolist() == [0, 0] and obs["state"][:, 0].tolist() == [1, 2]  # the next episode
+    assert "start" in info  # the reset's info, as gymnasium's vector envs give it
+
+
+def test_a_seeded_reset_repeats_its_episodes() -> None:
+    first = ParallelVectorEnv([Relay(), Relay()], "relay").reset(seed=5)[0]
+    again = ParallelVectorEnv([Relay(), Relay()], "relay").reset(seed=5)[0]
+    other = ParallelVectorEnv([Relay(), Relay()], "relay").reset(seed=6)[0]
+    assert np.array_equal(first["state"], again["state"]) and not np.array_equal(first["state"], other["state"])
+
+
+def test_agent_ids_are_one_hot_in_the_observation_padding_included() -> None:
+    vec = ParallelVectorEnv([Relay(scout_steps=1, steps=3)], "relay", agent_id_in_obs=True)
+    obs, _ = vec.reset(seed=0)
+    assert obs["agent_id"].tolist() == [[1, 0], [0, 1]]
+    obs, *_ = step(vec)
+    assert obs["agent_id"].tolist() == [[1, 0], [0, 1]] and obs["state"][1].tolist() == [0, 0, 0]
+    assert vec.single_observation_space["agent_id"] == gym.spaces.Box(0, 1, (2,), np.float32)
+
+
+def test_agents_with_different_spaces_are_refused_naming_them() -> None:
+    with pytest.raises(UsageError) as err:
+        ParallelVectorEnv([Odd()], "odd")
+    assert "agents 'runner'" in str(err.value) and "'scout'" in str(err.value)
+    assert "agents with different spaces need separate policies (not supported yet; issue 36)" in str(err.value)
+
+
+def test_num_envs_counts_columns_and_holds_whole_copies() -> None:
+    assert check_columns(6, 3, "spread") == 2
+    with pytest.raises(UsageError, match=r"env.num_envs 8 is not a multiple of the 3 agents of 'spread'.*e.g. 6"):
+        check_columns(8, 3, "spread")
+    with pytest.raises(UsageError, match="not a multiple of the 2 agents"):
+        check_env(config(num_envs=3))
+
+
+def test_the_eval_view_takes_agents_in_turns_and_returns_the_mean_agent_return() -> None:
+    env = AgentTurns(Relay(steps=4, scout_steps=2), "relay")
+    obs, _ = env.reset(seed=1)
+    seen, total, done = [obs["state"][0]], 0.0, False
+    while not done:
+        obs, reward, terminated, truncated, _ = env.step(1)
+        seen.append(obs["state"][0])
+        total += reward
+        done = terminated or truncated
+    assert total == (4 * 1.0 + 2 * 10.0) / 2  # the runner's 4 and the scout's 20, per agent
+    assert truncated and not terminated
+    assert seen[:6] == [1, 2, 1, 2, 1, 1]  # runner, scout in turns; the scout left after two rounds
+    assert env.metadata["render_fps"] == 10  # frames repeat per agent: videos keep time
+
+
+def test_a_sampler_counts_one_episode_per_agent_per_env_episode() -> None:
+    sampler = Sampler(config())
+    segment = sampler.sample()  # 8 steps of 2 copies: each copy ends its 4-step episode twice
+    assert segment.obs.vector.shape == (8, 4, 3) and segment.obs.mask.shape == (8, 4, 3)
+    assert sorted(segment.episode_returns.tolist()) == [4.0] * 4 + [20.0] * 4
+    assert segment.episode_lengths.tolist() == [4] * 8
+    assert segment.truncated[:, 0].sum() == 2 and segment.terminated[:, 1].sum() == 2
+    assert (segment.final_values[segment.truncated] != 0).all()  # the runner's time limit is bootstrapped
+    sampler.close()
+
+
+def test_the_start_check_and_the_model_spaces_come_from_one_agent() -> None:
+    obs_space, action_space, first = check_env(config("env.agent_id_in_obs=true"))
+    assert set(obs_space.spaces) == {"state", "action_mask", "agent_id"} and action_space == gym.spaces.Discrete(3)
+    assert first["agent_id"].tolist() == [1, 0]
+    assert make_vector_env(config("env.agent_id_in_obs=true")).single_observation_space == obs_space
+
+
+def test_a_recurrent_policy_is_refused_for_now() -> None:
+    with pytest.raises(EnvLoadError, match=r"model.recurrent 'lstm' .* not supported yet \(issue 36\)"):
+        check_env(config("model.recurrent=lstm", "ppo.minibatch_size=8"))
+
+
+@pytest.mark.parametrize(("env_id", "multiagent"), [
+    ("mpe2.simple_spread_v3", True), ("pettingzoo.butterfly.pistonball_v6", True), ("CartPole-v1", False),
+    ("minigrid:MiniGrid-Empty-5x5-v0", False), ("ALE/Pong-v5", False), ("mysim.agents", False), ("spread_v3", False),
+])
+def test_pettingzoo_modules_are_told_from_gymnasium_ids_by_name(env_id: str, multiagent: bool) -> None:
+    assert load_config(None, {"env.id": env_id}).env.multiagent is multiagent
+
+
+def test_a_module_of_ones_own_is_named_with_multiagent() -> None:
+    cfg = load_config(None, {"env.id": "mpe2.simple_spread_v3", "env.num_envs": 6}, ["env.kwargs.max_cycles=5"])
+    env = make_env(cfg.env)
+    assert isinstance(env, AgentTurns) and env.num_agents == 3
+    mine = load_config(None, {"env.id": "test_multiagent"}, ["env.multiagent=true"])  # this module's parallel_env
+    with pytest.raises(EnvLoadError, match="module 'test_multiagent' has no parallel_env"):
+        make_parallel_env(mine.env)
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (["env.vectorization=async"], "stepped with env.vectorization=sync"),
+    (["env.max_episode_steps=10"], "set the env's own limit in env.kwargs"),
+    (["env.id=mysim:Env-v0", "env.multiagent=true"], "names a module whose parallel_env"),
+])
+def test_what_a_multiagent_env_cannot_take_is_one_line(sets: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, {"env.id": "mpe2.simple_spread_v3"}, sets)
+
+
+def test_agent_ids_need_a_multiagent_env() -> None:
+    with pytest.raises(ConfigError, match=r"env\.agent_id_in_obs applies to multi-agent envs"):
+        load_config(None, {}, ["env.agent_id_in_obs=true"])
+
+
+def test_a_missing_package_is_named_with_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [name for name in sys.modules if name.startswith(("mpe2.", "pettingzoo.butterfly"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mpe2", None)  # as if mpe2 were not installed
+    with pytest.raises(EnvLoadError, match=r"cannot import the PettingZoo env module 'mpe2.simple_spread_v3' .*"
+                                           r"pip install mpe2$"):
+        make_parallel_env(load_config(None, {"env.id": "mpe2.simple_spread_v3"}).env)
+    monkeypatch.setitem(sys.modules, "pymunk", None)  # butterfly's own dependency
+    with pytest.raises(EnvLoadError, match=r"pip install 'pettingzoo\[butterfly\]'$"):
+        make_parallel_env(load_config(None, {"env.id": "pettingzoo.butterfly.pistonball_v6"}).env)
+
+
+@pytest.mark.parametrize(("entry_point", "wrappers", "message"), [
+    ("test_multiagent:aec_env", [], "returned an AEC \\(turn-based\\) env"),
+    ("test_multiagent:a_gymnasium_env", [], "not a PettingZoo ParallelEnv"),
+    ("test_multiagent:relay_env", ["FlattenObservation"], "functions of the Parallel env"),
+])
+def test_what_is_not_a_parallel_env_is_named(entry_point: str, wrappers: list[str], message: str) -> None:
+    cfg = load_config(None, {"env.entry_point": entry_point}, ["env.multiagent=true"])
+    cfg.env.wrappers = [{"name": w} for w in wrappers]
+    with pytest.raises(EnvLoadError, match=message):
+        make_parallel_env(cfg.env)
+
+
+def test_wrappers_wrap_the_parallel_env_in_order() -> None:
+    pytest.importorskip("supersuit")
+    cfg = config()
+    cfg.env.wrappers = [{"name": "supersuit:clip_reward_v0", "kwargs": {"lower_bound": 0, "upper_bound": 2}}]
+    vec = make_vector_env(cfg)
+    vec.reset(seed=0)
+    assert step(vec)[1].tolist() == [1.0, 2.0, 1.0, 2.0]  # the scout's 10 clipped
