@@ -1,0 +1,185 @@
+"""The inference service's logic without Ray: when a batch runs, the versions it holds, one forward pass for many
+requests, and a Sampler whose policy it computes (two env halves) sampling what the in-actor path samples."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import dppo.envs  # noqa: F401 - registers the toy envs
+from dppo.config import ConfigError, ModelConfig, load_config
+from dppo.distributed.inference import Batcher, InferenceServer, resolve_inference
+from dppo.errors import UsageError
+from dppo.rl.agent import Agent, export_weights
+from dppo.rl.build import build_model
+from dppo.rl.policy import RemotePolicy, Reply, Request
+from dppo.rl.sampler import Sampler
+from dppo.rl.spaces import check_spaces
+
+
+class InProcess:
+    """An InferenceClient that runs each request through a plain InferenceServer when its result is asked for."""
+
+    def __init__(self, server: InferenceServer) -> None:
+        self.server, self.requests = server, 0
+
+    def submit(self, request: Request) -> Request:
+        self.requests += 1
+        return request
+
+    def result(self, ticket: Request) -> Reply:
+        return self.server.forward([ticket])[0]
+
+
+def test_a_batch_runs_when_every_expected_request_is_in_or_its_first_has_waited_long_enough() -> None:
+    batcher = Batcher(expected=3, wait_s=0.002)
+    assert not batcher.due(now=10.0)  # nothing to run
+    batcher.add("a", now=10.0)
+    batcher.add("b", now=10.001)
+    assert not batcher.due(now=10.0015) and batcher.remaining(10.0015) == pytest.approx(0.0005)
+    assert batcher.due(now=10.002)  # measured from the first request
+    batcher.add("c", now=10.0021)
+    assert batcher.full and batcher.take() == ["a", "b", "c"] and not batcher.items
+    batcher.add("d", now=20.0)
+    assert not batcher.due(now=20.001) and batcher.due(now=20.0025)
+
+
+def weights_of(obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int) -> dict:
+    torch.manual_seed(seed)
+    return export_weights(build_model(obs_space, action_space, config))
+
+
+def test_the_server_answers_each_request_with_the_version_it_names_and_keeps_the_last_two() -> None:
+    env = gym.make("CartPole-v1")
+    config = ModelConfig()
+    server = InferenceServer(env.observation_space, env.action_space, config)
+    versions = {v: weights_of(env.observation_space, env.action_space, config, seed=v) for v in (1, 2, 3)}
+    server.load(versions[1], 1)
+    server.load(versions[2], 2)
+    rng = np.random.default_rng(0)
+    obs = [rng.normal(size=(n, 4)).astype(np.float32) for n in (3, 1, 4)]
+    requests = [Request(2, check_spaces(env.observation_space, env.action_space, config)[0].encode(o)) for o in obs]
+    requests[1].version = 1
+    replies = server.forward(requests)
+    assert [r.version for r in replies] == [2, 1, 2]
+    for request, reply in zip(requests, replies, strict=True):
+        alone = Agent(env.observation_space, env.action_space, config, seed=0)
+        alone.load(versions[request.version], request.version)
+        np.testing.assert_array_equal(reply.heads.values, alone.value(request.obs))
+        assert reply.heads.out.shape == (len(request.obs), 2)
+    server.load(versions[3], 3)
+    assert server.versions == [2, 3]
+    with pytest.raises(KeyError, match="version 1 is not held"):
+        server.forward([requests[1]])
+
+
+def served_sampler(overrides: dict, seed: int = 0) -> tuple[Sampler, InProcess, dict]:
+    config = load_config(overrides={"ppo.minibatch_size": 32, **overrides, "run.seed": seed})
+    env = gym.make(config.env.id, **config.env.kwargs)
+    weights = weights_of(env.observation_space, env.action_space, config.model, seed)
+    server = InferenceServer(env.observation_space, env.action_space, config.model)
+    server.load(weights, 0)
+    policy = RemotePolicy(env.observation_space, env.action_space, config.model, seed=7, num_envs=config.env.num_envs)
+    policy.client = InProcess(server)
+    sampler = Sampler(config, seed=7, policy=policy)
+    sampler.set_weights({}, 0)
+    return sampler, policy.client, weights
+
+
+@pytest.mark.parametrize("overrides", [
+    {"env.num_envs": 4, "ppo.segment_length": 40},  # two halves
+    {"env.num_envs": 1, "ppo.segment_length": 40},  # one env: one half
+    {"env.id": "dppo/Counter-v0", "env.num_envs": 2, "ppo.segment_length": 25},  # time limits: V(final obs)
+    {"env.id": "Pendulum-v1", "env.num_envs": 2, "ppo.segment_length": 210, "env.normalize_obs": True,
+     "env.normalize_reward": True},  # Gaussian actions, normalized observations, truncations
+])
+def test_a_served_mlp_policy_samples_exactly_what_the_in_actor_policy_samples(overrides: dict) -> None:
+    served, client, weights = served_sampler(overrides)
+    local = Sampler(served.config, seed=7)
+    local.set_weights(weights, 0)
+    for _ in range(2):  # env state and episodes carry across segments
+        a, b = served.sample(), local.sample()
+        for field in dataclasses.fields(a):
+            left, right = getattr(a, field.name), getattr(b, field.name)
+            if field.name == "sample_seconds":
+                continue
+            if field.name == "obs":
+                left, right = left.vector, right.vector
+            if isinstance(left, np.ndarray):
+                np.testing.assert_array_equal(left, right, err_msg=field.name)
+            elif field.name not in ("obs_stats", "return_stats"):
+                assert left == right, field.name
+    halves = 2 if served.config.env.num_envs > 1 else 1
+    assert len(served.halves) == halves and client.requests >= 2 * halves * served.config.ppo.segment_length
+
+
+def test_a_served_cnn_policy_picks_the_in_actor_policys_greedy_actions() -> None:
+    env = gym.make("dppo/DictMatch-v0")
+    config = ModelConfig()
+    weights = weights_of(env.observation_space, env.action_space, config, seed=3)
+    local = Agent(env.observation_space, env.action_space, config, seed=0)
+    local.load(weights, 5)
+    server = InferenceServer(env.observation_space, env.action_space, config)
+    server.load(weights, 5)
+    remote = RemotePolicy(env.observation_space, env.action_space, config, seed=0, num_envs=16)
+    remote.client, remote.version = InProcess(server), 5
+    obs = local.obs_spec.encode_many([env.reset(seed=i)[0] for i in range(16)])
+    actions, log_probs, values = remote.act(obs, greedy=True)
+    want_actions, want_log_probs, want_values = local.act(obs, greedy=True)
+    np.testing.assert_array_equal(actions, want_actions)
+    np.testing.assert_allclose(log_probs, want_log_probs, atol=1e-5)
+    np.testing.assert_allclose(values, want_values, atol=1e-6)
+
+
+def columns(x: np.ndarray) -> torch.Tensor:
+    """(T, E, ...) -> (E * T, -1), env columns one after another (the update's replay order)."""
+    steps, envs = x.shape[:2]
+    return torch.as_tensor(np.ascontiguousarray(np.swapaxes(x, 0, 1)).reshape(envs * steps, -1))
+
+
+def test_a_served_lstm_policy_carries_each_envs_memory_as_the_update_replays_it() -> None:
+    overrides = {"env.id": "dppo/CueCorridor-v0", "env.kwargs": {"length": 3}, "model.recurrent": "lstm",
+                 "model.lstm_hidden_size": 16, "env.num_envs": 4, "ppo.segment_length": 16}
+    sampler, _, weights = served_sampler(overrides)
+    half = sampler.halves[0]
+    model = build_model(half.single_observation_space, half.single_action_space, sampler.config.model)
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+    for _ in range(2):  # the second segment starts mid-episode, from the memory the first left
+        seg = sampler.sample()
+        steps, envs = seg.log_probs.shape
+        assert seg.starts[1:].any()
+        memory = tuple(torch.as_tensor(m[None]) for m in seg.initial_memory)
+        with torch.no_grad():
+            log_probs, _, values = model.evaluate_columns(model.as_obs(columns(seg.obs.vector)),
+                                                          columns(seg.actions)[:, 0], columns(seg.starts)[:, 0],
+                                                          memory, steps=steps)
+        np.testing.assert_allclose(log_probs.reshape(envs, steps).T.numpy(), seg.log_probs, atol=1e-5)
+        np.testing.assert_allclose(values.reshape(envs, steps).T.numpy(), seg.values, atol=1e-5)
+
+
+def test_a_served_masked_policy_never_takes_a_masked_action() -> None:
+    sampler, _, _ = served_sampler({"env.id": "dppo/MaskedGrid-v0", "env.num_envs": 4, "ppo.segment_length": 64})
+    seg = sampler.sample()
+    taken = np.take_along_axis(seg.obs.mask, seg.actions[..., None].astype(np.int64), axis=-1)
+    assert taken.all() and not seg.obs.mask.all()  # some actions were masked, none of those taken
+
+
+@pytest.mark.parametrize("setting, has_image, device, want", [
+    ("auto", True, "cuda", "server"), ("auto", True, "cpu", "actor"), ("auto", False, "cuda", "actor"),
+    ("server", False, "cpu", "server"), ("actor", True, "cuda", "actor"),
+])
+def test_auto_serves_a_cnn_on_a_gpu_and_nothing_else(setting: str, has_image: bool, device: str, want: str) -> None:
+    config = load_config(overrides={"run.inference": setting})
+    assert resolve_inference(config, has_image, device).run.inference == want
+
+
+def test_a_served_policy_needs_an_even_number_of_envs() -> None:
+    config = load_config(overrides={"run.inference": "server", "env.num_envs": 3, "ppo.minibatch_size": 32})
+    with pytest.raises(UsageError, match=r"env.num_envs must be even \(or 1\), not 3; set env.num_envs=4"):
+        resolve_inference(config, False, "cpu")
+    with pytest.raises(ConfigError, match=r"run\.inference"):
+        load_config(overrides={"run.inference": "gpu"})
