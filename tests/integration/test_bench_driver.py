@@ -1,0 +1,57 @@
+"""`dppo bench driver`: the run's own Coordinator with N tiny actors, its driver-side work broken down per iteration.
+
+No wall time is asserted: the checks are on the counts the driver makes (one ``ray.wait`` poll per arriving
+segment, over the refs still pending), the pieces fitting the whole, and the section written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dppo.bench.docs import section_markers
+from dppo.cli_args import Parser
+from dppo.commands.bench import register
+from dppo.errors import UsageError
+
+
+def run_bench(argv: list[str]) -> int:
+    parser = Parser(prog="dppo")
+    register(parser.add_subparsers(dest="command", required=True, parser_class=Parser))
+    args = parser.parse_args(["bench", *argv])
+    return args.func(args)
+
+
+def test_driver_command_breaks_the_iteration_down_per_n(ray_address: str, tmp_path: Path) -> None:
+    out, docs = tmp_path / "driver.json", tmp_path / "benchmarks.md"
+    argv = ["driver", "--actors", "2,4", "--iterations", "3", "--segment-length", "4", "--json", str(out),
+            "--write-docs", str(docs), "--address", ray_address]
+    assert run_bench(argv) == 0
+    rows = json.loads(out.read_text())
+    assert [r["actors"] for r in rows] == [2, 4]
+    for row in rows:
+        n = row["actors"]
+        assert row["iterations"] == 3 and row["startup_s"] > 0
+        # the overhead is the iteration less the slowest actor's sampling, and its parts are inside the iteration
+        assert row["iteration_ms"] > row["overhead_ms"] > 0 and row["sample_ms"] > 0
+        assert row["overhead_per_actor_ms"] == pytest.approx(row["overhead_ms"] / n, abs=1e-3)
+        for piece in ("broadcast_ms", "gather_wait_ms", "gather_get_ms", "batch_ms", "sgd_ms", "report_ms"):
+            assert 0 < row[piece] < row["iteration_ms"], piece
+        # each poll is over the refs still pending of the n asked: at least one, at most n
+        assert row["polls"] >= 1 and row["polls"] <= row["polled_refs"] <= row["polls"] * n
+        assert row["driver_cpu_ms"] > 0 and row["actor_rss_mib"] > row["actor_pss_mib"] > 0
+    text = docs.read_text()
+    begin, end = section_markers("driver-CartPole-v1")
+    assert begin in text and end in text and "dppo bench driver" in text and "Machine:" in text
+    assert "what breaks first at 1,000 actors" in text
+
+
+def test_driver_bad_input_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="--actors"):
+        run_bench(["driver", "--actors", "0"])
+    with pytest.raises(UsageError, match=r"run\.actors"):  # before Ray or any actor starts
+        run_bench(["driver", "--actors", "16,2000"])
+    with pytest.raises(SystemExit):
+        run_bench(["driver", "--actor-cpus", "0"])
