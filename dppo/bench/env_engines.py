@@ -39,12 +39,13 @@ def make_engine(engine: str, env_id: str, num_envs: int, threads: int, seed: int
     return envs, envs.reset()
 
 
-def _time_steps(envs: Any, actions: np.ndarray) -> float:
-    """Env steps per second over ``actions`` (vector steps x envs)."""
-    start = time.perf_counter()
+def _time_steps(envs: Any, actions: np.ndarray) -> tuple[float, float]:
+    """Env steps per second of wall-clock and per CPU-second of this process (all its threads) over ``actions``
+    (vector steps x envs). CPU time is what one core buys, and what the load of a shared machine distorts least."""
+    start, cpu = time.perf_counter(), time.process_time()
     for action in actions:
         envs.step(action)
-    return actions.size / (time.perf_counter() - start)
+    return actions.size / (time.perf_counter() - start), actions.size / (time.process_time() - cpu)
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -66,19 +67,25 @@ def bench_speed(engines: list[str], env_id: str, thread_counts: list[int], env_c
                 for envs in made.values():
                     _time_steps(envs, rng.integers(0, n_actions, (max(1, warmup // num_envs), num_envs)))
                 rates: dict[str, list[float]] = {e: [] for e in engines}
+                cpu_rates: dict[str, list[float]] = {e: [] for e in engines}
                 for _ in range(repeats):
                     actions = rng.integers(0, n_actions, (max(1, steps // num_envs), num_envs))
                     for engine, envs in made.items():
-                        rates[engine].append(_time_steps(envs, actions))
+                        wall, cpu = _time_steps(envs, actions)
+                        rates[engine].append(wall)
+                        cpu_rates[engine].append(cpu)
             finally:
                 for envs in made.values():
                     envs.close()
             base = statistics.median(rates[engines[0]])
+            cpu_base = statistics.median(cpu_rates[engines[0]])
             for engine in engines:
-                median = statistics.median(rates[engine])
+                median, cpu_median = statistics.median(rates[engine]), statistics.median(cpu_rates[engine])
                 rows.append({"engine": engine, "threads": threads, "envs": num_envs,
                              "steps_per_s": spread(rates[engine]), "per_thread": round(median / threads, 1),
-                             f"vs_{engines[0]}": round(median / base, 3)})
+                             f"vs_{engines[0]}": round(median / base, 3),
+                             "steps_per_cpu_s": spread(cpu_rates[engine]),
+                             f"cpu_vs_{engines[0]}": round(cpu_median / cpu_base, 3)})
     return rows
 
 
@@ -192,7 +199,9 @@ def cmd_envs(args: argparse.Namespace) -> int:
     note = (f"Env steps per second of each engine's vector env alone (random actions, no policy), "
             f"{args.steps:,} env steps per timed block after {args.warmup:,} of warm-up, {args.repeats} blocks per "
             f"row, the engines' blocks alternating: `steps_per_s` is median (min-max), `per_thread` the median over "
-            f"the threads, `{relative}` the median over the {engines[0]} row's. Same preprocessing in both "
+            f"the threads, `{relative}` the median over the {engines[0]} row's; `steps_per_cpu_s` counts the CPU "
+            f"time of the process (all its threads) instead of the wall-clock: what one core buys, the figure the "
+            f"load of a shared machine distorts least (`cpu_{relative}` as above). Same preprocessing in both "
             "(dppo/envs/atari.py): no sticky actions, up to 30 no-ops and FIRE on reset, frame skip 4 with max-pool, "
             "84x84 gray, 4 stacked frames, 108,000 frames at most, no life-loss episodes, raw rewards. EnvPool runs "
             "synchronously (batch = all envs) with its NEXT_STEP autoreset; ale-py with SAME_STEP, as dppo uses "
@@ -202,7 +211,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
             "without the game ending; `lives_before_end`: lives one step before games ended; `reset_stack`: what "
             "the 3 older frames of a reset observation hold; `same_first_frame`: "
             f"share of env 0's first 84x84 frame equal to {engines[0]}'s):\n\n{check_md}")
-    emit(args, speed, [*SPEED_COLUMNS, relative], f"envs-{env_id.split('/')[-1]}",
+    emit(args, speed, [*SPEED_COLUMNS, relative, "steps_per_cpu_s", f"cpu_{relative}"], f"envs-{env_id.split('/')[-1]}",
          f"Atari env engines, {env_id}: ale-py against EnvPool", note, info)
     if args.json:
         Path(args.json).write_text(json.dumps([{"kind": "speed", **r} for r in speed]

@@ -36,9 +36,10 @@ def test_envs_command_measures_each_engine_and_checks_the_same_preprocessing(tmp
     speed = [r for r in rows if r["kind"] == "speed"]
     assert [(r["engine"], r["envs"]) for r in speed] == [(e, n) for n in (2, 3) for e in ENGINES]
     for r in speed:
-        rate = r["steps_per_s"]
+        rate, cpu_rate = r["steps_per_s"], r["steps_per_cpu_s"]
         assert 0 < rate["min"] <= rate["median"] <= rate["max"] and r["per_thread"] == rate["median"]
-    assert [r["vs_ale"] for r in speed if r["engine"] == "ale"] == [1.0, 1.0]
+        assert 0 < cpu_rate["min"] <= cpu_rate["median"] <= cpu_rate["max"]
+    assert [(r["vs_ale"], r["cpu_vs_ale"]) for r in speed if r["engine"] == "ale"] == [(1.0, 1.0)] * 2
     checks = [r for r in rows if r["kind"] == "semantics"]
     assert [r["engine"] for r in checks] == ENGINES
     for r in checks:
