@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,54 @@ from dppo.config.env import DEFAULT_ENV_ID
 from dppo.config.root import Config
 
 PRESETS_DIR = Path(__file__).parent.parent / "presets"
+GPU_PRESETS_DIR = PRESETS_DIR / "gpu"  # for many actors and a learner on a GPU (configs/gpu/ in the repository)
+MANY_ACTORS = 8  # from this many actors on, an env's GPU preset is the one to use (on a GPU machine)
+FAR = 4  # minibatches per epoch this many times the design's (or fewer) are worth a note
 
 
-def preset_path(env_id: str) -> Path | None:
-    """The bundled preset whose ``env.id`` is ``env_id``, if there is one."""
-    for path in sorted(PRESETS_DIR.glob("*.yaml")):
+class ConfigNote(UserWarning):
+    """Something about the resolved config a user should know that is not an error: one line on stderr, once."""
+
+
+def preset_path(env_id: str, gpu: bool = False) -> Path | None:
+    """The bundled preset whose ``env.id`` is ``env_id``, if there is one; ``gpu``: the one for many actors and a
+    learner on a GPU (presets/gpu/)."""
+    for path in sorted((GPU_PRESETS_DIR if gpu else PRESETS_DIR).glob("*.yaml")):
         data = yaml.safe_load(path.read_text()) or {}
         if data.get("env", {}).get("id") == env_id:
             return path
     return None
+
+
+def cuda_available() -> bool:
+    """Whether this process sees a GPU (``run.device: auto`` then trains on it); torch only loads when asked."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def shown_path(path: Path) -> str:
+    """A preset's path as a user passes it to --config: configs/... in the repository, else the installed file."""
+    in_repo = Path("configs") / path.relative_to(PRESETS_DIR)
+    return str(in_repo) if in_repo.is_file() and in_repo.resolve() == path.resolve() else str(path)
+
+
+def choose_preset(env_id: str, actors: int | None, device: str | None,
+                  has_gpu: Callable[[], bool] = cuda_available) -> Path | None:
+    """The preset for ``env_id``: its GPU preset when the run asks for MANY_ACTORS or more and the learner resolves
+    to a GPU (``device`` auto asks ``has_gpu``), else the CPU one. Either choice among the two is said in one
+    note: the GPU preset taken, or, without a GPU, the one to use on a GPU machine."""
+    preset, gpu_preset = preset_path(env_id), preset_path(env_id, gpu=True)
+    if preset is None or gpu_preset is None or actors is None or actors < MANY_ACTORS:
+        return preset
+    if device == "cuda" or (device in (None, "auto") and has_gpu()):
+        warnings.warn(f"{env_id} with {actors} actors and a GPU learner: using the preset {shown_path(gpu_preset)} "
+                      f"(pass --config {shown_path(preset)} for the CPU one)", ConfigNote, stacklevel=3)
+        return gpu_preset
+    warnings.warn(f"{env_id} with {actors} actors: the learner is on the CPU, so the preset is {shown_path(preset)}; "
+                  f"on a GPU machine use --config {shown_path(gpu_preset)} (dppo picks it there)", ConfigNote,
+                  stacklevel=3)
+    return preset
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -105,7 +145,7 @@ ALIASES = {
 }
 
 
-class DeprecatedKey(UserWarning):
+class DeprecatedKey(ConfigNote):
     """A config key under its old name: it still works; the message names the new one."""
 
 
@@ -140,16 +180,19 @@ def load_config(
     overrides: dict[str, Any] | None = None,
     sets: list[str] | None = None,
     base: dict[str, Any] | None = None,
+    has_gpu: Callable[[], bool] = cuda_available,
 ) -> Config:
     """Build the resolved config: preset or file, then flag overrides (dotted keys), then ``--set`` items.
 
     Without ``path`` the preset for the requested env id is used (CartPole-v1 when none is given), so
-    ``dppo train --env Pendulum-v1`` gets tuned hyperparameters. ``base``: a resolved config (as a dict) to
-    start from instead (a sweep's trials).
+    ``dppo train --env Pendulum-v1`` gets tuned hyperparameters; with many actors on a GPU machine, the env's GPU
+    preset (:func:`choose_preset`; ``has_gpu`` answers whether the learner would see one). ``base``: a resolved
+    config (as a dict) to start from instead (a sweep's trials).
     """
     overrides = overrides or {}
     pairs = [(key.split("."), value) for key, value in overrides.items() if value is not None]
     pairs += [parse_override(item) for item in sets or []]
+    source = str(path)  # what the note below calls the file the run starts from
     if base is not None:
         data = copy.deepcopy(base)
     elif path is not None:
@@ -157,8 +200,54 @@ def load_config(
     else:
         env_id = next((v for k, v in pairs if k == ["env", "id"]), DEFAULT_ENV_ID)
         entry_point = any(k == ["env", "entry_point"] and v for k, v in pairs)
-        preset = None if entry_point else preset_path(env_id)
+        actors = next((v for k, v in pairs if k == ["run", "actors"]), None)
+        device = next((v for k, v in pairs if k == ["run", "device"]), None)
+        preset = None if entry_point else choose_preset(env_id, actors if isinstance(actors, int) else None,
+                                                        device, has_gpu)
         data = read_yaml(preset) if preset else {}
+        source = f"the preset {shown_path(preset)}" if preset else "the defaults"
+    designed = copy.deepcopy(data)
+    one_batch_rule(data, pairs)
     for keys, value in pairs:
         merge(data, keys, value)
-    return validate(data)
+    config = validate(data)
+    if base is None and pairs:
+        note = minibatch_note(designed, config, source)
+        if note:
+            warnings.warn(note, ConfigNote, stacklevel=2)
+    return config
+
+
+BATCH_RULES = ("minibatch_size", "num_minibatches")
+
+
+def one_batch_rule(data: dict[str, Any], pairs: list[tuple[list[str], Any]]) -> None:
+    """A flag or ``--set`` that gives one batch rule (ppo.minibatch_size or ppo.num_minibatches) replaces the
+    other rule of the file or preset underneath: the user chose one rule, and has not set both."""
+    given = {keys[1] for keys, value in pairs if len(keys) == 2 and keys[0] == "ppo" and keys[1] in BATCH_RULES
+             and value is not None}
+    ppo = data.get("ppo")
+    if len(given) == 1 and isinstance(ppo, dict):
+        ppo.pop(next(rule for rule in BATCH_RULES if rule not in given), None)
+
+
+def minibatch_note(designed: dict[str, Any], config: Config, source: str) -> str | None:
+    """A fixed ppo.minibatch_size with a batch far from the one its file was designed for (--actors 16 on a preset
+    for 2) makes many times the SGD steps per epoch, each on a small share of the batch: one line that says so and
+    gives the count that keeps the design. None when the run keeps it (or the file alone is no valid config)."""
+    if config.ppo.minibatch_size is None:
+        return None
+    try:
+        design = validate(designed, warn=False)
+    except ConfigError:
+        return None
+    if config.batch_size == design.batch_size:
+        return None
+    planned = max(1, design.batch_size // design.minibatch_size)
+    now = max(1, config.batch_size // config.minibatch_size)
+    if max(now, planned) < FAR * min(now, planned):
+        return None
+    return (f"ppo.minibatch_size {config.minibatch_size} makes {now} minibatches per epoch of this run's batch of "
+            f"{config.batch_size} samples, where {source} plans {planned} of its {design.batch_size}; "
+            f"--set ppo.num_minibatches={planned} keeps its plan (minibatches of "
+            f"{config.batch_size // planned // config.sampling_unit * config.sampling_unit} samples)")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from dppo.config.base import Section
+
+DEFAULT_MINIBATCH_SIZE = 256
 
 
 class ModelConfig(Section):
@@ -26,7 +28,7 @@ class ModelConfig(Section):
     recurrent: Literal["none", "lstm"] = "none"
     """lstm: an LSTM between the encoder and the policy and value heads, for envs where one observation is not
     enough. Actors carry its state across steps and segments and reset it where an episode ends; the update
-    replays whole env columns (ppo.minibatch_size must be a multiple of ppo.segment_length)."""
+    replays whole env columns (a minibatch is a multiple of ppo.segment_length)."""
     lstm_hidden_size: int = Field(128, ge=1)
     """Units of the LSTM (model.recurrent: lstm)."""
     encoder: Literal["auto", "nature", "small", "flatten"] = "auto"
@@ -46,10 +48,18 @@ class PPOConfig(Section):
     """T: steps each actor collects per env per iteration."""
     epochs: int = Field(4, ge=1)
     """K: passes over the batch per iteration."""
-    minibatch_size: int = Field(256, ge=1)
-    """Samples per SGD step; must not exceed the batch (actors x num_envs x segment_length)."""
+    minibatch_size: int | None = Field(None, ge=1)
+    """Samples per SGD step; must not exceed the batch (actors x num_envs x segment_length). Set this or
+    num_minibatches, not both; neither: 256. A fixed size gives more SGD steps per epoch as actors are added."""
+    num_minibatches: int | None = Field(None, ge=1)
+    """SGD steps per epoch instead of a size (CleanRL's and rl_games' rule): each minibatch is the batch divided by
+    this, rounded down to whole units (one sample per learner; recurrent: one env column per learner), so more
+    actors give larger minibatches, not more steps. Set this or minibatch_size, not both."""
     learning_rate: float = Field(2.5e-4, gt=0)
-    """Adam step size (eps is fixed at 1e-5, as in the reference implementation)."""
+    """Adam step size (eps is fixed at 1e-5, as in the reference implementation). dppo never scales it with the
+    batch: with more actors keep the rate and the minibatch count (num_minibatches), as rl_games' EnvPool Atari
+    configs do (64 envs x 128 steps in 8 minibatches of 1,024 at lr 8e-4 against CleanRL's 8 envs in 4 of 256 at
+    2.5e-4: a larger rate for larger minibatches, chosen by measurement, not by a rule)."""
     anneal_lr: bool = True
     """Linearly anneal the learning rate to 0 over total_steps."""
     gamma: float = Field(0.99, ge=0, le=1)
@@ -74,6 +84,28 @@ class PPOConfig(Section):
     """Stop the epochs of an iteration early when approx-KL exceeds this (off when null)."""
     normalize_advantages: bool = True
     """Normalize advantages per minibatch."""
+    normalize_value: bool = False
+    """The value head learns returns normalized by their running mean and std (rl_games' normalize_value), so the
+    critic's scale does not depend on the env's rewards: the learner turns the values the actors recorded back
+    into returns for GAE with the statistics of the weights that sampled them, then updates the statistics with
+    the batch's returns. The statistics live in the checkpoint; exported policies are unchanged."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_batch_rule(cls, data: Any) -> Any:
+        """Neither batch rule given: a minibatch of 256 samples (what every run without one has always used)."""
+        if isinstance(data, dict) and data.get("minibatch_size") is None and data.get("num_minibatches") is None:
+            return {**data, "minibatch_size": DEFAULT_MINIBATCH_SIZE}
+        return data
+
+    def minibatch_rows(self, batch: int, unit: int) -> int:
+        """Samples per SGD step for a batch of ``batch`` samples that minibatches take in whole units of ``unit``
+        samples: minibatch_size, or the batch / num_minibatches rounded down to whole units (0: less than one).
+        Config.minibatch_size is this for a full batch; the Trainer asks it of each batch it trains on."""
+        if self.minibatch_size is not None:
+            return self.minibatch_size
+        assert self.num_minibatches is not None  # the validator above leaves one rule
+        return batch // self.num_minibatches // unit * unit
 
     @property
     def value_clip_range(self) -> float:

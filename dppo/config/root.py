@@ -24,8 +24,16 @@ class Config(Section):
     faults: FaultConfig = Field(default_factory=FaultConfig)
 
     @model_validator(mode="after")
+    def _one_batch_rule(self) -> Config:
+        if self.ppo.minibatch_size is not None and self.ppo.num_minibatches is not None:
+            raise ValueError(f"ppo.minibatch_size {self.ppo.minibatch_size} and ppo.num_minibatches "
+                             f"{self.ppo.num_minibatches} are both set; keep one (a size, or a count per epoch), "
+                             "e.g. --set ppo.minibatch_size=null to use the count")
+        return self
+
+    @model_validator(mode="after")
     def _minibatch_splits(self) -> Config:
-        if self.ppo.minibatch_size % self.run.learners:
+        if self.ppo.minibatch_size is not None and self.ppo.minibatch_size % self.run.learners:
             raise ValueError(f"ppo.minibatch_size {self.ppo.minibatch_size} does not split evenly over run.learners "
                              f"{self.run.learners}; make it a multiple of run.learners")
         return self
@@ -33,11 +41,22 @@ class Config(Section):
     @model_validator(mode="after")
     def _whole_columns(self) -> Config:
         columns = self.ppo.segment_length * self.run.learners
-        if self.model.recurrent == "lstm" and self.ppo.minibatch_size % columns:
+        if self.model.recurrent == "lstm" and self.ppo.minibatch_size is not None and self.ppo.minibatch_size % columns:
             raise ValueError(
                 f"ppo.minibatch_size {self.ppo.minibatch_size} is not a whole number of env columns for "
                 f"model.recurrent: lstm (the update replays each env's {self.ppo.segment_length} steps in order); "
-                f"make it a multiple of ppo.segment_length x run.learners = {columns}")
+                f"make it a multiple of ppo.segment_length x run.learners = {columns}, or set ppo.num_minibatches")
+        return self
+
+    @model_validator(mode="after")
+    def _minibatches_fill(self) -> Config:
+        count = self.ppo.num_minibatches
+        if count is not None and self.minibatch_size == 0:
+            unit = (f"one env column ({self.ppo.segment_length} steps) per learner" if self.model.recurrent == "lstm"
+                    else "one sample per learner")
+            raise ValueError(f"ppo.num_minibatches {count} leaves less than {unit} in a minibatch of the batch of "
+                             f"{self.batch_size} samples; lower ppo.num_minibatches or raise run.actors, env.num_envs "
+                             "or ppo.segment_length")
         return self
 
     @model_validator(mode="after")
@@ -56,7 +75,7 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _minibatch_fits(self) -> Config:
-        if self.ppo.minibatch_size > self.batch_size:
+        if self.ppo.minibatch_size is not None and self.ppo.minibatch_size > self.batch_size:
             raise ValueError(
                 f"ppo.minibatch_size {self.ppo.minibatch_size} exceeds the batch of {self.batch_size} samples "
                 f"(run.actors {self.run.actors} x env.num_envs {self.env.num_envs} x ppo.segment_length "
@@ -73,6 +92,18 @@ class Config(Section):
     def batch_size(self) -> int:
         """Samples per update (same as steps per iteration)."""
         return self.steps_per_iteration
+
+    @property
+    def sampling_unit(self) -> int:
+        """Rows a minibatch is made of whole numbers of: one sample per learner; recurrent, one env column (T steps)
+        per learner, so each replays its steps in order."""
+        return (self.ppo.segment_length if self.model.recurrent == "lstm" else 1) * self.run.learners
+
+    @property
+    def minibatch_size(self) -> int:
+        """Samples per SGD step: ppo.minibatch_size, or the batch divided by ppo.num_minibatches rounded down to whole
+        sampling units (0 when the count leaves less than one unit: the validator names it)."""
+        return self.ppo.minibatch_rows(self.batch_size, self.sampling_unit)
 
     @property
     def num_iterations(self) -> int:

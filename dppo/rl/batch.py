@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from dppo.rl.advantages import gae
+from dppo.rl.normalizer import ValueNormalizer
 from dppo.rl.segment import Segment
 from dppo.rl.spaces import Obs
 
@@ -34,8 +35,10 @@ class Batch(NamedTuple):
     steps: int = 0  # T: the length of a column
 
 
-def build_batch(segments: list[Segment], gamma: float, lam: float, device: torch.device) -> Batch:
-    """GAE per segment (each has its own time axis), then flatten and concatenate."""
+def build_batch(segments: list[Segment], gamma: float, lam: float, device: torch.device,
+                value_normalizer: ValueNormalizer | None = None) -> Batch:
+    """GAE per segment (each has its own time axis), then flatten and concatenate. ``value_normalizer``: the values
+    the actors recorded are the head's normalized outputs; GAE and the batch get them in the returns' scale."""
     recurrent = segments[0].starts is not None
 
     def rows_of(array: np.ndarray) -> np.ndarray:  # (T, E, ...) -> (T * E, ...), time- or column-major
@@ -45,11 +48,15 @@ def build_batch(segments: list[Segment], gamma: float, lam: float, device: torch
     parts: dict[str, list[np.ndarray]] = {k: [] for k in (*SAMPLE_FIELDS, "starts")}
     obs_parts: dict[str, list[np.ndarray]] = {}
     for seg in segments:
-        advantages, returns = gae(seg.rewards, seg.values, seg.terminated, seg.truncated,
-                                  seg.final_values, seg.last_values, gamma, lam)
+        values, final_values, last_values = seg.values, seg.final_values, seg.last_values
+        if value_normalizer is not None:
+            values, final_values, last_values = (value_normalizer.to_returns(v, seg.policy_version)
+                                                 for v in (values, final_values, last_values))
+        advantages, returns = gae(seg.rewards, values, seg.terminated, seg.truncated, final_values, last_values,
+                                  gamma, lam)
         for name, part in seg.obs.parts().items():
             obs_parts.setdefault(name, []).append(rows_of(part))
-        for name, array in (("actions", seg.actions), ("log_probs", seg.log_probs), ("values", seg.values),
+        for name, array in (("actions", seg.actions), ("log_probs", seg.log_probs), ("values", values),
                             ("advantages", advantages), ("returns", returns), ("starts", seg.starts)):
             if array is not None:
                 parts[name].append(rows_of(array))

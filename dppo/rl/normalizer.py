@@ -7,8 +7,12 @@ variances": merging two (count, mean, M2) summaries gives the summary of the poo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # the actors' numpy path imports this module without torch
+    import torch
 
 
 @dataclass
@@ -58,3 +62,46 @@ class RunningStats:
     @classmethod
     def from_state(cls, state: dict) -> RunningStats:
         return cls(np.asarray(state["mean"], np.float64), np.asarray(state["var"], np.float64), float(state["count"]))
+
+
+class ValueNormalizer:
+    """The value head's scale (rl_games' ``normalize_value``): the head learns returns standardized by the running
+    mean and std of every return the learner has trained on, so its targets stay near unit scale whatever the
+    rewards. Actors record the head's output as is; the learner turns it back into returns for GAE with the
+    statistics that the weights which sampled it were trained against: those of that policy version, kept for the
+    last few versions (with run.overlap_sampling a round samples with the weights before the last update). A
+    version no longer kept (a learner restored from an older checkpoint) falls back to the current statistics."""
+
+    KEEP = 4  # versions whose statistics stay: overlap needs the previous one, the rest is margin
+
+    def __init__(self) -> None:
+        self.stats = RunningStats.empty()
+        self.version = 0  # updates so far: the policy version of the weights they made
+        self.history = {0: self.stats.copy()}
+
+    def to_returns(self, values: np.ndarray, version: int) -> np.ndarray:
+        """The head's outputs (normalized) of weights ``version`` in the returns' scale, float32."""
+        stats = self.history.get(version, self.stats)
+        return (values * np.sqrt(stats.var + 1e-8) + stats.mean).astype(np.float32)
+
+    def update(self, returns: np.ndarray) -> None:
+        """Merge one update's returns in: the statistics of the weights this update makes (the next version)."""
+        self.stats.update(np.asarray(returns, np.float64).reshape(-1))
+        self.version += 1
+        self.history[self.version] = self.stats.copy()
+        for old in [v for v in self.history if v <= self.version - self.KEEP]:
+            del self.history[old]
+
+    def normalize(self, returns: torch.Tensor) -> torch.Tensor:
+        """Returns (or values in the returns' scale) as the head learns them, with the current statistics."""
+        mean, std = float(self.stats.mean), float(np.sqrt(self.stats.var + 1e-8))
+        return (returns - mean) / std
+
+    def to_state(self) -> dict:
+        """Plain numbers, so checkpoints load with ``torch.load(weights_only=True)``."""
+        return {"version": self.version, "history": {v: s.to_state() for v, s in self.history.items()}}
+
+    def load_state(self, state: dict) -> None:
+        self.version = int(state["version"])
+        self.history = {int(v): RunningStats.from_state(s) for v, s in state["history"].items()}
+        self.stats = self.history[self.version].copy()

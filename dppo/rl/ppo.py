@@ -18,6 +18,7 @@ import torch
 from dppo.config import PPOConfig
 from dppo.rl.batch import Batch, build_batch
 from dppo.rl.model import ActorCritic
+from dppo.rl.normalizer import ValueNormalizer
 from dppo.rl.segment import Segment
 
 
@@ -129,6 +130,7 @@ class Trainer:
         # fused: one kernel for all parameters instead of a dozen small ops per tensor
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=1e-5, fused=True)
         self.generator = torch.Generator().manual_seed(seed)
+        self.value_normalizer = ValueNormalizer() if config.normalize_value else None
 
     def learning_rate(self, lr_clock: float) -> float:
         """Linear annealing to 0 over the run. ``lr_clock`` is the env steps trained on so far in iterations' worth
@@ -141,7 +143,8 @@ class Trainer:
 
     def train_on(self, segments: list[Segment], lr_clock: float) -> TrainStats:
         """The update on one iteration's segments (GAE and flattening first, :mod:`dppo.rl.batch`)."""
-        return self.update(build_batch(segments, self.config.gamma, self.config.gae_lambda, self.device), lr_clock)
+        return self.update(build_batch(segments, self.config.gamma, self.config.gae_lambda, self.device,
+                                       self.value_normalizer), lr_clock)
 
     def update(self, batch: Batch, lr_clock: float) -> TrainStats:
         """K epochs of minibatch SGD over the batch (see :meth:`learning_rate` for ``lr_clock``). A batch smaller
@@ -152,6 +155,7 @@ class Trainer:
             group["lr"] = lr
         sums = dict.fromkeys(("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"), 0.0)
         steps = skipped = epochs_run = 0
+        old_values, returns = self._value_targets(batch)
         self.model.train()
         for _epoch in range(cfg.epochs):
             epochs_run += 1
@@ -159,7 +163,7 @@ class Trainer:
             for idx in self._minibatches(batch):
                 new_logp, entropy, new_values = self._evaluate(batch, idx)
                 terms = ppo_loss(new_logp, batch.log_probs[idx], batch.advantages[idx], new_values,
-                                 batch.values[idx], batch.returns[idx], entropy, cfg, self.reducer)
+                                 old_values[idx], returns[idx], entropy, cfg, self.reducer)
                 loss = terms.policy_loss - cfg.entropy_coef * terms.entropy + cfg.value_coef * terms.value_loss
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -188,16 +192,29 @@ class Trainer:
         return TrainStats(**means, explained_variance=ev, learning_rate=lr, epochs_run=epochs_run,
                           skipped_minibatches=skipped)
 
+    def _value_targets(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The old values and the returns in the value head's scale: as they are, or, with ppo.normalize_value,
+        standardized by the return statistics with this batch's returns merged in (rl_games' order)."""
+        if self.value_normalizer is None:
+            return batch.values, batch.returns
+        self.value_normalizer.update(batch.returns.cpu().numpy())
+        return self.value_normalizer.normalize(batch.values), self.value_normalizer.normalize(batch.returns)
+
     def _minibatches(self, batch: Batch) -> Iterator[torch.Tensor]:
         """This learner's rows of each minibatch of one epoch, in a fresh random order. Feed-forward: rows;
-        recurrent: whole env columns (rows c * T .. c * T + T - 1). Every learner's shard is the same size."""
+        recurrent: whole env columns (rows c * T .. c * T + T - 1). Every learner's shard is the same size.
+        ppo.num_minibatches sizes them against this batch (as Config.minibatch_size does against a full one), so a
+        round that lost actors gets the same count of smaller minibatches; a remainder under one unit sits out."""
         unit = batch.steps or 1  # rows per sampling unit
         units = len(batch.actions) // unit
-        mb_units = min(self.config.minibatch_size // unit, units)
+        mb_units = min(self.config.minibatch_rows(units * unit, unit * self.reducer.world) // unit, units)
         mb_units -= mb_units % self.reducer.world
+        count = units // mb_units
+        if self.config.num_minibatches is not None:
+            count = min(count, self.config.num_minibatches)
         order = torch.randperm(units, generator=self.generator).to(self.device)
         offsets = torch.arange(unit, device=self.device)
-        for start in range(0, units - mb_units + 1, mb_units):
+        for start in range(0, count * mb_units, mb_units):
             picked = order[start:start + mb_units][self.rank::self.reducer.world]
             yield picked if unit == 1 else (picked[:, None] * unit + offsets).reshape(-1)
 
@@ -223,8 +240,14 @@ class Trainer:
             offset += g.numel()
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}
+        state = {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}
+        if self.value_normalizer is not None:
+            state["value_normalizer"] = self.value_normalizer.to_state()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
+        """A checkpoint from before ppo.normalize_value (or written with it off) starts the statistics afresh."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
+        if self.value_normalizer is not None and "value_normalizer" in state:
+            self.value_normalizer.load_state(state["value_normalizer"])
