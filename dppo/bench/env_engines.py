@@ -162,10 +162,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     envs.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, of ale,envpool (default both)")
     envs.add_argument("--threads", default="1,2", help="comma-separated thread counts per vector env (default 1,2)")
     envs.add_argument("--envs", default="8,16", help="comma-separated numbers of envs per vector env (default 8,16)")
-    envs.add_argument("--steps", type=positive(int, "--steps"), default=20_000,
-                      help="env steps per timed block (default 20000)")
-    envs.add_argument("--warmup", type=positive(int, "--warmup"), default=2_000,
-                      help="env steps before timing (default 2000)")
+    envs.add_argument("--steps", type=positive(int, "--steps"), default=10_000,
+                      help="env steps per timed block (default 10000)")
+    envs.add_argument("--warmup", type=positive(int, "--warmup"), default=1_000,
+                      help="env steps before timing (default 1000)")
     envs.add_argument("--repeats", type=positive(int, "--repeats"), default=5, help="timed blocks per row (default 5)")
     envs.add_argument("--check-episodes", type=positive(int, "--check-episodes"), default=32,
                       help="full games per engine in the semantics table (default 32)")
