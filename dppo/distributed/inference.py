@@ -216,7 +216,7 @@ class ServiceClient:
         try:
             return ray.get(ticket)
         except ray.exceptions.RayActorError as err:
-            raise InferenceLost(f"the inference service went away: {first_line(err)}") from None
+            raise InferenceLost(first_line(err)) from None
 
 
 def start_service(config: Config, obs_space: gym.Space, action_space: gym.Space, device: str
@@ -228,10 +228,12 @@ def start_service(config: Config, obs_space: gym.Space, action_space: gym.Space,
         obs_space, action_space, config.model, device, config.run.actors, config.run.learner_threads)
 
 
-def is_lost_service(err: BaseException) -> bool:
-    """Whether a failed round failed because the service went away (an actor's sample raised InferenceLost)."""
+def lost_service(err: BaseException) -> InferenceLost | None:
+    """The InferenceLost behind a failed round (an actor's sample found the service gone), or None."""
     cause = err.__cause__
-    return isinstance(cause, ray.exceptions.RayTaskError) and isinstance(cause.cause, InferenceLost)
+    if isinstance(cause, ray.exceptions.RayTaskError) and isinstance(cause.cause, InferenceLost):
+        return cause.cause
+    return None
 
 
 class Inference:

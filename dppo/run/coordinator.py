@@ -21,7 +21,7 @@ from dppo.config import Config
 from dppo.distributed.actor_pool import ActorPool, Gathered, Round, Stop
 from dppo.distributed.broadcast import Broadcast, broadcast_arg
 from dppo.distributed.evaluation import EvalResult, Evaluation, EvaluationStopped
-from dppo.distributed.inference import Inference, is_lost_service, likely_device, resolve_inference
+from dppo.distributed.inference import Inference, likely_device, lost_service, resolve_inference
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.make import env_spaces
@@ -149,9 +149,10 @@ class Coordinator:
             try:
                 return self.pool.gather(round_)
             except RunFailure as err:
-                if self.inference is None or not is_lost_service(err):
+                lost = None if self.inference is None else lost_service(err)
+                if lost is None:
                     raise
-                round_ = self.pool.dispatch(self.inference.recover(round_.broadcast, err))
+                round_ = self.pool.dispatch(self.inference.recover(round_.broadcast, lost))
 
     def _update(self, gathered: Gathered) -> TrainStats:
         """The learner group's update; a dead learner restarts the group (within its budget) and the update is
