@@ -48,9 +48,10 @@ class PPOConfig(Section):
     """T: steps each actor collects per env per iteration."""
     epochs: int = Field(4, ge=1)
     """K: passes over the batch per iteration."""
-    minibatch_size: int | None = Field(None, ge=1)
+    minibatch_size: int | None = Field(DEFAULT_MINIBATCH_SIZE, ge=1)
     """Samples per SGD step; must not exceed the batch (actors x num_envs x segment_length). Set this or
-    num_minibatches, not both; neither: 256. A fixed size gives more SGD steps per epoch as actors are added."""
+    num_minibatches, not both (giving num_minibatches drops this default). A fixed size gives more SGD steps per
+    epoch as actors are added."""
     num_minibatches: int | None = Field(None, ge=1)
     """SGD steps per epoch instead of a size (CleanRL's and rl_games' rule): each minibatch is the batch divided by
     this, rounded down to whole units (one sample per learner; recurrent: one env column per learner), so more
@@ -92,10 +93,15 @@ class PPOConfig(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _default_batch_rule(cls, data: Any) -> Any:
-        """Neither batch rule given: a minibatch of 256 samples (what every run without one has always used)."""
-        if isinstance(data, dict) and data.get("minibatch_size") is None and data.get("num_minibatches") is None:
+    def _one_rule_given(cls, data: Any) -> Any:
+        """A count given without a size replaces the default size; neither given (or both null): the default size,
+        what every run without one has always used."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("num_minibatches") is None and data.get("minibatch_size") is None:
             return {**data, "minibatch_size": DEFAULT_MINIBATCH_SIZE}
+        if data.get("num_minibatches") is not None and "minibatch_size" not in data:
+            return {**data, "minibatch_size": None}
         return data
 
     def minibatch_rows(self, batch: int, unit: int) -> int:

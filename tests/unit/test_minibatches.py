@@ -127,3 +127,11 @@ def test_every_gpu_preset_validates_and_shadows_a_cpu_preset() -> None:
         assert preset_path(config.env.id) not in (None, path)  # `--env` alone still gets the CPU preset
         assert config.run.actors >= MANY_ACTORS and config.ppo.num_minibatches is not None
         assert "NOT YET MEASURED" in path.read_text()
+
+
+def test_a_file_with_only_a_count_drops_the_default_size(tmp_path: Path) -> None:
+    path = tmp_path / "count.yaml"
+    path.write_text("run: {actors: 4}\nenv: {num_envs: 8}\nppo: {segment_length: 32, num_minibatches: 4}\n")
+    config = load_config(path)
+    assert config.ppo.minibatch_size is None and config.minibatch_size == 4 * 8 * 32 // 4
+    assert load_config(path, sets=["ppo.minibatch_size=64"]).minibatch_size == 64  # the command line's size wins
