@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from dppo.bench.common import (
@@ -26,7 +28,7 @@ from dppo.bench.common import (
 )
 from dppo.bench.docs import emit
 from dppo.bench.memory import tree_memory_mib
-from dppo.cli_args import positive
+from dppo.cli_args import fail, positive
 
 if TYPE_CHECKING:
     from dppo.config import Config
@@ -68,8 +70,10 @@ def _in_process(config: Config, iterations: int, raw: bool) -> float:
         return iterations * steps * config.env.num_envs / elapsed
 
 
-def _ray_sampling(config: Config, actors: int, iterations: int) -> tuple[float, dict[str, float]]:
-    """Steps/s of ``actors`` Ray actors sampling one broadcast per round, and the tree memory meanwhile."""
+def _ray_sampling(config: Config, actors: int, iterations: int, inference: str = "actor"
+                  ) -> tuple[float, dict[str, float]]:
+    """Steps/s of ``actors`` Ray actors sampling one broadcast per round, and the tree memory meanwhile;
+    ``inference`` server: their policy computed by the inference service (on the GPU when there is one)."""
     import ray
 
     from dppo.envs.make import make_env
@@ -77,19 +81,49 @@ def _ray_sampling(config: Config, actors: int, iterations: int) -> tuple[float, 
 
     config.run.actors = actors
     config.run.actor_cpus = actor_cpus(actors)
+    config.run.inference = inference
     env = make_env(config.env)
     model = build_model(env.observation_space, env.action_space, config.model)
     env.close()
-    with sampling_actors(config, actors) as handles:
+    with sampling_actors(config, actors) as handles, _served(config, env, inference) as service:
         pids = ray.get([h.pid.remote() for h in handles])
-        sample_round(handles, model, 0)  # warm-up: first weights, first segment
+        round_ = sample_round if service is None else service
+        round_(handles, model, 0)  # warm-up: first weights, first segment
         start = time.perf_counter()
         for version in range(1, iterations + 1):
-            sample_round(handles, model, version)
+            round_(handles, model, version)
         elapsed = time.perf_counter() - start
         memory = tree_memory_mib([os.getpid(), *pids])
     steps = iterations * actors * config.env.num_envs * config.ppo.segment_length
     return steps / elapsed, memory
+
+
+@contextmanager
+def _served(config: Config, env: Any, inference: str) -> Iterator[Callable | None]:
+    """With ``inference`` server, a round as the driver runs it then: the weights to the service, the actors sent
+    to it; None for the actors' own inference."""
+    if inference != "server":
+        yield None
+        return
+    import ray
+    import torch
+
+    from dppo.distributed.broadcast import Broadcast
+    from dppo.distributed.inference import Inference
+    from dppo.rl.agent import export_weights
+
+    service = Inference(config, env.observation_space, env.action_space,
+                        "cuda" if torch.cuda.is_available() else "cpu", print)
+    service.start()
+
+    def served_round(handles: list, model: Any, version: int) -> list:
+        served = service.serve(Broadcast(export_weights(model), version, None, None))
+        return ray.get([h.sample.remote(served) for h in handles])
+
+    try:
+        yield served_round
+    finally:
+        service.shutdown()
 
 
 def sampling_limit(actors: int, envs: int, latency_ms: float, vectorization: str) -> float | None:
@@ -102,7 +136,8 @@ def sampling_limit(actors: int, envs: int, latency_ms: float, vectorization: str
 
 def bench_sampling(actor_counts: list[int], env_id: str = "CartPole-v1", envs_per_actor: int = 8,
                    segment_length: int | None = None, latency_ms: float = 0.0, iterations: int = 10,
-                   vectorization: str = "sync", address: str | None = None, raw_baseline: bool = True) -> list[Row]:
+                   vectorization: str = "sync", address: str | None = None, raw_baseline: bool = True,
+                   inference: tuple[str, ...] = ("actor",)) -> list[Row]:
     """Rows: the raw loop and the in-process Sampler (actors 0), then one row per actor count.
 
     ``efficiency`` is steps/s over the in-process Sampler baseline (the one-core ceiling; it can pass 1
@@ -126,8 +161,9 @@ def bench_sampling(actor_counts: list[int], env_id: str = "CartPole-v1", envs_pe
     rows.append(row("in-process", 0, baseline))
     with ray_session(address, max(actor_counts)):
         for count in actor_counts:
-            steps_per_s, memory = _ray_sampling(config.model_copy(deep=True), count, iterations)
-            rows.append(row("ray", count, steps_per_s, **memory))
+            for mode in inference:
+                steps_per_s, memory = _ray_sampling(config.model_copy(deep=True), count, iterations, mode)
+                rows.append(row("ray", count, steps_per_s, inference=mode, **memory))
     for r in rows:
         r["efficiency"] = round(r["steps_per_s"] / baseline, 3)
     return rows
@@ -148,29 +184,42 @@ def register(sub: argparse._SubParsersAction) -> None:
                           help="sync: an actor's envs stepped one after another; async: one subprocess each")
     sampling.add_argument("--iterations", type=positive(int, "--iterations"), default=10,
                           help="timed sampling rounds per row, after one warm-up round (default 10)")
+    sampling.add_argument("--inference", default="actor",
+                          help="comma-separated: actor (each actor's own forward pass), server (the inference "
+                               "service batching every actor's; run.inference) (default actor)")
     add_common_args(sampling)
     sampling.set_defaults(func=cmd_sampling)
 
 
 def cmd_sampling(args: argparse.Namespace) -> int:
     counts = parse_counts(args.actors)
+    modes = tuple(m.strip() for m in args.inference.split(","))
+    if not modes or any(m not in ("actor", "server") for m in modes):
+        fail(f"--inference takes actor and/or server, comma-separated, not {args.inference!r}")
+    if "server" in modes and args.envs_per_actor > 1 and args.envs_per_actor % 2:
+        fail(f"--inference server steps each actor's envs in two halves: --envs-per-actor must be even or 1, "
+             f"not {args.envs_per_actor}")
     info = machine()
     rows = bench_sampling(counts, check_env_id(args.env), args.envs_per_actor, args.segment_length,
-                          args.env_latency_ms, args.iterations, args.vectorization, args.address)
+                          args.env_latency_ms, args.iterations, args.vectorization, args.address, inference=modes)
     latency = args.env_latency_ms
     key = "sampling" + (f"-latency-{latency:g}ms" if latency else "")
     key = args.section or key + (f"-{args.vectorization}" if args.vectorization != "sync" else "")
     if args.env != "CartPole-v1" and not args.section:
         key = f"{key}-{args.env.split('/')[-1]}"
+    if modes != ("actor",) and not args.section:
+        key = f"{key}-inference"
     bound = f"latency-bound ({latency:g} ms per env step, {args.vectorization})" if latency else "CPU-bound"
     note = ("Env steps per second of sampling alone (weights broadcast every round, segments gathered, no "
             "update). actors 0 rows run in this process without Ray: `raw-loop` is a plain gymnasium vector env "
             "with a batched torch MLP, `in-process` is dppo's Sampler and Agent. `efficiency` = steps/s over "
             "the in-process row; `of_limit` = steps/s over the latency ceiling (actors / latency for sync, "
             "actors x E / latency for async). Memory: summed RSS and PSS over the driver's process tree "
-            "(Ray's GCS, raylet and workers included) while the actors were alive.")
-    columns = ["mode", "actors", "envs_per_actor", "segment_length", "env_latency_ms", "steps_per_s", "efficiency",
-               "limit_steps_per_s", "of_limit", "processes", "rss_mib", "pss_mib"]
+            "(Ray's GCS, raylet and workers included) while the actors were alive. `inference` server: the actors' "
+            "policy computed by dppo's inference service (run.inference), on the GPU when there is one.")
+    served = ["inference"] if modes != ("actor",) else []
+    columns = ["mode", *served, "actors", "envs_per_actor", "segment_length", "env_latency_ms", "steps_per_s",
+               "efficiency", "limit_steps_per_s", "of_limit", "processes", "rss_mib", "pss_mib"]
     shape = f"E = {rows[0]['envs_per_actor']}, T = {rows[0]['segment_length']}"
     emit(args, rows, columns, key, f"Sampling, {args.env}, {bound}, {shape}", note, info)
     return 0

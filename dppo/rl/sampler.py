@@ -214,12 +214,13 @@ class Sampler:
                 if done.any():
                     policy.end_episodes(done)
                 self.half_obs[h] = next_obs
-                if t + 1 < steps:
+                if t + 1 < steps and h + 1 < len(self.rows):  # ask now, while the next half steps
                     self._send(self.normalize_obs(encoded[rows].map(np.copy)), rows, memory, t + 1)
                 stepped.append((reward, terminated, truncated, info))
             self.normalize_obs.record(t, encoded)
             if t + 1 < steps:
                 self.normalize_obs(encoded)
+                self._send(encoded[self.rows[-1]], self.rows[-1], memory, t + 1)
             nonfinite |= self._account(t, stepped, reward_buf, term_buf, trunc_buf)
         last_values = policy.value(self.normalize_obs(last))
         return Segment(
