@@ -241,7 +241,8 @@ class Inference:
 
     def __init__(self, config: Config, obs_space: gym.Space, action_space: gym.Space, device: str,
                  message: Callable[[str], None], calls: RayCalls | None = None) -> None:
-        self.message = message
+        self.message, self.device = message, device
+        self.start_timeout_s = config.faults.actor_start_timeout_s
         self.calls = calls or RayCalls(lambda index, seed: start_service(config, obs_space, action_space, device))
         self.handle: ray.actor.ActorHandle | None = None
         self.held: dict[int, Weights] = {}  # the versions the service holds, to load into a replacement
@@ -254,8 +255,14 @@ class Inference:
         """A service, ready, holding the versions its predecessor held."""
         self.generation += 1
         self.handle = self.calls.start(0, self.generation)
+        ready = self.handle.ready.remote()
+        if not self.calls.wait([ready], 1, self.start_timeout_s):
+            raise RunFailure(f"the inference service was not ready within faults.actor_start_timeout_s="
+                             f"{self.start_timeout_s:g} s (on {self.device} it asks Ray for "
+                             f"{'half a GPU' if self.device.startswith('cuda') else 'no reserved resources'}); "
+                             "free a GPU beside the learner or set run.inference=actor")
         try:
-            self.calls.get(self.handle.ready.remote())
+            self.calls.get(ready)
         except ray.exceptions.RayActorError as err:
             raise RunFailure(f"the inference service failed to start: {first_line(err)}") from err
         for version, weights in sorted(self.held.items()):

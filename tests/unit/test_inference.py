@@ -4,19 +4,23 @@ requests, and a Sampler whose policy it computes (two env halves) sampling what 
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
 import pytest
+import ray
 import torch
 
 import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import ConfigError, ModelConfig, load_config
-from dppo.distributed.inference import Batcher, InferenceServer, resolve_inference
-from dppo.errors import UsageError
+from dppo.distributed.broadcast import Broadcast
+from dppo.distributed.inference import Batcher, Inference, InferenceServer, resolve_inference
+from dppo.distributed.ray_calls import RayCalls
+from dppo.errors import RunFailure, UsageError
 from dppo.rl.agent import Agent, export_weights
 from dppo.rl.build import build_model
-from dppo.rl.policy import RemotePolicy, Reply, Request
+from dppo.rl.policy import InferenceLost, RemotePolicy, Reply, Request
 from dppo.rl.sampler import Sampler
 from dppo.rl.spaces import check_spaces
 
@@ -183,3 +187,90 @@ def test_a_served_policy_needs_an_even_number_of_envs() -> None:
         resolve_inference(config, False, "cpu")
     with pytest.raises(ConfigError, match=r"run\.inference"):
         load_config(overrides={"run.inference": "gpu"})
+
+
+class FakeService:
+    """A service handle whose calls answer at once (``ready`` never, when it cannot be placed) or, once it is
+    dead, raise what Ray raises for a dead actor."""
+
+    def __init__(self, placed: bool = True) -> None:
+        self.placed, self.dead, self.loaded = placed, False, []
+        self.ready = SimpleNamespace(remote=lambda: ("ready", self))
+        self.load = SimpleNamespace(remote=lambda weights, version: ("load", self, weights, version))
+
+
+class FakeServiceCalls(RayCalls):
+    """Ray calls about the service, in-process: which services were started and killed."""
+
+    def __init__(self, placed: bool = True) -> None:
+        super().__init__(lambda index, seed: FakeService(placed))
+        self.started: list[FakeService] = []
+        self.killed: list[FakeService] = []
+
+    def start(self, index: int, seed: int) -> FakeService:
+        self.started.append(super().start(index, seed))
+        return self.started[-1]
+
+    def wait(self, refs: list, num_returns: int, timeout: float) -> list:
+        return [ref for ref in refs if ref[1].placed]
+
+    def get(self, ref: tuple) -> object:
+        kind, service, *args = ref
+        if service.dead:
+            raise ray.exceptions.RayActorError(error_msg="the inference service's process died")
+        if kind == "load":
+            weights, version = args
+            service.loaded.append((version, {k: v.copy() for k, v in weights.items()}))
+        return None
+
+    def kill(self, handle: FakeService) -> None:
+        self.killed.append(handle)
+
+
+def driver_side(calls: FakeServiceCalls, max_restarts: int = 10) -> tuple[Inference, list[str]]:
+    config = load_config(overrides={"faults.max_actor_restarts": max_restarts})
+    env = gym.make("CartPole-v1")
+    said: list[str] = []
+    return Inference(config, env.observation_space, env.action_space, "cpu", said.append, calls), said
+
+
+def broadcast(version: int) -> Broadcast:
+    return Broadcast({"w": np.full(3, float(version))}, version, None, None)
+
+
+def test_a_lost_service_is_replaced_once_holding_the_last_two_versions_and_rounds_name_the_new_one() -> None:
+    calls = FakeServiceCalls()
+    inference, said = driver_side(calls)
+    inference.start()
+    first = broadcast(1)
+    served = inference.serve(first)
+    first.weights["w"][:] = -1  # the learner's update changes exported weights in place
+    assert served.weights == {} and served.service is calls.started[0] and served.generation == 1
+    inference.serve(broadcast(2))
+    calls.started[0].dead = True
+    third = inference.serve(broadcast(3))  # the load finds it gone: replaced, then loaded
+    assert len(calls.started) == 2 and calls.killed == [calls.started[0]] and inference.losses == 1
+    assert [(v, w["w"][0]) for v, w in calls.started[1].loaded] == [(2, 2.0), (3, 3.0)]
+    assert third.service is calls.started[1] and third.generation == 2
+    assert len(said) == 1 and "the inference service was lost" in said[0] and "loss 1" in said[0]
+    # a round sent to the lost service fails after the replacement: sent again, nothing replaced twice
+    again = inference.recover(served, InferenceLost("gone"))
+    assert again.service is calls.started[1] and again.version == 1 and len(calls.started) == 2
+    calls.started[1].dead = True
+    inference.recover(third, InferenceLost("gone"))  # a round of the current service: it is replaced
+    assert len(calls.started) == 3 and inference.losses == 2
+    inference.shutdown()
+    assert calls.killed[-1] is calls.started[2]
+
+
+def test_a_service_that_keeps_dying_ends_the_run_and_one_never_placed_says_what_to_do() -> None:
+    calls = FakeServiceCalls()
+    inference, _ = driver_side(calls, max_restarts=1)
+    inference.start()
+    served = inference.serve(broadcast(1))
+    inference.recover(served, InferenceLost("gone"))
+    with pytest.raises(RunFailure, match=r"faults\.max_actor_restarts=1"):
+        inference.recover(inference.again(served), InferenceLost("gone again"))
+    inference, _ = driver_side(FakeServiceCalls(placed=False))
+    with pytest.raises(RunFailure, match=r"not ready within faults\.actor_start_timeout_s=60 s.*run\.inference=actor"):
+        inference.start()
