@@ -57,10 +57,11 @@ class PPOConfig(Section):
     this, rounded down to whole units (one sample per learner; recurrent: one env column per learner), so more
     actors give larger minibatches, not more steps. Set this or minibatch_size, not both."""
     learning_rate: float = Field(2.5e-4, gt=0)
-    """Adam step size (eps is fixed at 1e-5, as in the reference implementation). dppo never scales it with the
-    batch: with more actors keep the rate and the minibatch count (num_minibatches), as rl_games' EnvPool Atari
-    configs do (64 envs x 128 steps in 8 minibatches of 1,024 at lr 8e-4 against CleanRL's 8 envs in 4 of 256 at
-    2.5e-4: a larger rate for larger minibatches, chosen by measurement, not by a rule)."""
+    """Adam step size (eps is fixed at 1e-5, as in the reference implementation). Never scaled with the batch:
+    more actors keep this rate, and with num_minibatches the SGD steps per epoch too, so each step averages more
+    samples. A larger batch may take a larger rate, but as a preset's tuned value, not a rule: rl_games' EnvPool
+    Breakout uses 64 envs x 128 steps in 8 minibatches of 1,024 at 8e-4, CleanRL's Atari PPO 8 x 128 in 4 of 256
+    at 2.5e-4."""
     anneal_lr: bool = True
     """Linearly anneal the learning rate to 0 over total_steps."""
     gamma: float = Field(0.99, ge=0, le=1)
