@@ -152,7 +152,7 @@ class InferenceService:
         torch.set_num_threads(threads)
         self.server = InferenceServer(obs_space, action_space, config, device)
         self.batcher = Batcher(expected)
-        self.batches = 0  # forward passes run (tests read it to see requests batched)
+        self.batches = 0  # forward passes run (ready() reports it)
 
     async def act(self, request: Request) -> Reply:
         loop = asyncio.get_running_loop()
