@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     env = make_vec_env(args.env, n_envs=args.envs, seed=args.seed)
     activation = torch.nn.Tanh if config.model.activation == "tanh" else torch.nn.ReLU
-    model = PPO("MlpPolicy", env, n_steps=ppo.segment_length, batch_size=ppo.minibatch_size, n_epochs=ppo.epochs,
+    model = PPO("MlpPolicy", env, n_steps=ppo.segment_length, batch_size=config.minibatch_size, n_epochs=ppo.epochs,
                 learning_rate=learning_rate, gamma=ppo.gamma, gae_lambda=ppo.gae_lambda, clip_range=ppo.clip_coef,
                 ent_coef=ppo.entropy_coef, vf_coef=ppo.value_coef, max_grad_norm=ppo.max_grad_norm,
                 target_kl=ppo.target_kl, seed=args.seed, device="cpu",

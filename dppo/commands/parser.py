@@ -31,11 +31,14 @@ def build_parser() -> Parser:
 
 
 def show_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
-    """A deprecated config key as one line on stderr; other warnings as Python shows them."""
-    from dppo.config import DeprecatedKey
+    """A deprecated config key or a note on the config as one line on stderr; other warnings as Python shows
+    them."""
+    from dppo.config import ConfigNote, DeprecatedKey
 
     if issubclass(category, DeprecatedKey):
         print(f"dppo: warning: {message}", file=sys.stderr, flush=True)
+    elif issubclass(category, ConfigNote):
+        print(f"dppo: note: {message}", file=sys.stderr, flush=True)
     else:
         _SHOW_WARNING(message, category, *args, **kwargs)
 

@@ -7,13 +7,13 @@ one line that names the field and the fix (:class:`ConfigError`). One module per
 
 from dppo.config.base import ConfigError
 from dppo.config.env import DEFAULT_ENV_ID, EnvConfig, WrapperConfig
-from dppo.config.load import PRESETS_DIR, DeprecatedKey, load_config, preset_path, read_yaml, validate
+from dppo.config.load import PRESETS_DIR, ConfigNote, DeprecatedKey, load_config, preset_path, read_yaml, validate
 from dppo.config.ppo import ModelConfig, PPOConfig
 from dppo.config.root import Config
 from dppo.config.run import FaultConfig, MetricsConfig, RunConfig
 
 __all__ = [
-    "DEFAULT_ENV_ID", "PRESETS_DIR", "Config", "ConfigError", "DeprecatedKey", "EnvConfig", "FaultConfig",
+    "DEFAULT_ENV_ID", "PRESETS_DIR", "Config", "ConfigError", "ConfigNote", "DeprecatedKey", "EnvConfig", "FaultConfig",
     "MetricsConfig", "ModelConfig", "PPOConfig", "RunConfig", "WrapperConfig", "load_config", "preset_path",
     "read_yaml", "validate",
 ]

@@ -901,6 +901,15 @@ def test_config_values_dppo_accepts_render_and_validate(helm_bin: str, args: lis
     validate_config(config)
 
 
+@pytest.mark.parametrize("rule, other", [("num_minibatches", "minibatch_size"), ("minibatch_size", "num_minibatches")])
+def test_one_batch_rule_in_config_replaces_the_preset_s_other(helm_bin: str, rule: str, other: str) -> None:
+    """config.ppo.num_minibatches over a preset that sizes its minibatches (and the reverse) renders one rule, as
+    `dppo train --set` does; both would be refused by dppo."""
+    config = training_config(render(helm_bin, "--set", "env=ALE/Breakout-v5", "--set", f"config.ppo.{rule}=4"))
+    assert config["ppo"][rule] == 4 and other not in config["ppo"]
+    assert validate_config(config).minibatch_size > 0
+
+
 def test_an_entry_point_beside_the_env_id_is_refused_at_render_time(helm_bin: str) -> None:
     out = helm(helm_bin, "template", "r", str(CHART), "--set", "config.env.entry_point=mysim.envs:Warehouse")
     assert out.returncode != 0

@@ -205,6 +205,11 @@ a typo fails here, in one line with the ids that start like it, instead of in th
 {{- $_ := set $managed.run "learner_resource" "dppo_learner" }}
 {{- $_ := set $managed.run "learner_threads" (int .Values.learners.cpus) }}
 {{- end }}
+{{- /* One batch rule: a count in config.ppo replaces the preset's size, and a size its count (as dppo's own load does). */}}
+{{- $userPPO := ((.Values.config | default dict).ppo | default dict) }}
+{{- $presetPPO := ($preset.ppo | default dict) }}
+{{- if hasKey $userPPO "num_minibatches" }}{{ $_ := unset $presetPPO "minibatch_size" }}{{ end }}
+{{- if hasKey $userPPO "minibatch_size" }}{{ $_ := unset $presetPPO "num_minibatches" }}{{ end }}
 {{- $config := mustMergeOverwrite (deepCopy $preset) (deepCopy .Values.config) $managed }}
 {{- if gt $learners 1 }}
 {{- $minibatch := int ((($config.ppo | default dict)).minibatch_size | default 0) }}
