@@ -18,6 +18,7 @@ from dppo.envs.make import make_env, make_parallel_env, make_vector_env
 from dppo.envs.multiagent import AgentTurns, ParallelVectorEnv, check_columns
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import UsageError
+from dppo.rl.agent import export_weights
 from dppo.rl.sampler import Sampler
 
 MASKS = {"runner": np.array([1, 1, 0], np.int8), "scout": np.array([0, 1, 1], np.int8)}
@@ -74,6 +75,37 @@ class Odd(Relay):
 
 class Turns(AECEnv):
     possible_agents: ClassVar[list[str]] = ["a"]
+
+
+class OneAgent(ParallelEnv):
+    """A gymnasium env as a Parallel env of one agent: dppo must step it exactly as it steps the gymnasium env."""
+
+    metadata: ClassVar[dict] = {"name": "one_agent_v0"}
+
+    def __init__(self, env_id: str, max_episode_steps: int) -> None:
+        self.env = gym.make(env_id, max_episode_steps=max_episode_steps)
+        self.possible_agents = ["agent"]
+
+    def observation_space(self, agent: str) -> gym.Space:
+        return self.env.observation_space
+
+    def action_space(self, agent: str) -> gym.Space:
+        return self.env.action_space
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        self.agents = ["agent"]
+        obs, info = self.env.reset(seed=seed, options=options)
+        return {"agent": obs}, {"agent": info}
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        obs, reward, terminated, truncated, info = self.env.step(actions["agent"])
+        if terminated or truncated:
+            self.agents = []
+        return {"agent": obs}, {"agent": reward}, {"agent": terminated}, {"agent": truncated}, {"agent": info}
+
+
+def one_agent_env(**kwargs) -> OneAgent:
+    return OneAgent(**kwargs)
 
 
 def relay_env(**kwargs) -> Relay:
@@ -191,6 +223,24 @@ def test_a_sampler_counts_one_episode_per_agent_per_env_episode() -> None:
     assert segment.truncated[:, 0].sum() == 2 and segment.terminated[:, 1].sum() == 2
     assert (segment.final_values[segment.truncated] != 0).all()  # the runner's time limit is bootstrapped
     sampler.close()
+
+
+def test_a_one_agent_parallel_env_samples_exactly_as_its_gymnasium_env() -> None:
+    """Same seeds, same actions, same segments: episodes ending by termination and by time limit, final values
+    bootstrapped from the final observation, autoreset, episode statistics."""
+    common = ["ppo.segment_length=40", "ppo.minibatch_size=40", "run.seed=4"]
+    parallel = load_config(None, {"env.entry_point": "test_multiagent:one_agent_env", "env.num_envs": 3},
+                           ["env.multiagent=true", "env.kwargs.env_id=CartPole-v1", "env.kwargs.max_episode_steps=12",
+                            *common])
+    single = load_config(None, {"env.id": "CartPole-v1", "env.num_envs": 3}, ["env.max_episode_steps=12", *common])
+    ours, theirs = Sampler(parallel), Sampler(single)
+    ours.set_weights(export_weights(theirs.agent.model), 1)  # one policy for both (initial weights come unseeded)
+    ours, theirs = ours.sample(), theirs.sample()
+    assert ours.truncated.any() and ours.terminated.any()
+    for field in ("actions", "rewards", "terminated", "truncated", "final_values", "values", "last_values",
+                  "episode_returns", "episode_lengths"):
+        assert np.array_equal(getattr(ours, field), getattr(theirs, field)), field
+    assert np.array_equal(ours.obs.vector, theirs.obs.vector)
 
 
 def test_the_start_check_and_the_model_spaces_come_from_one_agent() -> None:
