@@ -102,6 +102,15 @@ def test_simple_spread_trains_resumes_and_evaluates(ray_address: str, tmp_path: 
     assert evaluated.returncode == 0 and "mean return" in evaluated.stdout, evaluated.stderr
 
 
+def test_the_example_config_trains(ray_address: str, tmp_path: Path) -> None:
+    example = Path(__file__).parents[2] / "examples" / "simple-spread.yaml"
+    run = tmp_path / "run"
+    done = dppo("train", "--config", str(example), "--total-steps", "2400", "--no-tensorboard", "--address",
+                ray_address, "--run-dir", str(run))
+    assert done.returncode == 0, done.stderr
+    assert [r["episodes"] for r in progress(run)] == [96]  # 2 actors x 24 columns x two 25-step episodes
+
+
 def test_a_users_module_whose_agents_leave_early_trains_with_masks_and_evaluation(
         ray_address: str, tmp_path: Path) -> None:
     (tmp_path / "crowd.py").write_text(textwrap.dedent(CROWD))
