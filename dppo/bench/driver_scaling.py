@@ -142,14 +142,25 @@ def driver_config(env_id: str, actors: int, envs_per_actor: int, segment_length:
     return config
 
 
-def actor_memory_mib(handles: list[Any]) -> tuple[float, float]:
-    """Mean RSS and PSS (shared pages shared out) of the actors' processes, MiB."""
+def actor_pids(handles: list[Any]) -> list[int]:
     import ray
 
-    pids = ray.get([h.pid.remote() for h in handles])
+    return ray.get([h.pid.remote() for h in handles])
+
+
+def actor_memory_mib(pids: list[int]) -> tuple[float, float]:
+    """Mean RSS and PSS (shared pages shared out) of the actors' processes, MiB."""
     rss = [read_kib(f"/proc/{p}/status", "VmRSS:") / 1024 for p in pids]
     pss = [read_kib(f"/proc/{p}/smaps_rollup", "Pss:") / 1024 for p in pids]
     return round(statistics.fmean(rss), 1), round(statistics.fmean(pss), 1)
+
+
+def wait_gone(pids: list[int], timeout_s: float = 120.0) -> None:
+    """Until the killed actors' processes have exited (``ray.kill`` returns first), so the next N's memory check
+    sees their memory free; at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def idle_actor_memory(env_id: str, envs_per_actor: int, segment_length: int) -> tuple[float, float]:
@@ -161,11 +172,41 @@ def idle_actor_memory(env_id: str, envs_per_actor: int, segment_length: int) -> 
     config = bench_config(env_id, envs_per_actor, segment_length, 0.0, "sync")
     config.run.actor_cpus = 0.01
     handle = start_actor(config, 0, 1)
+    pids: list[int] = []
     try:
         ray.get(handle.ready.remote())
-        return actor_memory_mib([handle])
+        pids = actor_pids([handle])
+        return actor_memory_mib(pids)
     finally:
         ray.kill(handle, no_restart=True)
+        wait_gone(pids)
+
+
+def poll_us(count: int, repeats: int = 50) -> float:
+    """Median microseconds of one ``ray.wait(refs, num_returns=1)`` over ``count`` objects that are all ready: the
+    driver's cost of one poll of the gather, which makes one per arriving segment over the refs still pending."""
+    import ray
+
+    refs = [ray.put(i) for i in range(count)]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        ray.wait(refs, num_returns=1, timeout=0)
+        times.append(time.perf_counter() - start)
+    return round(statistics.median(times) * 1e6, 1)
+
+
+def gather_polls_ms(count: int) -> float:
+    """Milliseconds of the polls alone of a gather of ``count`` segments, one per arrival over the refs still
+    pending (``count`` + ... + 1 refs), with every object already ready in the driver's store: the part of the
+    gather that grows with N², measured without actors."""
+    import ray
+
+    refs = [ray.put(i) for i in range(count)]
+    start = time.perf_counter()
+    for pending in range(count, 0, -1):
+        ray.wait(refs[:pending], num_returns=1, timeout=0)
+    return round((time.perf_counter() - start) * 1e3, 1)
 
 
 def _median_ms(values: list[float]) -> float:
@@ -187,17 +228,20 @@ def measure(config: Config, iterations: int) -> Row:
 
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # the run installs its own
     coordinator = timed_coordinator(config, Path(config.run.run_dir or "."), ledger, on_iteration)
+    pids: list[int] = []
     try:
         started = time.perf_counter()
         coordinator.start()
         startup_s = time.perf_counter() - started
-        rss, pss = actor_memory_mib([coordinator.pool.members.slots[i].handle for i in coordinator.pool.alive])
+        pids = actor_pids([coordinator.pool.members.slots[i].handle for i in coordinator.pool.alive])
+        rss, pss = actor_memory_mib(pids)
         coordinator.run_dir.path.mkdir(parents=True, exist_ok=True)
         ledger.take()
         mark.update(t=time.perf_counter(), cpu=_cpu_s())
         coordinator.run()
     finally:
         coordinator.shutdown()
+        wait_gone(pids)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     timed = per_iteration[1:]  # the first iteration warms up (first weights, first calls)
@@ -244,13 +288,13 @@ def total_gib() -> float:
 def bench_driver(counts: list[int], env_id: str = "CartPole-v1", envs_per_actor: int = 1, segment_length: int = 8,
                  actor_cpus: float = 0.01, iterations: int = 20, address: str | None = None,
                  log: Callable[[str], None] = print) -> tuple[list[Row], dict[str, float]]:
-    """One row per N (an N whose actors would not fit this machine's memory gets a row that says so instead),
-    and one idle actor's memory."""
+    """One row per N (an N whose actors would not fit this machine's memory gets a row that says so instead);
+    one idle actor's memory and the polls of a 1,000-segment gather."""
     rows: list[Row] = []
     cpus = max(2, math.ceil(max(counts) * actor_cpus))
     with ray_session(address, cpus):
         rss, pss = idle_actor_memory(env_id, envs_per_actor, segment_length)
-        idle = {"rss_mib": rss, "pss_mib": pss}
+        idle = {"rss_mib": rss, "pss_mib": pss, "polls_1000_ms": gather_polls_ms(1000)}
         log(f"one idle actor: RSS {rss:.0f} MiB, PSS {pss:.0f} MiB")
         per_actor = pss  # the largest PSS an actor has had so far (a sampling actor's exceeds an idle one's)
         for n in counts:
@@ -263,7 +307,7 @@ def bench_driver(counts: list[int], env_id: str = "CartPole-v1", envs_per_actor:
             with tempfile.TemporaryDirectory(prefix="dppo-bench-driver-") as tmp:
                 config = driver_config(env_id, n, envs_per_actor, segment_length, actor_cpus, iterations,
                                        Path(tmp) / "run")
-                rows.append(measure(config, iterations))
+                rows.append({**measure(config, iterations), "poll_us": poll_us(n)})
             per_actor = max(per_actor, rows[-1]["actor_pss_mib"])
             log(f"N={n}: overhead {rows[-1]['overhead_ms']} ms, start-up {rows[-1]['startup_s']} s")
     return rows, idle
@@ -303,40 +347,40 @@ NOTE = (
     "wall time - the slowest actor's own sampling (`sample_ms`); `driver_cpu_ms`: the driver process's CPU time "
     "per iteration (all its threads, Ray's included). The pieces: `broadcast_ms` (export the weights, "
     "`broadcast_arg`, dispatch N `sample` calls), `gather_wait_ms` (the `ray.wait` polls, `polls` of them over "
-    "`polled_refs` refs in all: the actors' sampling and their calls' transport are inside it), `gather_get_ms` "
+    "`polled_refs` refs in all: the actors' sampling and their calls' transport are inside it; `poll_us` is one "
+    "such poll over N ready refs, measured alone), `gather_get_ms` "
     "(`ray.get` of the N segments), `batch_ms` (the N-way concatenation and GAE), `sgd_ms` (the tiny update), "
     "`bookkeeping_ms` (counters and the progress record), `report_ms` (progress.jsonl, metrics, TensorBoard, "
     "log), `other_ms` the rest of the loop. `startup_s`: the learner and N actors started and their envs made. "
-    "One idle actor takes {rss:.0f} MiB RSS, {pss:.0f} MiB PSS here; an N whose actors would not fit this "
+    "One idle actor takes {rss_mib:.0f} MiB RSS, {pss_mib:.0f} MiB PSS here; an N whose actors would not fit this "
     "machine's free memory (less a quarter of it, kept for the rest of a shared machine) is not run (the row "
     "says so, with the figures).\n\n"
     "**On this machine the N actors share its {cores} cores with the driver**, so `gather_wait_ms` holds N actors' "
     "call handling (deserialize the broadcast, sample, serialize the segment) queued on {cores} cores: "
     "that part grows with N here and is spread over N cores on a cluster; `driver_cpu_ms` is what the driver "
     "itself spends.\n\n"
-    "**What grows with N, and what breaks first at 1,000 actors on KubeRay** (analysis, not measured here): "
-    "per iteration the driver makes N `sample` calls, polls `ray.wait` once per arriving segment over the "
-    "refs still pending (about N²/2 ref checks per round: the `polled_refs` column), fetches and deserializes "
-    "N segments into its own process (`ray.get`: every env step of the round crosses into the driver, the "
-    "bandwidth a single process has), concatenates N segments, and reports N per-actor metric series "
-    "(Prometheus labels per actor). At start the GCS registers N actors and the raylets start N worker "
-    "processes (`startup_s`; Ray's worker start-up concurrency is bounded per node); on KubeRay at 1,000 actors "
-    "with one CPU each that is about 1,000 / (cores per pod) worker pods, each a raylet heartbeating to the "
-    "head's GCS. The first limit: the driver's single process, which receives and deserializes every segment "
-    "and polls N refs per arrival, so its per-iteration cost grows with N × segment size and, for the polls, "
-    "with N²; with Atari-sized segments (8 envs x 128 steps of 84x84x4 uint8 frames: about 28 MiB each) 1,000 "
-    "actors put about 27 GiB through the driver per iteration, far beyond what one process deserializes in the "
-    "0.5 s budget. Next the head's GCS (actor table, N object-ownership records per round, the raylets' "
-    "heartbeats) and the head node's object store, which receives every segment the driver gets. How the design "
-    "answers it: with `run.learners` > 1 the learners already get the segments by reference and the driver "
-    "never concatenates the batch, but today the pool still `ray.get`s every segment (for its NaN/Inf check and "
-    "the episode counts), so the transfer into the head remains: an actor that returns a small summary "
-    "(episode returns, NaN flag, sample seconds) beside its segment's ref removes it; a gather that waits for "
-    "many refs per poll (`ray.wait` with `num_returns` > 1) makes the polls linear in N; fewer, bigger actors "
-    "(more envs each, ale-py's vector env) keep N in the hundreds for the same env steps; a hierarchical gather "
-    "(one sub-driver per node group) bounds what any one process receives; the inference service (issue 35) "
-    "moves the policy's forward pass off the actors, so each actor is lighter and more envs fit "
-    "one actor (its batching latency is not measured yet)."
+    "**What grows with N, and what breaks first at 1,000 actors on KubeRay** (on paper, but for the one figure "
+    "measured here): per iteration the driver makes N `sample` calls, polls `ray.wait` once per arriving segment "
+    "over the refs still pending (N(N+1)/2 ref checks per round: the `polled_refs` column; alone, the 1,000 polls "
+    "of a 1,000-segment gather with every object ready took {polls_1000_ms:.0f} ms of the driver here), fetches "
+    "and deserializes N segments into its one process (`ray.get`: every env step of the round crosses into the "
+    "driver), concatenates them, and reports N per-actor metric series (a Prometheus label per actor). At start "
+    "the GCS registers N actors and the raylets start N worker processes, a few at a time per node "
+    "(`startup_s`); on KubeRay 1,000 one-CPU actors are 1,000 / (cores per pod) worker pods, each a raylet "
+    "reporting to the head's GCS. What breaks first is the driver's one process: it receives every segment and "
+    "its polls grow with N². With Atari-sized segments (8 envs x 128 steps of 84x84x4 uint8 frames, about 28 MiB "
+    "each) 1,000 actors put about 27 GiB through it per iteration, far more than one process deserializes in "
+    "the 0.5 s budget; with tiny segments the N² polls go first. Next come the head's GCS (the actor table, N "
+    "object-ownership records per round, the raylets' reports) and the head node's object store, which receives "
+    "every segment the driver gets. How the design answers it: with `run.learners` > 1 the learners already get "
+    "the segments by reference and the driver never concatenates the batch, but today the pool still `ray.get`s "
+    "every segment (for its NaN/Inf check and the episode counts), so the transfer into the head remains; an "
+    "actor that returns a small summary (episode returns, NaN flag, sample seconds) beside its segment's ref "
+    "removes it. A gather that takes every ready ref per poll (`ray.wait` with `num_returns` = the refs pending "
+    "and a timeout) makes the polls linear in N. Fewer, bigger actors (more envs each, ale-py's vector env) keep "
+    "N in the hundreds for the same env steps; a hierarchical gather (a sub-driver per node group) bounds what "
+    "any one process receives; the inference service (issue 35) moves the policy's forward pass off the "
+    "actors, so each is lighter and holds more envs (its batching latency is not measured yet)."
 )
 
 
@@ -349,9 +393,9 @@ def cmd_driver(args: argparse.Namespace) -> int:
     rows, idle = bench_driver(counts, env_id, args.envs_per_actor, args.segment_length, args.actor_cpus,
                               args.iterations, args.address)
     note = NOTE.format(envs=args.envs_per_actor, steps=args.segment_length, env=args.env, cpus=args.actor_cpus,
-                       rss=idle["rss_mib"], pss=idle["pss_mib"], cores=info["cpus"])
+                       cores=info["cpus"], **idle)
     columns = ["actors", "startup_s", "iteration_ms", "sample_ms", "overhead_ms", "overhead_per_actor_ms",
-               "driver_cpu_ms", "broadcast_ms", "gather_wait_ms", "gather_get_ms", "polls", "polled_refs",
+               "driver_cpu_ms", "broadcast_ms", "gather_wait_ms", "gather_get_ms", "polls", "polled_refs", "poll_us",
                "batch_ms", "sgd_ms", "bookkeeping_ms", "report_ms", "other_ms", "actor_rss_mib", "actor_pss_mib"]
     if any("note" in r for r in rows):
         columns.append("note")

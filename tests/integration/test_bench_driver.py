@@ -7,6 +7,7 @@ segment, over the refs still pending), the pieces fitting the whole, and the sec
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -40,12 +41,13 @@ def test_driver_command_breaks_the_iteration_down_per_n(ray_address: str, tmp_pa
         for piece in ("broadcast_ms", "gather_wait_ms", "gather_get_ms", "batch_ms", "sgd_ms", "report_ms"):
             assert 0 < row[piece] < row["iteration_ms"], piece
         # each poll is over the refs still pending of the n asked: at least one, at most n
-        assert row["polls"] >= 1 and row["polls"] <= row["polled_refs"] <= row["polls"] * n
+        assert row["polls"] >= 1 and row["polls"] <= row["polled_refs"] <= row["polls"] * n and row["poll_us"] > 0
         assert row["driver_cpu_ms"] > 0 and row["actor_rss_mib"] > row["actor_pss_mib"] > 0
     text = docs.read_text()
     begin, end = section_markers("driver-CartPole-v1")
     assert begin in text and end in text and "dppo bench driver" in text and "Machine:" in text
     assert "what breaks first at 1,000 actors" in text
+    assert re.search(r"the 1,000 polls of a 1,000-segment gather with every object ready took \d+ ms", text)
 
 
 def test_driver_bad_input_is_a_usage_error() -> None:
