@@ -164,6 +164,9 @@ def make_parallel_env(cfg: EnvConfig, render_mode: str | None = None) -> Any:
         env = factory(**kwargs)
     except TypeError as err:
         raise kwargs_error(f"env {cfg.name!r}", cfg.kwargs, render_mode, err) from None
+    except Exception as err:  # the user's constructor raised: their input, not our bug
+        raise EnvLoadError(f"making env {cfg.name!r} raised {type(err).__name__}: {err}; "
+                           "check the env's code and env.kwargs") from None
     env = _require_parallel_env(env, f"env {cfg.name!r}")
     for wrapper in cfg.wrappers:
         if ":" not in wrapper.name:
