@@ -146,8 +146,8 @@ def _require_parallel_env(env: Any, what: str) -> Any:
         raise EnvLoadError(f"{what} needs PettingZoo (env.multiagent): pip install 'dppo[multiagent]'") from None
     if isinstance(env, AECEnv):
         raise EnvLoadError(f"{what} returned an AEC (turn-based) env; dppo takes PettingZoo's Parallel API for now "
-                           "(AEC games: issue 36): name the env's parallel_env, or wrap it with "
-                           "pettingzoo.utils.conversions:aec_to_parallel if its agents can act at once")
+                           "(AEC games: issue 36): name the env's parallel_env, or, if its agents can act at once, add "
+                           "env.wrappers: [pettingzoo.utils.conversions:aec_to_parallel]")
     if not isinstance(env, ParallelEnv):
         raise EnvLoadError(f"{what} returned a {type(env).__name__}, not a PettingZoo ParallelEnv; return one, or "
                            "set env.multiagent to false for a gymnasium env")
@@ -167,7 +167,7 @@ def make_parallel_env(cfg: EnvConfig, render_mode: str | None = None) -> Any:
     except Exception as err:  # the user's constructor raised: their input, not our bug
         raise EnvLoadError(f"making env {cfg.name!r} raised {type(err).__name__}: {err}; "
                            "check the env's code and env.kwargs") from None
-    env = _require_parallel_env(env, f"env {cfg.name!r}")
+    what = f"env {cfg.name!r}"
     for wrapper in cfg.wrappers:
         if ":" not in wrapper.name:
             raise EnvLoadError(f"wrapper {wrapper.name!r}: a PettingZoo env's wrappers are functions of the Parallel "
@@ -177,8 +177,8 @@ def make_parallel_env(cfg: EnvConfig, render_mode: str | None = None) -> Any:
         except TypeError as err:
             raise EnvLoadError(f"wrapper {wrapper.name!r} rejected kwargs {wrapper.kwargs} ({err}); fix its kwargs"
                                ) from None
-        env = _require_parallel_env(env, f"wrapper {wrapper.name!r}")
-    return env
+        what = f"wrapper {wrapper.name!r}"
+    return _require_parallel_env(env, what)
 
 
 def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:

@@ -318,3 +318,15 @@ def test_wrappers_wrap_the_parallel_env_in_order() -> None:
     vec = make_vector_env(cfg)
     vec.reset(seed=0)
     assert step(vec)[1].tolist() == [1.0, 2.0, 1.0, 2.0]  # the scout's 10 clipped
+
+
+def test_an_aec_env_whose_agents_can_act_at_once_runs_through_pettingzoos_conversion() -> None:
+    cfg = load_config(None, {"env.entry_point": "mpe2.simple_spread_v3:env", "env.num_envs": 3},
+                      ["env.multiagent=true", "env.kwargs.max_cycles=5"])
+    cfg.env.wrappers = [{"name": "pettingzoo.utils.conversions:aec_to_parallel"}]
+    vec = make_vector_env(cfg)
+    obs, _ = vec.reset(seed=0)
+    assert obs.shape == (3, 18) and step(vec)[1].shape == (3,)
+    cfg.env.wrappers = []
+    with pytest.raises(EnvLoadError, match=r"env.wrappers: \[pettingzoo.utils.conversions:aec_to_parallel\]"):
+        make_vector_env(cfg)
