@@ -111,6 +111,8 @@ class ActorPool:
             else:
                 wait_s = min(POLL_S, deadline - now)
             ready = self.calls.wait(list(pending), num_returns=1, timeout=wait_s)
+            if ready and len(pending) > 1:  # every ref ready by now in one sweep: one poll per arrival is N^2 refs
+                ready = self.calls.wait(list(pending), num_returns=len(pending), timeout=0)
             if not ready and past and len(segments) >= needed:
                 self._drop_late(pending)
                 return lost, True
