@@ -60,12 +60,12 @@ def check_env_id(env_id: str) -> str:
 
 def bench_config(env_id: str, envs_per_actor: int | None, segment_length: int | None, latency_ms: float,
                  vectorization: str, actors: int = 1, sets: list[str] | None = None) -> Config:
-    """The env's preset with the benchmark's overrides (minibatch 1 so any batch validates)."""
+    """The env's preset with the benchmark's overrides (one minibatch: any batch validates)."""
     from dppo.config import load_config
 
     overrides: dict[str, Any] = {"env.id": env_id, "env.num_envs": envs_per_actor, "ppo.segment_length": segment_length,
                                  "env.latency_ms": latency_ms, "env.vectorization": vectorization,
-                                 "run.actors": actors, "ppo.minibatch_size": 1}
+                                 "run.actors": actors, "ppo.num_minibatches": 1}
     return load_config(overrides=overrides, sets=sets)
 
 
