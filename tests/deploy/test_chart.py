@@ -333,6 +333,20 @@ def test_gpu_learner_puts_a_gpu_on_the_head_only(helm_bin: str) -> None:
     assert "tolerations" not in worker
 
 
+def test_the_inference_service_goes_to_the_gpu_head(helm_bin: str) -> None:
+    """run.inference=server with head.gpus: the head is the only node advertising GPUs and CPUs nowhere but the
+    workers, so the service (num_cpus 0, half a GPU: dppo/distributed/inference.py) can only be placed on the head,
+    beside the driver's update; the config dppo reads asks for the server."""
+    objects = render(helm_bin, "-f", str(VALUES_DIR / "gpu-learner.yaml"), "--set", "config.run.inference=server")
+    cluster = one(objects, "RayJob")["spec"]["rayClusterSpec"]
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-gpus"] == "1"
+    assert all("num-gpus" not in group["rayStartParams"] and "GPU" not in group.get("resources", {})
+               for group in cluster["workerGroupSpecs"])
+    assert validate_config(training_config(objects)).run.inference == "server"
+    refused = helm(helm_bin, "template", "r", str(CHART), "--set", "config.run.inference=gpu")
+    assert refused.returncode != 0 and "inference" in refused.stderr
+
+
 def test_learners_are_a_second_worker_group(helm_bin: str) -> None:
     """learners.replicas L >= 2: L learner pods advertising dppo_learner and no CPUs (actors never land there),
     and the run's config asks for L learners on that resource."""
