@@ -15,7 +15,7 @@ COPY --chown=1000:100 pyproject.toml README.md /tmp/src/
 COPY --chown=1000:100 dppo /tmp/src/dppo
 RUN cp -r /tmp/src /tmp/build \
     && pip wheel --no-cache-dir --no-deps --wheel-dir /tmp/wheels /tmp/build \
-    && echo "dppo[box2d,mujoco,atari] @ file://$(echo /tmp/wheels/dppo-*.whl)" > /tmp/wheels/requirements.txt
+    && echo "dppo[box2d,mujoco,atari,multiagent] @ file://$(echo /tmp/wheels/dppo-*.whl)" > /tmp/wheels/requirements.txt
 
 FROM rayproject/ray:${RAY_VERSION}-${PYTHON}-${VARIANT}
 ARG RAY_VERSION

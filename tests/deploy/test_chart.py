@@ -333,6 +333,14 @@ def test_gpu_learner_puts_a_gpu_on_the_head_only(helm_bin: str) -> None:
     assert "tolerations" not in worker
 
 
+def test_a_pettingzoo_env_renders_a_multiagent_config(helm_bin: str) -> None:
+    """env=<PettingZoo module> passes the env id check (left to the run, like package:EnvId) and renders a config
+    dppo reads as a multi-agent env with its agent columns."""
+    config = validate_config(training_config(render(helm_bin, "-f", str(VALUES_DIR / "multiagent.yaml"))))
+    assert config.env.multiagent and config.env.id == "mpe2.simple_spread_v3" and config.env.num_envs == 24
+    assert config.env.kwargs == {"N": 3, "max_cycles": 25, "continuous_actions": False}
+
+
 def test_the_inference_service_goes_to_the_gpu_head(helm_bin: str) -> None:
     """run.inference=server with head.gpus: the head is the only node advertising GPUs and CPUs nowhere but the
     workers, so the service (num_cpus 0, half a GPU: dppo/distributed/inference.py) can only be placed on the head,

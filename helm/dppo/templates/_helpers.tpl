@@ -158,7 +158,8 @@ a typo fails here, in one line with the ids that start like it, instead of in th
 (a package that registers the id on import) is left to the run's own check. */}}
 {{- define "dppo.checkEnvId" -}}
 {{- $env := .Values.env | default "" | toString }}
-{{- if and $env (not (contains ":" $env)) }}
+{{- /* package:EnvId-v0 and a PettingZoo module (mpe2.simple_spread_v3) are left to the run's own one-line check. */}}
+{{- if and $env (not (contains ":" $env)) (not (regexMatch "^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)+_v[0-9]+$" $env)) }}
 {{- $known := (.Files.Get "registered-envs.json" | fromJson) }}
 {{- if not (has $env $known.ids) }}
 {{- $name := lower (regexReplaceAll "^.*/" $env "") }}
@@ -167,7 +168,7 @@ a typo fails here, in one line with the ids that start like it, instead of in th
 {{- if hasPrefix (trunc 4 $name) (lower (regexReplaceAll "^.*/" . "")) }}{{ $like = append $like . }}{{ end }}
 {{- end }}
 {{- $hint := ternary (printf " Did you mean %s?" (join ", " (slice $like 0 (min 6 (len $like))))) "" (gt (len $like) 0) }}
-{{- fail (printf "env=%s is not an id the chart knows (gymnasium %s's, ale-py's ALE/ ids, dppo's own).%s An env that a package registers on import is written package:EnvId-v0 (e.g. minigrid:MiniGrid-Empty-5x5-v0; the run imports the package first)" $env (index $known "gymnasium") $hint) }}
+{{- fail (printf "env=%s is not an id the chart knows (gymnasium %s's, ale-py's ALE/ ids, dppo's own).%s An env that a package registers on import is written package:EnvId-v0 (e.g. minigrid:MiniGrid-Empty-5x5-v0; the run imports the package first); a PettingZoo env is its module, e.g. mpe2.simple_spread_v3" $env (index $known "gymnasium") $hint) }}
 {{- end }}
 {{- end }}
 {{- end }}
