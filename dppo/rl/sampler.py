@@ -187,7 +187,9 @@ class Sampler:
             transform.start(steps, num_envs)
         self.episodes.start()
         memory = self._memory_at_start(steps, num_envs)
-        start = time.perf_counter()
+        clock = time.perf_counter
+        start = clock()
+        env_s = policy_s = 0.0  # seconds in the envs' step and in the policy's receive/value (never overlapping)
         last = spec.empty((num_envs,))  # the observation after the segment: the bootstrap's input
         nonfinite = False
         for rows, obs in zip(self.rows, self.half_obs, strict=True):
@@ -199,16 +201,23 @@ class Sampler:
             encoded = obs_buf[t + 1] if t + 1 < steps else last
             stepped = []
             for h, rows in enumerate(self.rows):  # with two halves, one steps while the other's actions are made
+                asked = clock()
                 action, log_prob, value = policy.receive(rows)
                 act_buf[t, rows], logp_buf[t, rows], value_buf[t, rows] = action, log_prob, value
+                acted = clock()
                 next_obs, reward, terminated, truncated, info = self.halves[h].step(action_spec.to_env(action))
+                stepped_at = clock()
+                policy_s += acted - asked
+                env_s += stepped_at - acted
                 nonfinite |= self._encode(next_obs, encoded[rows])
                 cut = truncated & ~terminated
                 if cut.any():  # a time limit, not a terminal state: bootstrap from V(final obs)
                     final = spec.encode_rows(info["final_obs"], np.flatnonzero(cut))
                     scrub_nonfinite(final.vector)
-                    final_value_buf[t, rows][cut] = policy.value(self.normalize_obs(final),
-                                                                 rows=np.flatnonzero(cut) + rows.start)
+                    final = self.normalize_obs(final)
+                    asked = clock()
+                    final_value_buf[t, rows][cut] = policy.value(final, rows=np.flatnonzero(cut) + rows.start)
+                    policy_s += clock() - asked
                 done = np.zeros(num_envs, bool)
                 done[rows] = terminated | truncated
                 if done.any():
@@ -222,7 +231,10 @@ class Sampler:
                 self.normalize_obs(encoded)
                 self._send(encoded[self.rows[-1]], self.rows[-1], memory, t + 1)
             nonfinite |= self._account(t, stepped, reward_buf, term_buf, trunc_buf)
-        last_values = policy.value(self.normalize_obs(last))
+        last = self.normalize_obs(last)
+        asked = clock()
+        last_values = policy.value(last)
+        ended = clock()
         return Segment(
             obs=obs_buf, actions=act_buf, log_probs=logp_buf, values=value_buf, rewards=reward_buf,
             terminated=term_buf, truncated=trunc_buf, final_values=final_value_buf,
@@ -230,7 +242,7 @@ class Sampler:
             episode_returns=np.asarray(self.episodes.returns, np.float64),
             episode_lengths=np.asarray(self.episodes.lengths, np.int64),
             policy_version=policy.version, actor_id=self.actor_id,
-            sample_seconds=time.perf_counter() - start,
+            sample_seconds=ended - start, env_seconds=env_s, policy_seconds=policy_s + ended - asked,
             obs_stats=self.normalize_obs.summary(), return_stats=self.learning_reward.summary(),
             nonfinite=nonfinite, **(memory or {}),
         )

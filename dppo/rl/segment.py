@@ -31,7 +31,9 @@ class Segment:
     episode_lengths: np.ndarray  # (n_episodes,) int64
     policy_version: int
     actor_id: int
-    sample_seconds: float
+    sample_seconds: float  # the segment's wall time in the actor, start to last value
+    env_seconds: float = 0.0  # of sample_seconds: in the envs' step calls
+    policy_seconds: float = 0.0  # of sample_seconds: the policy's forward pass, or the wait for the service's reply
     obs_stats: RunningStats | None = None  # what this segment's observations add to the global stats
     return_stats: RunningStats | None = None  # same for the discounted return (reward scaling)
     nonfinite: bool = False  # NaN/Inf seen in raw observations or rewards

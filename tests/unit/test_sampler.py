@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 from dppo.config import Config, load_config
+from dppo.rl.agent import Agent
+from dppo.rl.policy import RemotePolicy, Reply, Request
 from dppo.rl.sampler import Sampler
 
 
@@ -107,3 +112,48 @@ def test_each_vectorization_mode_steps_and_autoresets_the_same(mode: str) -> Non
     finally:
         sampler.close()
     np.testing.assert_array_equal(seg.obs.vector[:12, 0, 0], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1])
+
+
+def test_a_segment_splits_its_sampling_time_into_env_stepping_and_the_policy() -> None:
+    """env.latency_ms makes each env step take at least 5 ms (its wrapper sleeps out the rest, and a fresh env owes
+    no overrun), so the T x E steps take at least T x E x 5 ms of the segment's env seconds; the policy's forward
+    passes are timed apart from them, and neither counts the other or the actor's own work twice."""
+    steps, num_envs = 10, 2
+    cfg = load_config(overrides={"env.num_envs": num_envs, "ppo.segment_length": steps, "ppo.minibatch_size": 4,
+                                 "env.latency_ms": 5})
+    seg = Sampler(cfg).sample()
+    assert seg.env_seconds >= steps * num_envs * 0.005
+    assert seg.policy_seconds > 0
+    assert seg.env_seconds + seg.policy_seconds <= seg.sample_seconds
+
+
+class SlowService:
+    """An in-process inference client whose every reply takes at least ``delay`` seconds (a busy service)."""
+
+    def __init__(self, agent: Agent, delay: float) -> None:
+        self.agent, self.delay, self.replies = agent, delay, 0
+
+    def submit(self, request: Request) -> Request:
+        return request
+
+    def result(self, request: Request) -> Reply:
+        time.sleep(self.delay)
+        self.replies += 1
+        return Reply(request.version, self.agent.heads(request.obs, request.memory, request.starts))
+
+
+def test_with_two_halves_the_wait_for_the_service_and_the_stepping_add_up_within_the_segment() -> None:
+    steps, num_envs = 8, 4
+    cfg = load_config(overrides={"env.num_envs": num_envs, "ppo.segment_length": steps, "ppo.minibatch_size": 4,
+                                 "env.latency_ms": 2})
+    env = gym.make(cfg.env.id)
+    policy = RemotePolicy(env.observation_space, env.action_space, cfg.model, seed=7, num_envs=num_envs)
+    service = SlowService(Agent(env.observation_space, env.action_space, cfg.model, seed=0), delay=0.003)
+    policy.client = service
+    sampler = Sampler(cfg, seed=7, policy=policy)
+    sampler.set_weights({}, 0)
+    seg = sampler.sample()
+    assert len(sampler.halves) == 2
+    assert seg.policy_seconds >= service.replies * 0.003 and service.replies >= 2 * steps
+    assert seg.env_seconds >= steps * num_envs * 0.002
+    assert seg.env_seconds + seg.policy_seconds <= seg.sample_seconds
