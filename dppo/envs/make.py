@@ -89,15 +89,17 @@ def _make_registered(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
         raise kwargs_error(f"env {cfg.id!r}", cfg.kwargs, render_mode, err) from None
 
 
+def call_factory(factory: Any, what: str, kwargs: dict[str, Any], render_mode: str | None) -> Any:
+    """``factory(**kwargs)`` with the render mode; kwargs it does not take are one line naming ``what``."""
+    try:
+        return factory(**(kwargs if render_mode is None else {**kwargs, "render_mode": render_mode}))
+    except TypeError as err:
+        raise kwargs_error(what, kwargs, render_mode, err) from None
+
+
 def _make_entry_point(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
     factory = load_callable(cfg.entry_point or "", "env entry point")
-    kwargs = dict(cfg.kwargs)
-    if render_mode is not None:
-        kwargs["render_mode"] = render_mode
-    try:
-        env = factory(**kwargs)
-    except TypeError as err:
-        raise kwargs_error(f"env entry point {cfg.entry_point!r}", cfg.kwargs, render_mode, err) from None
+    env = call_factory(factory, f"env entry point {cfg.entry_point!r}", cfg.kwargs, render_mode)
     if not isinstance(env, gym.Env):
         raise EnvLoadError(f"env entry point {cfg.entry_point!r} returned a {type(env).__name__}, not a "
                            "gymnasium.Env; return an Env instance")
@@ -157,13 +159,10 @@ def _require_parallel_env(env: Any, what: str) -> Any:
 def make_parallel_env(cfg: EnvConfig, render_mode: str | None = None) -> Any:
     """One PettingZoo Parallel env as the config names it, with its wrappers (functions of the Parallel env)."""
     factory = _parallel_env_factory(cfg)
-    kwargs = dict(cfg.kwargs)
-    if render_mode is not None:
-        kwargs["render_mode"] = render_mode
     try:
-        env = factory(**kwargs)
-    except TypeError as err:
-        raise kwargs_error(f"env {cfg.name!r}", cfg.kwargs, render_mode, err) from None
+        env = call_factory(factory, f"env {cfg.name!r}", cfg.kwargs, render_mode)
+    except EnvLoadError:
+        raise
     except Exception as err:  # the user's constructor raised: their input, not our bug
         raise EnvLoadError(f"making env {cfg.name!r} raised {type(err).__name__}: {err}; "
                            "check the env's code and env.kwargs") from None
