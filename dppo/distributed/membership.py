@@ -6,20 +6,22 @@ calls). A lost actor's replacement is created at once, with a fresh seed, and be
 answers; below ``faults.min_actors`` alive actors the run waits, and says so: how many pending actors the
 cluster has no room for, and how many are placed and still making their envs. Losses are told apart: an actor
 that went with its node (preempted, the node dead or unreachable) is a node loss, one whose process died on a
-live node a crash, and only crashes spend the crash-loop budget. Every Ray call goes through ``calls``
-(:class:`~dppo.distributed.ray_calls.RayCalls`), so tests drive all of this with fakes.
+live node a crash, and only crashes spend the crash-loop budget. The life of each actor (start, ready, a loss
+classified and counted, a replacement) is the shared :class:`~dppo.distributed.lifecycle.ActorGroup`; this module
+adds the run's policy over it: the start timeout, the floor and the lines that say what the run waits for. Every Ray
+call goes through ``calls`` (:class:`~dppo.distributed.ray_calls.RayCalls`), so tests drive all of this with fakes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import ray
 
 from dppo.config import Config
 from dppo.distributed.actor import start_actor
+from dppo.distributed.lifecycle import ActorGroup, Member
 from dppo.distributed.ray_calls import RayCalls
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.user_code import EnvLoadError
@@ -46,17 +48,6 @@ class PoolEvents(Protocol):
     def segment_dropped(self, reason: str) -> None: ...
 
 
-@dataclass
-class Slot:
-    """One of the N actor places: its actor, and what is known of it."""
-
-    handle: ray.actor.ActorHandle
-    starting: ray.ObjectRef | None  # the ready() call of an actor not yet alive (None: alive)
-    since: float  # when it started (to say how long a replacement took)
-    replacement: bool = False  # it replaces a lost actor (its return is worth a line in the log)
-    node: str | None = None  # where it runs, once alive
-
-
 def actor_calls(config: Config) -> RayCalls:
     """The real Ray calls for a run's sampling actors."""
     return RayCalls(lambda index, seed: start_actor(config, index, seed))
@@ -69,25 +60,32 @@ class Membership:
                  calls: RayCalls | None = None) -> None:
         self.config, self.events, self.should_stop = config, events, should_stop
         self.calls = calls or actor_calls(config)
-        self.slots: list[Slot] = []
-        self.spawns = 0  # every actor started in this process, replacements included: each gets its own seed
         faults = config.faults
-        self.crashes = RestartBudget("actor", faults.max_actor_restarts, faults.restart_window_s, clock=self.calls.now)
+        crashes = RestartBudget("actor", faults.max_actor_restarts, faults.restart_window_s, clock=self.calls.now)
+        self.group = ActorGroup(self.calls, lambda index, spawn: actor_seed(config.run.seed, index, spawn), crashes)
+
+    @property
+    def slots(self) -> list[Member]:
+        return self.group.members
+
+    @property
+    def crashes(self) -> RestartBudget:
+        return self.group.crashes
 
     @property
     def alive(self) -> list[int]:
-        return [i for i, slot in enumerate(self.slots) if slot.starting is None]
+        return self.group.alive
 
     @property
     def pending(self) -> list[int]:
-        return [i for i, slot in enumerate(self.slots) if slot.starting is not None]
+        return self.group.pending
 
     def start(self) -> None:
         """Spawn the N actors and wait until each has made its envs (an env that an actor cannot import or make
         is bad input before anything is written); after faults.actor_start_timeout_s, start with those ready
         (at least faults.min_actors), and say so in one line."""
         began = self.calls.now()
-        self.slots = [self._spawn(i) for i in range(self.config.run.actors)]
+        self.group.start(self.config.run.actors)
         deadline = began + self.config.faults.actor_start_timeout_s
         try:
             self.wait_for(lambda: not self.pending or (self.calls.now() >= deadline and self.floor_met()),
@@ -134,14 +132,14 @@ class Membership:
 
     def promote(self, timeout: float) -> None:
         """Pending actors whose ready() answered become alive (or end the run: their env cannot be made)."""
-        starting = {slot.starting: i for i, slot in enumerate(self.slots) if slot.starting is not None}
+        starting = self.group.starting()
         if not starting:
             return
         for ref in self.calls.wait(list(starting), num_returns=len(starting), timeout=timeout):
             index = starting[ref]
             slot = self.slots[index]
             try:
-                problem, slot.node = self.calls.get(ref)
+                problem, node = self.calls.get(ref)
             except ray.exceptions.RayActorError as err:
                 if err.actor_init_failed:  # its constructor raised: the same code fails on any node
                     raise RunFailure(f"actor {index} failed to start: {first_line(err)}") from err
@@ -149,40 +147,20 @@ class Membership:
                 continue
             if problem is not None:
                 raise EnvLoadError(problem)
-            slot.starting = None
+            self.group.mark_ready(index, node)
             if slot.replacement:
                 self.events.message(f"actor {index} back after {self.calls.now() - slot.since:.1f} s: "
                                     f"{len(self.alive)} of {len(self.slots)} actors alive")
         self.events.actors_changed(len(self.alive), len(self.pending))
 
-    def _spawn(self, index: int, replacement: bool = False) -> Slot:
-        seed = actor_seed(self.config.run.seed, index, self.spawns)
-        self.spawns += 1
-        handle = self.calls.start(index, seed)
-        return Slot(handle, handle.ready.remote(), self.calls.now(), replacement)
-
     def replace(self, index: int, err: ray.exceptions.RayActorError) -> None:
         """A lost actor: classify the loss (only crashes spend the budget), then a replacement in its slot."""
-        node = self.slots[index].node or self.calls.placement(self.slots[index].handle).node
-        cause = self.loss_cause(node, err)
-        if cause == "crash":
-            self.crashes.spend(err)
-        self.calls.kill(self.slots[index].handle)
-        self.slots[index] = self._spawn(index, replacement=True)
-        self.events.actor_lost(index, cause, node)
-        what = "lost with its node" if cause == "node" else "crashed"
+        loss = self.group.replace(index, err)
+        self.events.actor_lost(index, loss.cause, loss.node)
+        what = "lost with its node" if loss.cause == "node" else "crashed"
         self.events.message(f"actor {index} {what} ({type(err).__name__}: {first_line(err)}); replacement pending: "
                             f"{len(self.alive)} of {len(self.slots)} actors alive")
         self.events.actors_changed(len(self.alive), len(self.pending))
 
-    def loss_cause(self, node: str | None, err: ray.exceptions.RayActorError) -> str:
-        """"node" when the actor went with its node (preempted, the node dead, or the actor unreachable: its
-        node's raylet no longer answers), else "crash" (the process died and its node reported it)."""
-        if err.preempted or isinstance(err, ray.exceptions.ActorUnavailableError):
-            return "node"
-        return "node" if node is not None and node not in self.calls.alive_nodes() else "crash"
-
     def shutdown(self) -> None:
-        for slot in self.slots:
-            self.calls.kill(slot.handle)
-        self.slots = []
+        self.group.shutdown()
