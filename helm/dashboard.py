@@ -186,7 +186,8 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
         (12, 8, timeseries_panel(
             "Iteration phase duration (mean)", "Mean seconds per iteration spent in each phase: sync (weights "
             "into the object store), sample (slowest actor's sampling), wait (rest of the gather), update (GAE "
-            "and SGD), checkpoint (only when one is written).",
+            "and SGD), checkpoint (only when one is written); and, parts of sample, env (stepping the envs) and "
+            "inference (the policy's forward pass in the actor, or the wait for the inference service).",
             [target(by_run(mean_of("dppo_iteration_phase_seconds")), "{{run}} {{phase}}")], unit="s", minimum=0)),
         (12, 8, timeseries_panel(
             "Iteration duration", "Mean and p90 wall seconds per iteration (dppo_iteration_seconds).",

@@ -30,7 +30,7 @@ from dppo.rl.build import build_model
 from dppo.rl.ppo import TrainStats
 from dppo.rl.sampler import EnvFailure
 from dppo.run.checkpoint import CheckpointStore, compose, compose_best
-from dppo.run.reporting import Reporter, progress_record
+from dppo.run.reporting import Reporter, progress_record, sampling_phases
 from dppo.run.run_dir import RunDir, strict_json
 from dppo.run.signals import StopSignals
 from dppo.run.state import RunState
@@ -187,9 +187,10 @@ class Coordinator:
         if self.first_iteration_s is None:  # this process's first round: first weights, first segments
             self.first_iteration_s = round(timer.elapsed(), 3)
         self.state.counters.wall_s = self.started.elapsed()
-        sample_s = max(s.sample_seconds for s in gathered.segments)
-        phases = {"sync": timer.seconds["sync"], "sample": sample_s,
-                  "wait": max(0.0, timer.seconds["gather"] - sample_s), "update": timer.seconds["update"]}
+        sampling = sampling_phases(gathered.segments)
+        phases = {"sync": timer.seconds["sync"], "sample": sampling["sample"],
+                  "wait": max(0.0, timer.seconds["gather"] - sampling["sample"]), "update": timer.seconds["update"],
+                  "env": sampling["env"], "inference": sampling["inference"]}
         record = progress_record(self.state, gathered.segments, steps, stats, phases, timer.elapsed())
         return {**record, **self.record_extra}, new_returns, phases
 

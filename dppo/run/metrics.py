@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from dppo.errors import UsageError
 
-PHASES = ("sample", "wait", "update", "sync", "checkpoint")
+PHASES = ("sample", "wait", "update", "sync", "checkpoint", "env", "inference")  # env, inference: parts of sample
 RETURN_BUCKETS = (-1000, -500, -250, -100, -50, 0, 50, 100, 200, 300, 400, 475, 500, 1000, 2000, 5000)
 PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -88,7 +88,8 @@ class Metrics(Exporter):
             "dppo_episode_return", "Returns of finished training episodes.", buckets=RETURN_BUCKETS, registry=r
         )
         self.phase_seconds = Histogram(
-            "dppo_iteration_phase_seconds", "Seconds each phase of an iteration took.", ["phase"],
+            "dppo_iteration_phase_seconds", "Seconds each phase of an iteration took (env and inference: parts of "
+            "sample).", ["phase"],
             buckets=PHASE_BUCKETS, registry=r,
         )
         self.iteration_seconds = Histogram(

@@ -51,9 +51,18 @@ class ActorCounts:
         return {"asked": self.asked, "alive": self.alive, "mean_alive": mean}
 
 
+def sampling_phases(segments: list[Segment]) -> dict[str, float]:
+    """The slowest actor's sampling seconds (``sample``: what the round waited for) and, of them, its seconds
+    stepping envs (``env``) and in its policy (``inference``: the forward pass in the actor, or the wait for the
+    inference service's reply); the rest is the actor's own work (encoding, normalizing, sending requests)."""
+    slowest = max(segments, key=lambda segment: segment.sample_seconds)
+    return {"sample": slowest.sample_seconds, "env": slowest.env_seconds, "inference": slowest.policy_seconds}
+
+
 def progress_record(state: RunState, segments: list[Segment], steps: int, stats: TrainStats,
                     phases: dict[str, float], iteration_s: float) -> dict[str, Any]:
-    """One line of progress.jsonl: counters, episode means, throughput, diagnostics, per-phase seconds."""
+    """One line of progress.jsonl: counters, episode means, throughput, diagnostics, per-phase seconds (``phases``:
+    the coordinator's sync, sample, wait, update and, of sample, env and inference; see :func:`sampling_phases`)."""
     c = state.counters
     return {
         "iteration": c.iteration, "env_steps": c.env_steps, "wall_s": round(c.wall_s, 3),

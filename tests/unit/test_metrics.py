@@ -91,7 +91,7 @@ def test_labels_are_low_cardinality() -> None:
 def test_phase_and_duration_histograms_are_in_seconds() -> None:
     from dppo.run.metrics import PHASE_BUCKETS, PHASES
 
-    assert set(PHASES) >= {"sample", "wait", "update", "sync"}
+    assert set(PHASES) >= {"sample", "wait", "update", "sync", "env", "inference"}  # env, inference: of sample
     assert min(PHASE_BUCKETS) > 0 and max(PHASE_BUCKETS) <= 3600, "bucket bounds are seconds"
 
 
