@@ -11,8 +11,8 @@ version and the reply is stamped with it.
 
 Three layers: :class:`Batcher` (when to run a batch) and :class:`InferenceServer` (the versions and the batched
 forward pass) are plain classes tested without Ray; :class:`InferenceService` is the asyncio Ray actor around
-them; :class:`Inference` is the driver's side (start, ready, load each broadcast, replace a lost one), making its
-Ray calls through :class:`~dppo.distributed.ray_calls.RayCalls` like the actor pool.
+them; :class:`Inference` is the driver's side (start, ready, load each broadcast, replace a lost one), a group of one
+actor on the shared lifecycle (:class:`~dppo.distributed.lifecycle.ActorGroup`) like the sampling actors.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import ray
 
 from dppo.config import Config, ModelConfig
 from dppo.distributed.broadcast import Broadcast
+from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.ray_calls import RayCalls
 from dppo.distributed.restarts import RestartBudget
 from dppo.errors import RunFailure, UsageError, first_line
@@ -244,18 +245,35 @@ class Inference:
         self.message, self.device = message, device
         self.start_timeout_s = config.faults.actor_start_timeout_s
         self.calls = calls or RayCalls(lambda index, seed: start_service(config, obs_space, action_space, device))
-        self.handle: ray.actor.ActorHandle | None = None
         self.held: dict[int, Weights] = {}  # the versions the service holds, to load into a replacement
-        self.generation = 0  # services started: a round names the one it was sent to
-        self.losses = 0
-        faults = config.faults  # a service that keeps dying spends the actors' crash-loop budget
-        self.crashes = RestartBudget("actor", faults.max_actor_restarts, faults.restart_window_s)
+        faults = config.faults  # a service that keeps crashing spends the actors' crash-loop budget
+        crashes = RestartBudget("actor", faults.max_actor_restarts, faults.restart_window_s, clock=self.calls.now)
+        # the n-th service started gets seed n (its generation: a round names the one it was sent to)
+        self.group = ActorGroup(self.calls, lambda index, spawn: spawn + 1, crashes)
+
+    @property
+    def handle(self) -> ray.actor.ActorHandle | None:
+        return self.group.members[0].handle if self.group.members else None
+
+    @property
+    def generation(self) -> int:
+        return self.group.spawns
+
+    @property
+    def losses(self) -> int:
+        return sum(self.group.losses.values())
+
+    @property
+    def crashes(self) -> RestartBudget:
+        return self.group.crashes
 
     def start(self) -> None:
         """A service, ready, holding the versions its predecessor held."""
-        self.generation += 1
-        self.handle = self.calls.start(0, self.generation)
-        ready = self.handle.ready.remote()
+        self.group.start(1)
+        self._ready()
+
+    def _ready(self) -> None:
+        ready = self.group.members[0].starting
         if not self.calls.wait([ready], 1, self.start_timeout_s):
             raise RunFailure(f"the inference service was not ready within faults.actor_start_timeout_s="
                              f"{self.start_timeout_s:g} s (on {self.device} it asks Ray for "
@@ -265,6 +283,7 @@ class Inference:
             self.calls.get(ready)
         except ray.exceptions.RayActorError as err:
             raise RunFailure(f"the inference service failed to start: {first_line(err)}") from err
+        self.group.mark_ready(0, None)  # its node, asked of Ray when it is lost
         for version, weights in sorted(self.held.items()):
             self.calls.get(self.handle.load.remote(weights, version))
 
@@ -293,15 +312,12 @@ class Inference:
         return self.again(broadcast)
 
     def replace(self, err: Exception) -> None:
-        """A new service with the versions the lost one held; the loss counted and said in one line."""
-        self.crashes.spend(err)
-        self.losses += 1
-        self.calls.kill(self.handle)
+        """A new service with the versions the lost one held; the loss counted by cause (only a crash spends the
+        budget) and said in one line."""
+        self.group.replace(0, err)
         self.message(f"the inference service was lost ({first_line(err)}); replacing it (loss {self.losses})")
-        self.start()
+        self._ready()
 
     def shutdown(self) -> None:
-        if self.handle is not None:
-            self.calls.kill(self.handle)
-            self.handle = None
+        self.group.shutdown()
 
