@@ -176,6 +176,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     envs.set_defaults(func=cmd_envs)
 
 
+def verdict(rows: list[Row], engines: list[str]) -> str:
+    """One sentence: each other engine's median CPU-second rate over the first's, across the rows."""
+    parts = []
+    for engine in engines[1:]:
+        ratios = [r[f"cpu_vs_{engines[0]}"] for r in rows if r["engine"] == engine]
+        parts.append(f"{engine} steps {statistics.median(ratios):.2f}x as many env steps per CPU-second as "
+                     f"{engines[0]} (median over its {len(ratios)} rows, {min(ratios):.2f}-{max(ratios):.2f})")
+    return "; ".join(parts) + "." if parts else ""
+
+
 def parse_engines(text: str) -> list[str]:
     """"ale,envpool" -> ["ale", "envpool"]; anything else a usage error."""
     engines = [part.strip() for part in text.split(",") if part.strip()]
@@ -208,9 +218,11 @@ def cmd_envs(args: argparse.Namespace) -> int:
             "it.\n\nSemantics, seed "
             f"{args.seed}, {min(env_counts)} envs, 1 thread, random actions until {args.check_episodes} games end "
             "(return and length: median (min-max) over them; `life_losses_in_info`: lives that fell in `info` "
-            "without the game ending; `lives_before_end`: lives one step before games ended; `reset_stack`: what "
+            "without the game ending; `lives_before_end`: lives one step before games ended; `max_step_reward` above 1 "
+            "shows raw rewards where the game gives them (a random Breakout player only hits 1-point bricks; "
+            "ALE/SpaceInvaders-v5 gives up to 30 in both engines); `reset_stack`: what "
             "the 3 older frames of a reset observation hold; `same_first_frame`: "
-            f"share of env 0's first 84x84 frame equal to {engines[0]}'s):\n\n{check_md}")
+            f"share of env 0's first 84x84 frame equal to {engines[0]}'s):\n\n{check_md}\n\n{verdict(speed, engines)}")
     emit(args, speed, [*SPEED_COLUMNS, relative, "steps_per_cpu_s", f"cpu_{relative}"], f"envs-{env_id.split('/')[-1]}",
          f"Atari env engines, {env_id}: ale-py against EnvPool", note, info)
     if args.json:

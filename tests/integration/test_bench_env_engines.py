@@ -52,6 +52,7 @@ def test_envs_command_measures_each_engine_and_checks_the_same_preprocessing(tmp
     begin, end = section_markers("envs-SpaceInvaders-v5")
     assert begin in text and end in text and "Machine:" in text and "dppo bench envs" in text
     assert "| engine | envs | episodes |" in text  # the semantics table sits in the section's note
+    assert ("x as many env steps per CPU-second as ale" in text) == ("envpool" in ENGINES)  # the verdict
 
 
 def test_envpool_missing_is_one_line_with_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
