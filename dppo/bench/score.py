@@ -26,7 +26,7 @@ from dppo.errors import UsageError
 from dppo.run.curves import plot_runs
 from dppo.run.run_dir import RunDir
 
-PHASES = ("sync", "sample", "wait", "update", "checkpoint")
+PHASES = ("sync", "sample", "wait", "update", "checkpoint", "env", "inference")
 
 
 def parse_thresholds(text: str) -> list[float]:

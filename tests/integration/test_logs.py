@@ -15,7 +15,7 @@ import pytest
 RECORD_KEYS = {
     "iteration", "env_steps", "wall_s", "episodes", "episode_return_mean", "episode_length_mean", "steps_per_s",
     "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "explained_variance", "learning_rate",
-    "grad_norm", "policy_version", "sample_s", "wait_s", "update_s", "sync_s", "iteration_s",
+    "grad_norm", "policy_version", "sample_s", "wait_s", "update_s", "sync_s", "iteration_s", "env_s", "inference_s",
 }
 CHECKPOINT_EVERY = 2
 
