@@ -6,7 +6,9 @@ and the frozen observation statistics the actors sample with) and goes on traini
 due one is skipped. Episodes are the same loop as ``dppo eval`` (:func:`dppo.rl.episodes.run_episodes`), on the
 training env with its wrappers, raw returns; every evaluation plays the same env seeds (run.seed + 1,000,003 on),
 so evaluations compare with each other and with ``dppo eval --seed`` of the same seed. An env that raises is
-reported once and evaluation stops; training goes on.
+reported once and evaluation stops; training goes on. The actor is a group of one on the shared lifecycle
+(:class:`~dppo.distributed.lifecycle.ActorGroup`): a lost one is counted by cause and a new one started when the
+next evaluation is due, never waited for and never spending the run's crash budget.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import ray
 
 from dppo.config import Config
 from dppo.distributed.broadcast import Broadcast
+from dppo.distributed.lifecycle import ActorGroup
+from dppo.distributed.ray_calls import RayCalls
 from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import first_line
 
@@ -79,13 +83,18 @@ class EvalResult:
 class Evaluation:
     """The driver's side: submit when due, collect when done, never block a training round."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, calls: RayCalls | None = None) -> None:
         self.config = config
         self.every = config.run.eval_every
-        self.actor: ray.actor.ActorHandle | None = None
+        self.calls = calls or RayCalls(lambda index, seed: start_evaluator(config))
+        self.group = ActorGroup(self.calls, lambda index, spawn: self.seed, ready_call=False)
         self.in_flight: tuple[ray.ObjectRef, int, int, Broadcast] | None = None
         self.seed = config.run.seed + EVAL_SEED_OFFSET  # every evaluation plays the same episodes: comparable
         self.problem: str | None = None  # set when evaluation stopped: the one line that says why
+
+    @property
+    def actor(self) -> ray.actor.ActorHandle | None:
+        return self.group.members[0].handle if self.group.members else None
 
     @property
     def on(self) -> bool:
@@ -96,11 +105,10 @@ class Evaluation:
         is running."""
         if not self.on or iteration == 0 or iteration % self.every or self.in_flight is not None:
             return
-        if self.actor is None:
-            remote = ray.remote(Evaluator).options(num_cpus=self.config.run.eval_cpus, max_restarts=0)
-            self.actor = remote.remote(self.config, driver_import_paths())
+        if not self.group.members:
+            self.group.start(1)
         if isinstance(broadcast, ray.ObjectRef):
-            broadcast = ray.get(broadcast)
+            broadcast = self.calls.get(broadcast)
         ref = self.actor.evaluate.remote(broadcast, self.config.run.eval_episodes, self.seed)
         self.in_flight = (ref, iteration, env_steps, broadcast)
 
@@ -110,14 +118,14 @@ class Evaluation:
         if self.in_flight is None:
             return None
         ref, iteration, env_steps, broadcast = self.in_flight
-        ready, _ = ray.wait([ref], timeout=timeout_s)
-        if not ready:
+        if not self.calls.wait([ref], 1, timeout_s):
             return None
         self.in_flight = None
         try:
-            return EvalResult(iteration, env_steps, ray.get(ref), broadcast)
-        except ray.exceptions.RayActorError:  # the actor's process or node went away: a new one next time
-            self.actor = None
+            return EvalResult(iteration, env_steps, self.calls.get(ref), broadcast)
+        except ray.exceptions.RayActorError as err:  # the actor's process or node went away: a new one next time
+            self.group.lose(0, err)
+            self.group.members = []
             return None
         except ray.exceptions.RayError as err:
             cause = getattr(err, "cause", None) or err
@@ -126,6 +134,10 @@ class Evaluation:
             raise EvaluationStopped(self.problem) from None
 
     def shutdown(self) -> None:
-        if self.actor is not None:
-            ray.kill(self.actor)
-            self.actor = None
+        self.group.shutdown()
+
+
+def start_evaluator(config: Config) -> ray.actor.ActorHandle:
+    """The evaluation actor, with its CPUs; Ray never restarts it (a lost one is replaced when the next is due)."""
+    remote = ray.remote(Evaluator).options(num_cpus=config.run.eval_cpus, max_restarts=0)
+    return remote.remote(config, driver_import_paths())

@@ -75,7 +75,8 @@ class Method:
 
 
 class FakeActor:
-    """A fake actor handle: ``handle.ready.remote()`` and ``handle.sample.remote(broadcast)`` as Ray's."""
+    """A fake actor handle: ``handle.ready.remote()`` and ``handle.sample.remote(broadcast)`` as Ray's (and
+    ``evaluate``, a sample call under the evaluation actor's name)."""
 
     def __init__(self, ray_calls: FakeRayCalls, index: int, seed: int, script: Script,
                  sample: Callable[[int, int, Any], Any] | None = None) -> None:
@@ -89,6 +90,7 @@ class FakeActor:
         self.killed = False
         self.ready = Method(self._ready)
         self.sample = Method(self._sample)
+        self.evaluate = Method(lambda broadcast, episodes, seed: self._sample(broadcast))  # as a sample call
 
     def _ready(self) -> FakeRef:
         if self.script.ready_error is not None:

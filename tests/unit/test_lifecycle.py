@@ -1,6 +1,7 @@
 """The shared actor lifecycle on fake Ray calls and fake time, with actors that fail at random (seeded): every loss
 counted by its cause, only crashes spend the budget, no call reaches a killed actor, every actor started gets a
-seed of its own; and the two variants the groups use (no ready call; the owner keeps the budget)."""
+seed of its own; the two variants the groups use (no ready call; the owner keeps the budget), and the evaluation
+actor on it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 import ray
 from fake_ray import Call, FakeRayCalls, Script, crash, preempted
 
+from dppo.config import load_config
+from dppo.distributed.evaluation import Evaluation
 from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.restarts import RestartBudget
 from dppo.errors import RunFailure
@@ -118,3 +121,24 @@ def test_a_group_without_ready_calls_is_alive_at_once_and_an_owner_may_keep_the_
     loss = group.replace(1, crash(1))
     assert (loss.index, loss.cause, loss.node) == (1, "crash", "node-a") and group.alive == [0, 1, 2]
     assert calls.actors[1].killed and group.members[1].handle is calls.actors[3] and group.members[1].replacement
+
+
+def test_a_lost_evaluation_actor_is_counted_and_replaced_when_the_next_evaluation_is_due() -> None:
+    """Its first call crashes: no result, nothing waited for, the loss counted (never spending a budget), and the
+    next due evaluation starts a new actor, which answers."""
+    config = load_config(overrides={"run.eval_every": 2})
+    calls = FakeRayCalls(lambda index, spawn: Script(calls=lambda n: Call(error=crash(index) if spawn == 0 else None)),
+                         sample=lambda index, seed, broadcast: [1.0, 3.0])
+    evaluation = Evaluation(config, calls)
+    evaluation.submit("weights 2", iteration=2, env_steps=100)
+    first = evaluation.actor
+    assert evaluation.collect(timeout_s=0.0) is None and evaluation.in_flight is not None  # not done: not waited
+    assert evaluation.collect(timeout_s=5.0) is None and evaluation.actor is None and first.killed
+    assert evaluation.group.losses == Counter(crash=1) and evaluation.on
+    evaluation.submit("weights 3", iteration=3, env_steps=150)  # not due
+    assert evaluation.in_flight is None
+    evaluation.submit("weights 4", iteration=4, env_steps=200)
+    result = evaluation.collect(timeout_s=5.0)
+    assert (result.iteration, result.returns, result.mean) == (4, [1.0, 3.0], 2.0) and evaluation.actor is not first
+    evaluation.shutdown()
+    assert all(actor.killed for actor in calls.actors)
