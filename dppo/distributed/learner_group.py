@@ -5,7 +5,9 @@ actors in one torch.distributed process group: each gets the iteration's segment
 driver never concatenates the batch), builds the batch and takes every L-th row of each global minibatch;
 advantage statistics, gradients and diagnostics are summed over the group, so every learner takes the step
 one learner would take on the whole minibatch. Learner 0 exports the weights that are broadcast and
-checkpointed. A learner that dies breaks the process group: the whole group is replaced.
+checkpointed. A learner that dies breaks the process group: the whole group is replaced. The remote learners are a
+group on the shared lifecycle (:class:`~dppo.distributed.lifecycle.ActorGroup`): a lost one is classified and
+counted by cause there; replacing all L together, and the learners' crash budget, are this group's and the run's.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import torch
 
 from dppo.config import Config
 from dppo.distributed.learner import Learner, RemoteLearner
+from dppo.distributed.lifecycle import ActorGroup
+from dppo.distributed.ray_calls import RayCalls
 from dppo.errors import UsageError, first_line
 from dppo.rl.agent import Weights
 from dppo.rl.model import ActorCritic
@@ -61,7 +65,7 @@ class LearnerGroup:
                  trainer_state: dict[str, Any] | None = None) -> None:
         self.config, self.obs_space, self.action_space = config, obs_space, action_space
         self.local: Learner | None = None
-        self.remote: list[ray.actor.ActorHandle] = []
+        self.group = ActorGroup(RayCalls(self._start_learner), lambda rank, spawn: config.run.seed, ready_call=False)
         self.timings: list[tuple[float, float]] = []  # per rank: (update s, all-reduce s) of the last update
         if config.run.learners == 1:
             self.device = str(resolve_device(config.run.device))
@@ -72,14 +76,21 @@ class LearnerGroup:
         self._start()
         self.load(model.state_dict(), trainer_state)
 
-    def _start(self) -> None:
-        world = self.config.run.learners
+    @property
+    def remote(self) -> list[ray.actor.ActorHandle]:
+        return self.group.handles
+
+    def _start_learner(self, rank: int, seed: int) -> ray.actor.ActorHandle:
+        """Learner ``rank`` of L, with its GPU or CPUs (its seed is the run's: every replica starts the same)."""
         gpus = 1 if self.device == "cuda" else 0
         resource = self.config.run.learner_resource
         placement = ({"num_cpus": 0, "resources": {resource: 1}} if resource
                      else {"num_cpus": self.config.run.learner_cpus})
-        self.remote = [RemoteLearner.options(num_gpus=gpus, **placement).remote(
-            self.config, self.obs_space, self.action_space, rank, world, self.device) for rank in range(world)]
+        return RemoteLearner.options(num_gpus=gpus, **placement).remote(
+            self.config, self.obs_space, self.action_space, rank, self.config.run.learners, self.device)
+
+    def _start(self) -> None:
+        self.group.start(self.config.run.learners)
         address = ray.get(self.remote[0].rendezvous.remote())
         ray.get([learner.join.remote(address) for learner in self.remote])
 
@@ -101,14 +112,17 @@ class LearnerGroup:
             self.timings = [(update_s, reduce_s)]
             return stats
         calls = [learner.update.remote(lr_clock, *refs) for learner in self.remote]
-        pending = list(calls)
+        pending, rank = list(calls), 0  # rank: the learner whose answer is being read
         try:
             while pending:  # ray.wait, not ray.get in order: survivors block in the all-reduce of a dead peer
                 ready, pending = ray.wait(pending, num_returns=1)
+                rank = calls.index(ready[0])
                 ray.get(ready)
             results = ray.get(calls)
+            rank = 0
             self.last_weights = ray.get(self.remote[0].weights.remote())
         except ray.exceptions.RayActorError as err:
+            self.group.lose(rank, err)
             raise LearnerDied(f"a learner process died during the update: {first_line(err)}") from err
         self.timings = [(update_s, reduce_s) for _stats, update_s, reduce_s in results]
         return results[0][0]
@@ -125,6 +139,7 @@ class LearnerGroup:
         try:
             return ray.get(self.remote[0].state.remote())
         except ray.exceptions.RayActorError as err:
+            self.group.lose(0, err)
             raise LearnerDied("learner 0 is gone") from err
 
     def fallback_state(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -143,6 +158,4 @@ class LearnerGroup:
         self.load(model_state, trainer_state)
 
     def shutdown(self) -> None:
-        for learner in self.remote:
-            ray.kill(learner, no_restart=True)
-        self.remote = []
+        self.group.shutdown()
