@@ -4,8 +4,9 @@ clock its deadlines run on.
 
 The actor pool and its membership make no other Ray call, so a test hands them a fake whose calls finish after
 fake time, fail, or lose their node (tests/unit/test_actor_pool.py) and their deadlines, floor waits and
-replacements are tested in-process without sleeping. Every group of actors (sampling actors today; learners,
-evaluation, inference next) can drive its actors through the same object.
+replacements are tested in-process without sleeping. Every group of actors (sampling actors, learners, the
+evaluation actor, the inference service) starts, classifies and kills its actors through this object, by way of
+the shared lifecycle (:class:`~dppo.distributed.lifecycle.ActorGroup`).
 """
 
 from __future__ import annotations
