@@ -76,7 +76,7 @@ class Method:
 
 class FakeActor:
     """A fake actor handle: ``handle.ready.remote()`` and ``handle.sample.remote(broadcast)`` as Ray's (and
-    ``evaluate``, a sample call under the evaluation actor's name)."""
+    ``evaluate`` and ``load``, sample calls under the evaluation actor's and the inference service's names)."""
 
     def __init__(self, ray_calls: FakeRayCalls, index: int, seed: int, script: Script,
                  sample: Callable[[int, int, Any], Any] | None = None) -> None:
@@ -91,6 +91,7 @@ class FakeActor:
         self.ready = Method(self._ready)
         self.sample = Method(self._sample)
         self.evaluate = Method(lambda broadcast, episodes, seed: self._sample(broadcast))  # as a sample call
+        self.load = Method(lambda weights, version: self._sample(version))  # the inference service's, likewise
 
     def _ready(self) -> FakeRef:
         if self.script.ready_error is not None:

@@ -1,7 +1,7 @@
 """The shared actor lifecycle on fake Ray calls and fake time, with actors that fail at random (seeded): every loss
 counted by its cause, only crashes spend the budget, no call reaches a killed actor, every actor started gets a
 seed of its own; the two variants the groups use (no ready call; the owner keeps the budget), and the evaluation
-actor on it."""
+actor and the inference service on it."""
 
 from __future__ import annotations
 
@@ -9,12 +9,16 @@ import math
 import random
 from collections import Counter
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import ray
 from fake_ray import Call, FakeRayCalls, Script, crash, preempted
 
 from dppo.config import load_config
+from dppo.distributed.broadcast import Broadcast
 from dppo.distributed.evaluation import Evaluation
+from dppo.distributed.inference import Inference
 from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.restarts import RestartBudget
 from dppo.errors import RunFailure
@@ -142,3 +146,22 @@ def test_a_lost_evaluation_actor_is_counted_and_replaced_when_the_next_evaluatio
     assert (result.iteration, result.returns, result.mean) == (4, [1.0, 3.0], 2.0) and evaluation.actor is not first
     evaluation.shutdown()
     assert all(actor.killed for actor in calls.actors)
+
+
+def test_the_inference_service_is_replaced_on_any_loss_and_only_its_crashes_spend_the_budget() -> None:
+    """Its first service goes with its preempted node, the second crashes: two replacements, one crash spent (its
+    calls answer at once: the driver side reads a load without waiting)."""
+    config = load_config(overrides={"faults.max_actor_restarts": 5})
+    fails = {(0, 1): preempted(0), (1, 2): crash(0)}  # (spawn, call): the 2nd service's loads: v1, v2, then v3
+    calls = FakeRayCalls(lambda index, spawn: Script(calls=lambda n: Call(0.0, error=fails.get((spawn, n)))))
+    env = gym.make("CartPole-v1")
+    said: list[str] = []
+    inference = Inference(config, env.observation_space, env.action_space, "cpu", said.append, calls)
+    inference.start()
+    weights = {"w": np.zeros(2)}
+    inference.serve(Broadcast(weights, 1, None, None))
+    served = inference.serve(Broadcast(weights, 2, None, None))  # the first service's second call: preempted
+    served = inference.serve(Broadcast(weights, 3, None, None))  # the second's: crashed
+    assert inference.group.losses == Counter(node=1, crash=1) and len(inference.crashes.times) == 1
+    assert served.generation == 3 and served.service is calls.actors[2] and calls.actors[0].killed
+    assert [line.split("(")[0] for line in said] == ["the inference service was lost "] * 2 and "loss 2" in said[1]
