@@ -226,8 +226,11 @@ class Coordinator:
         self.reporter.checkpoint_written(path)
 
     def _finish(self, reason: str) -> dict[str, Any]:
+        groups = {"learners": self.learners.group if self.learners else None, "evaluation": self.evaluation.group,
+                  "inference": self.inference.group if self.inference else None}
+        losses = {name: dict(group.losses) for name, group in groups.items() if group is not None}
         summary = self.reporter.summary(self.state, reason, self.started.elapsed(), self.startup_s,
-                                        self.first_iteration_s)
+                                        self.first_iteration_s, losses)
         self.reporter.output.close()
         return summary
 

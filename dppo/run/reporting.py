@@ -163,8 +163,9 @@ class Reporter:
 
     # ---- the end -------------------------------------------------------------------------------------
     def summary(self, state: RunState, reason: str, wall_s: float, startup_s: dict[str, float],
-                first_iteration_s: float | None) -> dict[str, Any]:
-        """summary.json's content, written atomically."""
+                first_iteration_s: float | None, losses: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
+        """summary.json's content, written atomically; ``losses``: the other actor groups' (learners, evaluation,
+        inference service) lost actors by cause (the sampling actors' are the fault counters)."""
         c = state.counters
         summary = strict_json({
             "solved": reason == "target_return", "reason": reason, "wall_s": round(wall_s, 3),
@@ -173,7 +174,7 @@ class Reporter:
             "run": self.name, "env": self.config.env.name, "actors": self.actors.summary(), **asdict(self.faults),
             **({"eval_return_mean": c.eval_return_last, "eval_return_best": c.eval_return_best}
                if self.config.run.eval_every else {}),
-            "startup_s": startup_s, "first_iteration_s": first_iteration_s,
+            "losses": losses or {}, "startup_s": startup_s, "first_iteration_s": first_iteration_s,
             "finished_at": time.time(),  # epoch seconds: what follows (shutdown, exit) is the process's end
         })
         self.run_dir.write_summary(summary)

@@ -65,6 +65,7 @@ def test_a_run_on_every_actor_counts_them_all(tmp_path: Path) -> None:
     assert summary["reason"] == "total_steps" and summary["iterations"] == 3
     assert summary["actors"] == {"asked": 2, "alive": 2, "mean_alive": 2.0}
     assert [r["segments"] for r in records] == [2, 2, 2] and summary["actor_restarts"] == 0
+    assert summary["losses"] == {"learners": {}, "evaluation": {}}  # no service: run.inference is actor here
 
 
 def test_a_run_that_loses_an_actor_trains_on_fewer_segments_until_its_replacement_joins(tmp_path: Path) -> None:
