@@ -121,6 +121,13 @@ class LearnerGroup:
             results = ray.get(calls)
             rank = 0
             self.last_weights = ray.get(self.remote[0].weights.remote())
+        except ray.exceptions.RayTaskError:  # a survivor's all-reduce broke: did a peer die under it?
+            lost = dead_peer(calls, pending)
+            if lost is None:
+                raise
+            rank, death = lost
+            self.group.lose(rank, death)
+            raise LearnerDied(f"a learner process died during the update: {first_line(death)}") from death
         except ray.exceptions.RayActorError as err:
             self.group.lose(rank, err)
             raise LearnerDied(f"a learner process died during the update: {first_line(err)}") from err
@@ -159,3 +166,19 @@ class LearnerGroup:
 
     def shutdown(self) -> None:
         self.group.shutdown()
+
+
+def dead_peer(calls: list[ray.ObjectRef], pending: list[ray.ObjectRef], timeout_s: float = 30.0
+              ) -> tuple[int, ray.exceptions.RayActorError] | None:
+    """(rank, its death) of a learner whose update call died, among those still ``pending`` when a survivor's
+    all-reduce failed (gloo: "connection reset by peer" when the peer's process is killed): the death, not the
+    survivor's error, is what happened. None when no peer died within ``timeout_s``."""
+    done, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout_s) if pending else ([], [])
+    for ref in done:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as death:
+            return calls.index(ref), death
+        except ray.exceptions.RayTaskError:
+            continue
+    return None

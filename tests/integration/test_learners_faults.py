@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -38,10 +39,14 @@ def kill_a_learner_after(run_dir: Path, proc: subprocess.Popen, iterations: int,
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.05)
-    learners = [p for p in psutil.process_iter(["cmdline", "create_time"])
-                if " ".join(p.info["cmdline"] or []).startswith("ray::Learner")
-                # Ray may host an actor in an idle worker it started ahead of time, a few seconds before the run
-                and p.info["create_time"] >= started - 30]
+    # The session's Ray runs under this pytest process (tests/conftest.py): its workers are our descendants, so
+    # another Ray on the machine is never counted. Ray may host an actor in an idle worker it started ahead of
+    # time, a few seconds before the run.
+    learners = []
+    for p in psutil.Process(os.getpid()).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if " ".join(p.cmdline()).startswith("ray::Learner") and p.create_time() >= started - 30:
+                learners.append(p)
     assert len(learners) == 2, learners
     learners[-1].send_signal(signal.SIGKILL)
 

@@ -47,6 +47,7 @@ def run(cfg: Config, run_dir: Path, script) -> tuple[dict[str, Any], list[dict[s
         return actor.sample(broadcast)
 
     calls = FakeRayCalls(script, sample)
+    ray_before = ray.is_initialized()  # the whole suite's session Ray may be up; this test must not start one
     coordinator = Coordinator(cfg, run_dir)
     coordinator.pool = ActorPool(cfg, coordinator.reporter, coordinator.pool.should_stop, calls)
     try:
@@ -54,7 +55,7 @@ def run(cfg: Config, run_dir: Path, script) -> tuple[dict[str, Any], list[dict[s
         summary = coordinator.run()
     finally:
         coordinator.shutdown()
-    assert not ray.is_initialized()  # all of it ran in this process
+    assert ray.is_initialized() == ray_before  # all of it ran in this process
     records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
     assert json.loads((run_dir / "summary.json").read_text()) == summary
     return summary, records, calls
