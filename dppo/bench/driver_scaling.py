@@ -6,10 +6,9 @@ from outside by a bench-only subclass (the loop itself is not changed). Its Ray 
 :class:`~dppo.distributed.ray_calls.RayCalls`, and the phases it already times (progress.jsonl's ``sync_s``,
 ``sample_s``) are split further: the broadcast (export, ``broadcast_arg``, then N ``sample`` calls
 dispatched), the gather (the ``ray.wait`` polls and the ``ray.get`` of N segments), the N-way batch
-(concatenation and GAE), the bookkeeping, the reporting. The driver's own CPU seconds are read beside the
-wall clock: on one machine the N actors share its cores with the driver, so the wait for them is not the
-driver's cost, its CPU time is. Actor start-up and per-actor memory are columns of their own (they bound
-how many actors fit, here and on a cluster).
+(concatenation and GAE), the bookkeeping, the reporting. The driver's own CPU seconds are read beside the wall
+clock (on one machine the N actors share its cores: the wait for them is not the driver's cost, its CPU time is).
+Actor start-up and per-actor memory are columns of their own (they bound how many actors fit).
 """
 
 from __future__ import annotations
@@ -197,9 +196,8 @@ def poll_us(count: int, repeats: int = 50) -> float:
 
 
 def gather_polls_ms(count: int) -> float:
-    """Milliseconds of the polls alone of a gather of ``count`` segments, one per arrival over the refs still
-    pending (``count`` + ... + 1 refs), with every object already ready in the driver's store: the part of the
-    gather that grows with N², measured without actors."""
+    """Milliseconds of a gather's polls alone when it polls once per arrival over the refs still pending (its first
+    version: ``count`` + ... + 1 refs, N²), every object ready in the driver's store, without actors."""
     import ray
 
     refs = [ray.put(i) for i in range(count)]
@@ -360,24 +358,22 @@ NOTE = (
     "that part grows with N here and is spread over N cores on a cluster; `driver_cpu_ms` is what the driver "
     "itself spends.\n\n"
     "**What grows with N, and what breaks first at 1,000 actors on KubeRay** (on paper, but for the one figure "
-    "measured here): per iteration the driver makes N `sample` calls, polls `ray.wait` once per arriving segment "
-    "over the refs still pending (N(N+1)/2 ref checks per round: the `polled_refs` column; alone, the 1,000 polls "
-    "of a 1,000-segment gather with every object ready took {polls_1000_ms:.0f} ms of the driver here), fetches "
-    "and deserializes N segments into its one process (`ray.get`: every env step of the round crosses into the "
-    "driver), concatenates them, and reports N per-actor metric series (a Prometheus label per actor). At start "
-    "the GCS registers N actors and the raylets start N worker processes, a few at a time per node "
-    "(`startup_s`); on KubeRay 1,000 one-CPU actors are 1,000 / (cores per pod) worker pods, each a raylet "
-    "reporting to the head's GCS. What breaks first is the driver's one process: it receives every segment and "
-    "its polls grow with N². With Atari-sized segments (8 envs x 128 steps of 84x84x4 uint8 frames, about 28 MiB "
-    "each) 1,000 actors put about 27 GiB through it per iteration, far more than one process deserializes in "
-    "the 0.5 s budget; with tiny segments the N² polls go first. Next come the head's GCS (the actor table, N "
-    "object-ownership records per round, the raylets' reports) and the head node's object store, which receives "
-    "every segment the driver gets. How the design answers it: with `run.learners` > 1 the learners already get "
-    "the segments by reference and the driver never concatenates the batch, but today the pool still `ray.get`s "
-    "every segment (for its NaN/Inf check and the episode counts), so the transfer into the head remains; an "
-    "actor that returns a small summary (episode returns, NaN flag, sample seconds) beside its segment's ref "
-    "removes it. A gather that takes every ready ref per poll (`ray.wait` with `num_returns` = the refs pending "
-    "and a timeout) makes the polls linear in N. Fewer, bigger actors (more envs each, ale-py's vector env) keep "
+    "measured here): per iteration the driver makes N `sample` calls, polls `ray.wait` for the segments (each poll "
+    "now takes every segment ready by then; the gather's first version polled once per arriving segment over the "
+    "refs still pending, N(N+1)/2 ref checks per round: alone, the 1,000 polls of a 1,000-segment gather with "
+    "every object ready took {polls_1000_ms:.0f} ms of the driver here), fetches and deserializes N segments into "
+    "its one process (`ray.get`: every env step of the round crosses into the driver), concatenates them, and "
+    "reports. At start the GCS registers N actors and the raylets start N worker processes, a few at a time per "
+    "node (`startup_s`); on KubeRay 1,000 one-CPU actors are 1,000 / (cores per pod) worker pods, each a raylet "
+    "reporting to the head's GCS. What breaks first is the driver's one process, which receives every segment: "
+    "with Atari-sized segments (8 envs x 128 steps of 84x84x4 uint8 frames, about 28 MiB each) 1,000 actors put "
+    "about 27 GiB through it per iteration, far more than one process deserializes in the 0.5 s budget. Next "
+    "come the head's GCS (the actor table, N object-ownership records per round, the raylets' reports) and the "
+    "head node's object store, which receives every segment the driver gets. How the design answers it: with "
+    "`run.learners` > 1 the learners already get the segments by reference and the driver never concatenates the "
+    "batch, but the pool still `ray.get`s every segment (for its NaN/Inf check and the episode counts), so the "
+    "transfer into the head remains; an actor that returns a small summary (episode returns, NaN flag, sample "
+    "seconds) beside its segment's ref removes it. Fewer, bigger actors (more envs each, ale-py's vector env) keep "
     "N in the hundreds for the same env steps; a hierarchical gather (a sub-driver per node group) bounds what "
     "any one process receives; the inference service (issue 35) moves the policy's forward pass off the "
     "actors, so each is lighter and holds more envs (its batching latency is not measured yet)."
