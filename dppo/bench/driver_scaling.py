@@ -132,7 +132,7 @@ def driver_config(env_id: str, actors: int, envs_per_actor: int, segment_length:
     One warm-up iteration before the timed ones; no checkpoint until the end, no evaluation; the run waits for all
     N actors at start. Bad values (an N over run.actors' limit) are a usage error here, before Ray starts."""
     batch = actors * envs_per_actor * segment_length
-    sets = ["model.hidden_sizes=[8]", "ppo.epochs=1", f"ppo.minibatch_size={batch}", f"run.actor_cpus={actor_cpus}",
+    sets = ["model.hidden_sizes=[8]", "ppo.epochs=1", f"run.actor_cpus={actor_cpus}",  # one minibatch: bench_config
             f"run.total_steps={batch * (iterations + 1)}", f"run.run_dir={run_dir}",
             f"run.checkpoint_every={iterations + 2}", "run.log_format=none", "run.device=cpu", "run.eval_every=0",
             # every round with all N actors, however slow they start (one node starts a few worker processes at once)

@@ -54,6 +54,7 @@ def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: s
             config = bench_config(env_id, envs_per_actor, segment_length, 0.0, "ale" if env_id.startswith("ALE/")
                                   else "sync", actors=actors)
             config.ppo.minibatch_size = min(minibatch_size or preset_minibatch, config.batch_size)
+            config.ppo.num_minibatches = None  # the size is the rule here (bench_config's one minibatch is not)
             config.model.hidden_sizes = hidden
             config.ppo.target_kl = None  # every row runs all epochs
             config.run.device = "cpu"  # rows compare CPU threads with CPU processes

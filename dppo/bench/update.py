@@ -142,6 +142,7 @@ def bench_update(models: list[list[int]], actors: int = 8, env_id: str = "CartPo
         for hidden in models:
             config = bench_config(env_id, envs_per_actor, segment_length, 0.0, "sync", actors=actors)
             config.ppo.minibatch_size = min(minibatch_size or preset_minibatch, config.batch_size)
+            config.ppo.num_minibatches = None  # the size is the rule here (bench_config's one minibatch is not)
             rows.append(_update_row(config, hidden, actors, iterations, learner_threads, device))
     return rows
 
