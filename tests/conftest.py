@@ -112,6 +112,18 @@ def ray_address() -> Iterator[str]:
 
 
 @pytest.fixture
+def keep_signal_handlers() -> Iterator[None]:
+    """A coordinator run in the test process installs SIGTERM/SIGINT handlers for its run; pytest's own come back
+    after the test."""
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+@pytest.fixture
 def dppo_cmd() -> list[str]:
     """The real CLI, run as a subprocess of the venv's interpreter."""
     return [sys.executable, "-m", "dppo"]

@@ -6,8 +6,6 @@ actor and fault counts."""
 from __future__ import annotations
 
 import json
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +18,9 @@ from dppo.distributed.actor import Actor
 from dppo.distributed.actor_pool import ActorPool
 from dppo.run.coordinator import Coordinator
 
+pytestmark = pytest.mark.usefixtures("keep_signal_handlers")  # tests/conftest.py
+
 ENVS, STEPS = 2, 32  # per actor: each segment is ENVS x STEPS env steps
-
-
-@pytest.fixture(autouse=True)
-def keep_signal_handlers() -> Iterator[None]:
-    """The coordinator installs SIGTERM/SIGINT handlers for its run; pytest's own come back after the test."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
 
 
 def config(total_steps: int) -> Config:

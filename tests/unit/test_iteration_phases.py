@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +19,9 @@ from dppo.rl.sampler import Sampler
 from dppo.run.coordinator import Coordinator
 from dppo.run.reporting import sampling_phases
 
+pytestmark = pytest.mark.usefixtures("keep_signal_handlers")  # tests/conftest.py
+
 ENVS, STEPS, LATENCY_MS = 2, 16, 2
-
-
-@pytest.fixture(autouse=True)
-def keep_signal_handlers() -> Iterator[None]:
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
 
 
 def test_the_sampling_phases_are_the_slowest_segments_own() -> None:
