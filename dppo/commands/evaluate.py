@@ -1,4 +1,5 @@
-"""`dppo eval`: greedy episodes of a checkpoint's policy, normalized exactly as in training."""
+"""`dppo eval`: greedy episodes of a checkpoint's policy, normalized exactly as in training; for a two-player game,
+games against a chosen opponent, counted as wins, draws and losses for each seat."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--best", action="store_true",
                     help="the run's best evaluated weights (checkpoints/best.pt, run.eval_every) instead of the latest")
     ev.add_argument("--video", help="record videos of the episodes into this directory (needs moviepy)")
+    ev.add_argument("--opponent", help="two-player games: who the policy plays, alternating seats: random (default), "
+                    "minimax, minimax:DEPTH, snapshot:N or snapshot:latest (of the run's pool), or another checkpoint")
     ev.set_defaults(func=cmd_eval)
 
 
@@ -35,18 +38,30 @@ def make_eval_env(config: Any, video_dir: str | None) -> Any:
     return gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True, disable_logger=True)
 
 
-def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: str | None = None) -> list[float]:
-    """Raw returns of ``episodes`` greedy episodes, seeds ``seed``, ``seed + 1``, ..."""
+def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: str | None = None,
+             opponent: str | None = None) -> list[float]:
+    """Raw returns of ``episodes`` greedy episodes, seeds ``seed``, ``seed + 1``, ...; a two-player game's against
+    ``opponent`` (first seat on even episodes, second on odd)."""
     from dppo.config import validate
+    from dppo.envs.selfplay import SelfPlayEnv
+    from dppo.errors import UsageError
     from dppo.rl.agent import Agent, export_weights
     from dppo.rl.episodes import run_episodes
     from dppo.rl.transforms import ObsNormalizer
+    from dppo.run.opponent_choice import make_opponents
     from dppo.run.trained import trained_model
 
     env = make_eval_env(validate(checkpoint["config"], warn=False), video_dir)
     try:
         trained = trained_model(checkpoint, (env.observation_space, env.action_space))
         config = trained.config
+        game = env.unwrapped
+        if isinstance(game, SelfPlayEnv):
+            game.opponents = make_opponents(opponent or "random", checkpoint, config,
+                                            (env.observation_space, env.action_space), seed)
+        elif opponent is not None:
+            raise UsageError(f"--opponent is for two-player turn-based games; {config.env.name!r} is not one: "
+                             "leave --opponent out")
         agent = Agent(env.observation_space, env.action_space, config.model)
         agent.load(export_weights(trained.model), 0)
         normalize = ObsNormalizer(trained.obs_stats is not None, config.env.obs_clip, agent.obs_spec.vector_dim)
@@ -58,6 +73,15 @@ def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: st
     return returns
 
 
+def outcomes(returns: list[float], opponent: str) -> str:
+    """Wins, draws and losses (the sign of each game's return) per seat: episode i plays seat i % 2."""
+    def count(games: list[float]) -> str:
+        return f"{sum(r > 0 for r in games)}/{sum(r == 0 for r in games)}/{sum(r < 0 for r in games)}"
+
+    return (f"against {opponent}, win/draw/loss: first seat {count(returns[0::2])}, second seat "
+            f"{count(returns[1::2])}, all {count(returns)} of {len(returns)} games")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         fail("--episodes must be >= 1")
@@ -65,9 +89,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     checkpoint = load(args.checkpoint, best=args.best)
     import_from_cwd()
-    returns = evaluate(checkpoint, args.episodes, args.seed, args.video)
+    returns = evaluate(checkpoint, args.episodes, args.seed, args.video, args.opponent)
     mean = sum(returns) / len(returns)
     print(f"mean return {mean:.2f} over {len(returns)} episodes (min {min(returns):.2f}, max {max(returns):.2f})")
+    if checkpoint.get("league") is not None:
+        print(outcomes(returns, args.opponent or "random"))
     if args.video:
         from pathlib import Path
 

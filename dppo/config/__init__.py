@@ -11,9 +11,10 @@ from dppo.config.load import PRESETS_DIR, ConfigNote, DeprecatedKey, load_config
 from dppo.config.ppo import ModelConfig, PPOConfig
 from dppo.config.root import Config
 from dppo.config.run import FaultConfig, MetricsConfig, RunConfig
+from dppo.config.selfplay import SelfPlayConfig
 
 __all__ = [
     "DEFAULT_ENV_ID", "PRESETS_DIR", "Config", "ConfigError", "ConfigNote", "DeprecatedKey", "EnvConfig", "FaultConfig",
-    "MetricsConfig", "ModelConfig", "PPOConfig", "RunConfig", "WrapperConfig", "load_config", "preset_path",
-    "read_yaml", "validate",
+    "MetricsConfig", "ModelConfig", "PPOConfig", "RunConfig", "SelfPlayConfig", "WrapperConfig", "load_config",
+    "preset_path", "read_yaml", "validate",
 ]

@@ -11,10 +11,11 @@ from dppo.config.base import Section
 from dppo.config.env import EnvConfig
 from dppo.config.ppo import ModelConfig, PPOConfig
 from dppo.config.run import FaultConfig, MetricsConfig, RunConfig
+from dppo.config.selfplay import SelfPlayConfig
 
 
 class Config(Section):
-    """A whole run: env, model, PPO hyperparameters, run control, metrics and fault handling."""
+    """A whole run: env, model, PPO hyperparameters, run control, metrics, fault handling and self-play."""
 
     env: EnvConfig = Field(default_factory=EnvConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -22,6 +23,7 @@ class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     faults: FaultConfig = Field(default_factory=FaultConfig)
+    selfplay: SelfPlayConfig = Field(default_factory=SelfPlayConfig)
 
     @model_validator(mode="after")
     def _one_batch_rule(self) -> Config:

@@ -55,6 +55,8 @@ class Actor:
         if isinstance(broadcast, ServedBroadcast):  # the service named in each round: a replacement's too
             self.sampler.policy.client = ServiceClient(broadcast.service)
         self.sampler.set_weights(broadcast.weights, broadcast.version, broadcast.obs_stats, broadcast.return_stats)
+        if broadcast.opponents is not None:
+            self.sampler.set_opponents(broadcast.opponents)
         return self.sampler.sample()
 
     def ready(self) -> tuple[str | None, str]:

@@ -10,18 +10,21 @@ import ray
 
 from dppo.rl.agent import Weights
 from dppo.rl.normalizer import RunningStats
+from dppo.rl.opponents import PoolView
 
 INLINE_LIMIT = 64 * 1024  # bytes of weights and stats sent inside each call; Ray inlines up to 100 KiB
 
 
 @dataclass
 class Broadcast:
-    """Weights, their version and the merged normalizer statistics every actor samples with."""
+    """Weights, their version and the merged normalizer statistics every actor samples with; in self-play, the
+    pool of opponents."""
 
     weights: Weights
     version: int
     obs_stats: RunningStats | None
     return_stats: RunningStats | None
+    opponents: PoolView | None = None
 
 
 def payload_bytes(value: object) -> int:
@@ -30,6 +33,8 @@ def payload_bytes(value: object) -> int:
         return value.nbytes
     if isinstance(value, dict):
         return sum(payload_bytes(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(payload_bytes(v) for v in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return sum(payload_bytes(getattr(value, f.name)) for f in dataclasses.fields(value))
     return 0

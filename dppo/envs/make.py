@@ -7,10 +7,12 @@ Three ways to name an env, as gymnasium users already write them:
 Then the configured wrappers, in order. Every way a user's code can fail to load becomes an
 :class:`EnvLoadError` (exit 2, one line) that names what failed and how to fix it.
 
-A PettingZoo Parallel env (``env.multiagent``) is named by its module, whose ``parallel_env`` makes it
-(``mpe2.simple_spread_v3``), or by an entry point returning one; its wrappers are functions of the Parallel env
-(SuperSuit's). :mod:`dppo.envs.multiagent` turns it into the vector env (agents as columns) and the one env that
-``dppo eval`` plays (agents in turns).
+A PettingZoo env (``env.multiagent``) is named by its module, whose ``parallel_env`` makes it
+(``mpe2.simple_spread_v3``) or, for a turn-based game, whose ``env`` makes the AEC env
+(``pettingzoo.classic.tictactoe_v3``), or by an entry point returning one; its wrappers are functions of the
+PettingZoo env (SuperSuit's). :mod:`dppo.envs.multiagent` turns a Parallel env into the vector env (agents as
+columns) and the one env that ``dppo eval`` plays (agents in turns); :mod:`dppo.envs.selfplay` turns a two-player
+game into the learner's seat against an opponent.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from dppo.envs.atari import make_ale_vector_env, make_atari_env, require_ale
 from dppo.envs.latency import LatencyWrapper
 from dppo.envs.multiagent import AgentTurns, ParallelVectorEnv, check_columns
+from dppo.envs.selfplay import SelfPlayEnv, SelfPlayVectorEnv
 from dppo.envs.user_code import SHIP_HINT, EnvLoadError, import_module, load_callable
 from dppo.errors import UsageError
 
@@ -122,7 +125,9 @@ def _pettingzoo_install_hint(module_name: str) -> str:
     return f"install the package that provides it; {SHIP_HINT}"
 
 
-def _parallel_env_factory(cfg: EnvConfig) -> Callable[..., Any]:
+def _pettingzoo_factory(cfg: EnvConfig) -> Callable[..., Any]:
+    """The function that makes the env: the entry point, else the module's parallel_env, else (a turn-based game)
+    its env()."""
     if cfg.entry_point:
         return load_callable(cfg.entry_point, "env entry point")
     module_name = cfg.id or ""
@@ -133,32 +138,37 @@ def _parallel_env_factory(cfg: EnvConfig) -> Callable[..., Any]:
                            f"{_pettingzoo_install_hint(module_name)}") from None
     except Exception as err:  # the module raised while importing
         raise EnvLoadError(f"importing module {module_name!r} raised {type(err).__name__}: {err}") from None
-    factory = getattr(module, "parallel_env", None)
+    factory = getattr(module, "parallel_env", None) or getattr(module, "env", None)
     if not callable(factory):
-        raise EnvLoadError(f"module {module_name!r} has no parallel_env(); a PettingZoo env module makes its "
-                           "Parallel env with parallel_env(**kwargs): name such a module, or a function with "
-                           "env.entry_point: module.path:function")
+        raise EnvLoadError(f"module {module_name!r} has neither parallel_env() nor env(); a PettingZoo env module "
+                           "makes its Parallel env with parallel_env(**kwargs) or its turn-based (AEC) game with "
+                           "env(**kwargs): name such a module, or a function with env.entry_point: "
+                           "module.path:function")
     return factory
 
 
-def _require_parallel_env(env: Any, what: str) -> Any:
+def _require_pettingzoo_env(env: Any, what: str) -> Any:
     try:
         from pettingzoo import AECEnv, ParallelEnv
     except ImportError:
         raise EnvLoadError(f"{what} needs PettingZoo (env.multiagent): pip install 'dppo[multiagent]'") from None
-    if isinstance(env, AECEnv):
-        raise EnvLoadError(f"{what} returned an AEC (turn-based) env; dppo takes PettingZoo's Parallel API for now "
-                           "(AEC games: issue 36): name the env's parallel_env, or, if its agents can act at once, add "
-                           "env.wrappers: [pettingzoo.utils.conversions:aec_to_parallel]")
-    if not isinstance(env, ParallelEnv):
-        raise EnvLoadError(f"{what} returned a {type(env).__name__}, not a PettingZoo ParallelEnv; return one, or "
-                           "set env.multiagent to false for a gymnasium env")
+    if not isinstance(env, (ParallelEnv, AECEnv)):
+        raise EnvLoadError(f"{what} returned a {type(env).__name__}, not a PettingZoo ParallelEnv or AECEnv; return "
+                           "one, or set env.multiagent to false for a gymnasium env")
     return env
 
 
-def make_parallel_env(cfg: EnvConfig, render_mode: str | None = None) -> Any:
-    """One PettingZoo Parallel env as the config names it, with its wrappers (functions of the Parallel env)."""
-    factory = _parallel_env_factory(cfg)
+def is_turn_based(env: Any) -> bool:
+    """A PettingZoo AEC env (a turn-based game, trained by self-play) rather than a Parallel one."""
+    from pettingzoo import AECEnv
+
+    return isinstance(env, AECEnv)
+
+
+def make_pettingzoo_env(cfg: EnvConfig, render_mode: str | None = None) -> Any:
+    """One PettingZoo env (Parallel, or AEC for a turn-based game) as the config names it, with its wrappers
+    (functions of the PettingZoo env, as SuperSuit's are)."""
+    factory = _pettingzoo_factory(cfg)
     try:
         env = call_factory(factory, f"env {cfg.name!r}", cfg.kwargs, render_mode)
     except EnvLoadError:
@@ -169,23 +179,27 @@ def make_parallel_env(cfg: EnvConfig, render_mode: str | None = None) -> Any:
     what = f"env {cfg.name!r}"
     for wrapper in cfg.wrappers:
         if ":" not in wrapper.name:
-            raise EnvLoadError(f"wrapper {wrapper.name!r}: a PettingZoo env's wrappers are functions of the Parallel "
-                               "env, written module.path:function (e.g. supersuit:color_reduction_v0)")
+            raise EnvLoadError(f"wrapper {wrapper.name!r}: a PettingZoo env's wrappers are functions of the "
+                               "PettingZoo env, written module.path:function (e.g. supersuit:color_reduction_v0)")
         try:
             env = load_callable(wrapper.name, "wrapper")(env, **wrapper.kwargs)
         except TypeError as err:
             raise EnvLoadError(f"wrapper {wrapper.name!r} rejected kwargs {wrapper.kwargs} ({err}); fix its kwargs"
                                ) from None
         what = f"wrapper {wrapper.name!r}"
-    return _require_parallel_env(env, what)
+    return _require_pettingzoo_env(env, what)
 
 
 def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """One env as the config names it, with its wrappers (no latency wrapper: that is for benchmarks). A
-    multi-agent env is one copy with its agents in turns (:class:`AgentTurns`)."""
+    multi-agent env is one copy with its agents in turns (:class:`AgentTurns`); a turn-based game, one game against
+    a random player (:class:`SelfPlayEnv`)."""
     try:
         if cfg.multiagent:
-            return AgentTurns(make_parallel_env(cfg, render_mode), cfg.name, cfg.agent_id_in_obs)
+            env = make_pettingzoo_env(cfg, render_mode)
+            if is_turn_based(env):
+                return SelfPlayEnv(env, cfg.name)
+            return AgentTurns(env, cfg.name, cfg.agent_id_in_obs)
         if cfg.atari:
             env = make_atari_env(cfg, render_mode)
         elif cfg.entry_point:
@@ -220,12 +234,16 @@ def env_factory(config: Config) -> Callable[[], gym.Env]:
     return make
 
 
-def make_multiagent_vector_env(config: Config) -> ParallelVectorEnv:
-    """Agents as columns: env.num_envs / M copies of the Parallel env (M agents), each agent a column."""
+def make_multiagent_vector_env(config: Config) -> ParallelVectorEnv | SelfPlayVectorEnv:
+    """Agents as columns: env.num_envs / M copies of the Parallel env (M agents), each agent a column; a
+    turn-based game: env.num_envs games, the learner's seat in each."""
     env_cfg, mask_key = config.env, config.model.action_mask_key
-    first = make_parallel_env(env_cfg)
+    first = make_pettingzoo_env(env_cfg)
+    if is_turn_based(first):
+        games = [first, *(make_pettingzoo_env(env_cfg) for _ in range(env_cfg.num_envs - 1))]
+        return SelfPlayVectorEnv(games, env_cfg.name)
     copies = check_columns(env_cfg.num_envs, len(first.possible_agents), env_cfg.name)
-    envs = [first, *(make_parallel_env(env_cfg) for _ in range(copies - 1))]
+    envs = [first, *(make_pettingzoo_env(env_cfg) for _ in range(copies - 1))]
     return ParallelVectorEnv(envs, env_cfg.name, env_cfg.agent_id_in_obs, mask_key)
 
 
@@ -239,6 +257,17 @@ def make_vector_env(config: Config) -> VectorEnv:
     if config.env.vectorization == "async":
         return AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
     return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
+def is_self_play(cfg: EnvConfig) -> bool:
+    """A two-player turn-based game, trained against snapshots of its own policy (made once to tell)."""
+    if not cfg.multiagent:
+        return False
+    env = make_pettingzoo_env(cfg)
+    try:
+        return is_turn_based(env)
+    finally:
+        env.close()
 
 
 def env_spaces(config: Config) -> tuple[gym.Space, gym.Space]:

@@ -19,10 +19,12 @@ from gymnasium.vector import VectorEnv
 from dppo.config import Config
 from dppo.envs.checks import old_api_error, old_step_error
 from dppo.envs.make import make_vector_env
+from dppo.envs.selfplay import SelfPlayVectorEnv
 from dppo.errors import UsageError, first_line
 from dppo.rl.actions import NoLegalAction
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.normalizer import RunningStats
+from dppo.rl.opponents import PoolView, SnapshotOpponents
 from dppo.rl.policy import InferenceLost, Policy
 from dppo.rl.segment import Segment
 from dppo.rl.spaces import Obs
@@ -67,6 +69,7 @@ class Sampler:
         num_envs = config.env.num_envs
         halves = 1 if policy is None else policy.halves
         self.rows = [slice(h * num_envs // halves, (h + 1) * num_envs // halves) for h in range(halves)]
+        self.opponents: SnapshotOpponents | None = None  # self-play: the pool's snapshots, once one is broadcast
         self.halves = self._start_envs()
         space = self.halves[0]
         self.policy: Policy = policy or Agent(space.single_observation_space, space.single_action_space,
@@ -103,6 +106,8 @@ class Sampler:
                 env = config.env.model_copy(update={"num_envs": rows.stop - rows.start})
                 config = config.model_copy(update={"env": env})
             envs = make_vector_env(config)
+            if isinstance(envs, SelfPlayVectorEnv) and self.opponents is not None:  # a restart keeps the pool
+                envs.opponents = self.opponents
             halves.append(envs)
             try:
                 obs, info = envs.reset(seed=seed + rows.start)
@@ -144,6 +149,22 @@ class Sampler:
             self.normalize_obs.stats = obs_stats
         if return_stats is not None:
             self.learning_reward.stats = return_stats
+
+    def set_opponents(self, view: PoolView) -> None:
+        """Self-play: this round's opponent pool, for the games that start from now on."""
+        if self.opponents is None:
+            space = self.halves[0]
+            self.opponents = SnapshotOpponents(space.single_observation_space, space.single_action_space,
+                                               self.config.model, self.seed + 1)
+        self.opponents.update(view)
+        for envs in self.halves:
+            if isinstance(envs, SelfPlayVectorEnv):
+                envs.opponents = self.opponents
+
+    def _match_results(self) -> np.ndarray | None:
+        """Self-play: the games finished since the last segment, as (opponent id, score) rows."""
+        games = [envs.take_results() for envs in self.halves if isinstance(envs, SelfPlayVectorEnv)]
+        return np.array([row for part in games for row in part], np.float64).reshape(-1, 2) if games else None
 
     def _encode(self, obs: object, out: Obs) -> bool:
         """Encode raw env observations into ``out``; True when NaN/Inf had to be scrubbed."""
@@ -244,7 +265,7 @@ class Sampler:
             policy_version=policy.version, actor_id=self.actor_id,
             sample_seconds=ended - start, env_seconds=env_s, policy_seconds=policy_s + ended - asked,
             obs_stats=self.normalize_obs.summary(), return_stats=self.learning_reward.summary(),
-            nonfinite=nonfinite, **(memory or {}),
+            nonfinite=nonfinite, match_results=self._match_results(), **(memory or {}),
         )
 
     def _send(self, obs: Obs, rows: slice, memory: dict[str, np.ndarray] | None, t: int) -> None:

@@ -39,6 +39,7 @@ class Segment:
     nonfinite: bool = False  # NaN/Inf seen in raw observations or rewards
     initial_memory: np.ndarray | None = None  # recurrent policies: (2, E, hidden) float32, the LSTM's (h, c) at t=0
     starts: np.ndarray | None = None  # recurrent policies: (T, E) bool, obs_t starts an episode (memory zeroed)
+    match_results: np.ndarray | None = None  # self-play: (games, 2) float64, each finished game's opponent id, score
 
     @property
     def num_steps(self) -> int:

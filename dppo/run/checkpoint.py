@@ -10,6 +10,7 @@ A checkpoint (format 1) is a dict of types that ``torch.load(weights_only=True)`
 | ``trainer`` | the Trainer's ``state_dict`` (Adam's state, the minibatch generator); None in ``best.pt`` |
 | ``obs_stats``, ``return_stats``, ``counters``, ``recent_returns``, ``recent_lengths`` | the run's state |
 |  | (:meth:`dppo.run.state.RunState.to_state`) |
+| ``league`` | self-play's snapshot pool, records and Elo ratings (:class:`dppo.run.league.League`); None else |
 | ``progress`` | the iteration's progress record: a run killed after the checkpoint but before its line gets |
 |  | it back on resume |
 

@@ -24,12 +24,13 @@ from dppo.distributed.evaluation import EvalResult, Evaluation, EvaluationStoppe
 from dppo.distributed.inference import Inference, likely_device, lost_service, resolve_inference
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
-from dppo.envs.make import env_spaces
+from dppo.envs.make import env_spaces, is_self_play
 from dppo.errors import RunFailure
 from dppo.rl.build import build_model
 from dppo.rl.ppo import TrainStats
 from dppo.rl.sampler import EnvFailure
 from dppo.run.checkpoint import CheckpointStore, compose, compose_best
+from dppo.run.league import League
 from dppo.run.reporting import Reporter, progress_record, sampling_phases
 from dppo.run.run_dir import RunDir, strict_json
 from dppo.run.signals import StopSignals
@@ -55,6 +56,8 @@ class Coordinator:
         self.model = build_model(*self.spaces, config.model)
         config = self.config = resolve_inference(config, self.model.obs_spec.has_image, likely_device(config))
         self.state = RunState(config, self.model.obs_spec.vector_dim)
+        if is_self_play(config.env):
+            self.state.league = League(config.selfplay)
         self.trainer_state = None
         self.record: dict[str, Any] | None = None  # the last iteration's progress record, kept in its checkpoint
         if resume is not None:
@@ -140,8 +143,11 @@ class Coordinator:
 
     def _broadcast(self) -> Broadcast:
         assert self.learners is not None
-        return Broadcast(self.learners.weights(), self.state.counters.policy_version, self.state.obs_stats,
-                         self.state.return_stats)
+        weights, league = self.learners.weights(), self.state.league
+        if league is not None and league.due(self.state.counters.iteration):
+            league.add(weights, self.state.counters.iteration)
+        return Broadcast(weights, self.state.counters.policy_version, self.state.obs_stats, self.state.return_stats,
+                         league.view() if league is not None else None)
 
     def _gather(self, round_: Round) -> Gathered:
         """The round's segments; a round the inference service's loss failed goes again to its replacement."""
@@ -192,6 +198,9 @@ class Coordinator:
                   "wait": max(0.0, timer.seconds["gather"] - sampling["sample"]), "update": timer.seconds["update"],
                   "env": sampling["env"], "inference": sampling["inference"]}
         record = progress_record(self.state, gathered.segments, steps, stats, phases, timer.elapsed())
+        if self.state.league is not None:
+            games = [s.match_results for s in gathered.segments if s.match_results is not None]
+            record.update(self.state.league.record(np.concatenate(games) if games else np.zeros((0, 2))))
         return {**record, **self.record_extra}, new_returns, phases
 
     def _evaluated(self, record: dict[str, Any]) -> None:

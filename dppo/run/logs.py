@@ -34,6 +34,10 @@ def text_line(record: dict[str, Any]) -> str:
     line = " ".join(f"{label}={_fmt(fmt, record.get(key))}" for label, key, fmt in TEXT_FIELDS)
     if "eval_return_mean" in record:  # an evaluation finished this iteration (run.eval_every)
         line += f" eval={_fmt('{return}', record['eval_return_mean'])}@{record['eval_env_steps']:,}"
+    if "selfplay_elo" in record:  # self-play: the learner against its snapshot pool
+        line += (f" win/draw/loss={_fmt('{:.2f}', record['selfplay_win_rate'])}/"
+                 f"{_fmt('{:.2f}', record['selfplay_draw_rate'])}/{_fmt('{:.2f}', record['selfplay_loss_rate'])}"
+                 f" elo={record['selfplay_elo']:.0f} pool={record['selfplay_pool_size']}")
     return line
 
 

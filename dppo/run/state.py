@@ -17,6 +17,7 @@ from dppo.config import Config
 from dppo.errors import RunFailure
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.segment import Segment
+from dppo.run.league import League
 
 RETURN_WINDOW = 100
 
@@ -46,6 +47,7 @@ class RunState:
         env = config.env
         self.obs_stats = RunningStats.empty((vector_dim,)) if env.normalize_obs and vector_dim else None
         self.return_stats = RunningStats.empty() if env.normalize_reward else None
+        self.league: League | None = None  # self-play's snapshot pool and ratings (a two-player game)
 
     @property
     def lr_clock(self) -> float:
@@ -121,6 +123,7 @@ class RunState:
             "return_stats": self.return_stats.to_state() if self.return_stats else None,
             "counters": vars(self.counters).copy(),
             "recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths),
+            "league": self.league.to_state() if self.league is not None else None,
         }
 
     def restore(self, saved: dict[str, Any]) -> None:
@@ -133,3 +136,5 @@ class RunState:
         self.counters = Counters(**saved["counters"])
         self.recent_returns.extend(saved["recent_returns"])
         self.recent_lengths.extend(saved["recent_lengths"])
+        if self.league is not None and saved.get("league") is not None:
+            self.league.restore(saved["league"])

@@ -10,11 +10,11 @@ from typing import ClassVar
 import gymnasium as gym
 import numpy as np
 import pytest
-from pettingzoo import AECEnv, ParallelEnv
+from pettingzoo import ParallelEnv
 
 from dppo.config import ConfigError, load_config
 from dppo.envs.checks import check_env
-from dppo.envs.make import make_env, make_parallel_env, make_vector_env
+from dppo.envs.make import make_env, make_pettingzoo_env, make_vector_env
 from dppo.envs.multiagent import AgentTurns, ParallelVectorEnv, check_columns
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import UsageError
@@ -73,10 +73,6 @@ class Odd(Relay):
         return gym.spaces.Box(-1, 1, (2 if agent == "scout" else 3,), np.float32)
 
 
-class Turns(AECEnv):
-    possible_agents: ClassVar[list[str]] = ["a"]
-
-
 class OneAgent(ParallelEnv):
     """A gymnasium env as a Parallel env of one agent: dppo must step it exactly as it steps the gymnasium env."""
 
@@ -114,10 +110,6 @@ def relay_env(**kwargs) -> Relay:
 
 def odd_env() -> Odd:
     return Odd()
-
-
-def aec_env() -> Turns:
-    return Turns()
 
 
 def a_gymnasium_env() -> gym.Env:
@@ -268,8 +260,8 @@ def test_a_module_of_ones_own_is_named_with_multiagent() -> None:
     env = make_env(cfg.env)
     assert isinstance(env, AgentTurns) and env.num_agents == 3
     mine = load_config(None, {"env.id": "test_multiagent"}, ["env.multiagent=true"])  # this module's parallel_env
-    with pytest.raises(EnvLoadError, match="module 'test_multiagent' has no parallel_env"):
-        make_parallel_env(mine.env)
+    with pytest.raises(EnvLoadError, match=r"module 'test_multiagent' has neither parallel_env\(\) nor env\(\)"):
+        make_pettingzoo_env(mine.env)
 
 
 @pytest.mark.parametrize(("sets", "message"), [
@@ -293,22 +285,21 @@ def test_a_missing_package_is_named_with_what_to_install(monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "mpe2", None)  # as if mpe2 were not installed
     with pytest.raises(EnvLoadError, match=r"cannot import the PettingZoo env module 'mpe2.simple_spread_v3' .*"
                                            r"pip install mpe2$"):
-        make_parallel_env(load_config(None, {"env.id": "mpe2.simple_spread_v3"}).env)
+        make_pettingzoo_env(load_config(None, {"env.id": "mpe2.simple_spread_v3"}).env)
     monkeypatch.setitem(sys.modules, "pymunk", None)  # butterfly's own dependency
     with pytest.raises(EnvLoadError, match=r"pip install 'pettingzoo\[butterfly\]'$"):
-        make_parallel_env(load_config(None, {"env.id": "pettingzoo.butterfly.pistonball_v6"}).env)
+        make_pettingzoo_env(load_config(None, {"env.id": "pettingzoo.butterfly.pistonball_v6"}).env)
 
 
 @pytest.mark.parametrize(("entry_point", "wrappers", "message"), [
-    ("test_multiagent:aec_env", [], "returned an AEC \\(turn-based\\) env"),
     ("test_multiagent:a_gymnasium_env", [], "not a PettingZoo ParallelEnv"),
-    ("test_multiagent:relay_env", ["FlattenObservation"], "functions of the Parallel env"),
+    ("test_multiagent:relay_env", ["FlattenObservation"], "functions of the PettingZoo env"),
 ])
-def test_what_is_not_a_parallel_env_is_named(entry_point: str, wrappers: list[str], message: str) -> None:
+def test_what_is_not_a_pettingzoo_env_is_named(entry_point: str, wrappers: list[str], message: str) -> None:
     cfg = load_config(None, {"env.entry_point": entry_point}, ["env.multiagent=true"])
     cfg.env.wrappers = [{"name": w} for w in wrappers]
     with pytest.raises(EnvLoadError, match=message):
-        make_parallel_env(cfg.env)
+        make_pettingzoo_env(cfg.env)
 
 
 def test_wrappers_wrap_the_parallel_env_in_order() -> None:

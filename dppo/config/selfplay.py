@@ -1,0 +1,24 @@
+"""The ``selfplay`` section: how a two-player turn-based game (a PettingZoo AEC env) is trained against frozen
+snapshots of the policy itself. It applies only to such games; other envs ignore it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from dppo.config.base import Section
+
+
+class SelfPlayConfig(Section):
+    snapshot_every: int = Field(10, ge=1)
+    """Add a frozen snapshot of the policy to the opponent pool every this many iterations (the initial policy is
+    the first snapshot)."""
+    pool_size: int = Field(20, ge=1)
+    """Snapshots kept in the pool; the oldest is dropped when a new one would exceed it."""
+    opponents: Literal["latest", "uniform", "win_rate"] = "win_rate"
+    """How each game's opponent is drawn from the pool: latest (the newest snapshot only), uniform, or win_rate
+    (prioritized fictitious self-play: weight (1 - the learner's win rate against it)^2, so the snapshots it has not
+    yet beaten are played most)."""
+    elo_k: float = Field(16.0, gt=0)
+    """The Elo K factor: how far one game moves the learner's and a snapshot's rating."""

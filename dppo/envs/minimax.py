@@ -1,0 +1,88 @@
+"""A perfect player for small two-player games: negamax over the game itself, so it plays any PettingZoo AEC
+game without knowing its rules. ``dppo eval --opponent minimax`` judges a self-play policy with it (tic-tac-toe:
+a policy that never loses to it plays perfectly). A depth limit (``minimax:4``) makes it a shallow searcher for
+games too large to solve (Connect Four): positions past the limit count as draws.
+
+PettingZoo's envs cannot be copied (``deepcopy`` of an EzPickle env builds a fresh one), so a position is
+reached by replaying its moves from the reset in a scratch env of the same game. Positions are remembered by the
+mover and its observation, which in PettingZoo's classic games is the whole board from the mover's side; among
+equally good moves it picks at random (seeded), so its games vary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dppo.envs.selfplay import Game
+
+
+def position_key(env: Any, depth: int) -> tuple[str, bytes, int]:
+    agent = env.agent_selection
+    obs = env.observe(agent)
+    parts = [np.asarray(v).tobytes() for v in obs.values()] if isinstance(obs, dict) else [np.asarray(obs).tobytes()]
+    return agent, b"|".join(parts), depth
+
+
+def legal_actions(env: Any) -> list[int]:
+    obs = env.observe(env.agent_selection)
+    mask = obs.get("action_mask") if isinstance(obs, dict) else None
+    if mask is None:
+        return list(range(env.action_space(env.agent_selection).n))
+    return np.flatnonzero(np.asarray(mask)).tolist()
+
+
+class Minimax:
+    """Each legal move's value for the player to move (win 1, draw 0, loss -1), by negamax with memory."""
+
+    def __init__(self, make_env: Callable[[], Any], depth: int | None = None) -> None:
+        self.scratch, self.depth = make_env(), depth
+        self.memory: dict[tuple[str, bytes, int], dict[int, float]] = {}
+
+    def _replay(self, seed: int | None, moves: list[Any]) -> Any:
+        self.scratch.reset(seed=seed)
+        for move in moves:
+            self.scratch.step(move)
+        return self.scratch
+
+    def values(self, seed: int | None, moves: list[Any], depth: int | None = None) -> dict[int, float]:
+        """The values of the moves of the position ``moves`` lead to from a reset with ``seed``."""
+        depth = self.depth if depth is None else depth
+        env = self._replay(seed, moves)
+        key = position_key(env, -1 if depth is None else depth)
+        if key not in self.memory:
+            self.memory[key] = {action: self._after(seed, moves, action, depth)
+                                for action in legal_actions(self._replay(seed, moves))}
+        return self.memory[key]
+
+    def _after(self, seed: int | None, moves: list[Any], action: int, depth: int | None) -> float:
+        env = self._replay(seed, moves)
+        mover = env.agent_selection
+        env.step(action)
+        if env.terminations.get(mover, False) or env.truncations.get(mover, False) or not env.agents:
+            return float(np.sign(env.rewards.get(mover, 0.0)))
+        if depth is not None and depth <= 1:
+            return 0.0
+        same_mover = env.agent_selection == mover
+        best = max(self.values(seed, [*moves, action], None if depth is None else depth - 1).values())
+        return best if same_mover else -best
+
+
+class MinimaxOpponents:
+    """:class:`dppo.envs.selfplay.Opponents` that is the minimax player (one opponent, id 0)."""
+
+    def __init__(self, make_env: Callable[[], Any], depth: int | None = None, seed: int | None = None) -> None:
+        self.search, self.rng = Minimax(make_env, depth), np.random.default_rng(seed)
+
+    def draw(self, rng: np.random.Generator) -> int:
+        return 0
+
+    def act(self, opponent: int, games: list[Game]) -> list[Any]:
+        moves = []
+        for game in games:
+            values = self.search.values(game.seed, game.history)
+            best = max(values.values())
+            moves.append(int(self.rng.choice([a for a, v in values.items() if v == best])))
+        return moves

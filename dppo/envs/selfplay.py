@@ -1,0 +1,266 @@
+"""Two-player turn-based games (PettingZoo's AEC API: ``pettingzoo.classic.tictactoe_v3``, ``connect_four_v3``)
+as one learner sees them in self-play: the learner takes one seat, an opponent the other, and the opponent's moves
+happen inside ``step``. So the sampler, the update and the masks work as for any single-agent env.
+
+Who the opponent is, is not this module's business: an :class:`Opponents` draws one per game and acts for it.
+In training they are frozen snapshots of the policy (:mod:`dppo.rl.opponents`, the pool from
+:mod:`dppo.run.league`); before any snapshot arrives, and in ``dppo eval`` unless told otherwise, a uniformly
+random player (:class:`RandomOpponents`). The learner's seat is drawn per game, so it learns both sides.
+
+A game's reward is the learner's: what the env gives it for its own move and for the opponent's reply, summed.
+Each finished game is a result ``(opponent id, score)`` with score 1 for a win, 0.5 for a draw, 0 for a loss (the
+sign of the learner's return), which the driver turns into win rates and Elo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
+
+from dppo.envs.user_code import EnvLoadError
+from dppo.errors import UsageError
+
+if TYPE_CHECKING:
+    from pettingzoo import AECEnv
+
+RANDOM = -1  # the opponent id of the uniformly random player
+MAX_REPLIES = 1_000  # opponent moves in a row before the game is called broken (a game that never returns the turn)
+
+
+class Opponents(Protocol):
+    """Who plays the learner's opponent: drawn per game, acting for a batch of that opponent's games at once."""
+
+    def draw(self, rng: np.random.Generator) -> int:
+        """The id of the next game's opponent."""
+        ...
+
+    def act(self, opponent: int, games: list[Game]) -> list[Any]:
+        """Actions of ``opponent`` in its games, each waiting for its move (``game.observe()``: the observation,
+        with the action mask, as the env gives it; ``game.env``: the game itself, for a search)."""
+        ...
+
+
+def legal_random(observation: Any, rng: np.random.Generator, space: gym.Space) -> Any:
+    """A uniformly random legal action: among the mask's ones when the observation has one."""
+    mask = observation.get("action_mask") if isinstance(observation, dict) else None
+    if mask is not None:
+        return int(rng.choice(np.flatnonzero(np.asarray(mask))))
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.start + rng.integers(space.n))
+    raise UsageError(f"the random player needs a Discrete action space or an action mask, not {space}")
+
+
+class RandomOpponents:
+    """The uniformly random legal player (id :data:`RANDOM`), drawing from ``rng`` (a seed, or the env's own
+    generator so a seeded env replays its games)."""
+
+    def __init__(self, action_space: gym.Space, rng: np.random.Generator | int | None = None) -> None:
+        self.space = action_space
+        self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+
+    def draw(self, rng: np.random.Generator) -> int:
+        return RANDOM
+
+    def act(self, opponent: int, games: list[Game]) -> list[Any]:
+        return [legal_random(game.observe(), self.rng, self.space) for game in games]
+
+
+def two_player_spaces(env: AECEnv, name: str) -> tuple[gym.Space, gym.Space]:
+    """The one observation and action space both seats share, or UsageError (one policy plays both sides)."""
+    players = list(env.possible_agents)
+    if len(players) != 2:
+        raise EnvLoadError(f"env {name!r} is a turn-based (AEC) env with {len(players)} players; dppo trains AEC games "
+                           "of two players by self-play: if its agents can act at once, name its parallel_env or add "
+                           "env.wrappers: [pettingzoo.utils.conversions:aec_to_parallel]")
+    spaces = [(env.observation_space(p), env.action_space(p)) for p in players]
+    if spaces[0] != spaces[1]:
+        raise EnvLoadError(f"env {name!r}: the players {players[0]!r} and {players[1]!r} have different spaces "
+                           f"({spaces[0]} vs {spaces[1]}); self-play needs one policy for both seats: pad them to one")
+    return spaces[0]
+
+
+class Game:
+    """One copy of the AEC env: the learner's seat, this game's opponent and the learner's reward since its last
+    move."""
+
+    def __init__(self, env: AECEnv) -> None:
+        self.env = env
+        self.players = list(env.possible_agents)
+        self.learner, self.opponent, self.reward, self.total = self.players[0], RANDOM, 0.0, 0.0
+        self.seed: int | None = None
+        self.history: list[Any] = []  # the moves since the reset: a search replays them (the env has no copy)
+
+    def reset(self, seed: int | None, seat: int, opponent: int) -> None:
+        self.env.reset(seed=seed)
+        self.learner, self.opponent, self.reward, self.total = self.players[seat], opponent, 0.0, 0.0
+        self.seed, self.history = seed, []
+
+    @property
+    def over(self) -> bool:
+        env = self.env
+        return not env.agents or env.terminations.get(self.learner, True) or env.truncations.get(self.learner, True)
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.env.truncations.get(self.learner, False)) and not self.env.terminations.get(self.learner)
+
+    @property
+    def opponent_to_move(self) -> bool:
+        return not self.over and self.env.agent_selection != self.learner
+
+    def observe(self) -> Any:
+        """The observation of the player to move (the learner's, when the game is over)."""
+        return self.env.observe(self.learner if self.over else self.env.agent_selection)
+
+    def play(self, action: Any) -> None:
+        self.env.step(action)
+        self.history.append(action)
+        reward = float(self.env.rewards.get(self.learner, 0.0))
+        self.reward += reward
+        self.total += reward
+
+    def take_reward(self) -> float:
+        reward, self.reward = self.reward, 0.0
+        return reward
+
+    @property
+    def score(self) -> float:
+        """1 win, 0.5 draw, 0 loss: the sign of the learner's return."""
+        return 1.0 if self.total > 0 else 0.0 if self.total < 0 else 0.5
+
+
+def settle(games: Sequence[Game], opponents: Opponents) -> None:
+    """Play the opponents' moves until every game waits for the learner or is over; each opponent acts for all of
+    its games at once (one forward pass per snapshot)."""
+    for _ in range(MAX_REPLIES):
+        waiting = [game for game in games if game.opponent_to_move]
+        if not waiting:
+            return
+        for opponent in sorted({game.opponent for game in waiting}):
+            mine = [game for game in waiting if game.opponent == opponent]
+            for game, action in zip(mine, opponents.act(opponent, mine), strict=True):
+                game.play(action)
+    raise RuntimeError(f"the opponent moved {MAX_REPLIES} times in a row without the game giving the learner a turn")
+
+
+class SelfPlayVectorEnv(VectorEnv):
+    """E copies of a two-player AEC game, the learner's seat in each; gymnasium's SAME_STEP autoreset (the last
+    observation of a game in ``info["final_obs"]``), as :mod:`dppo.rl.sampler` expects of every vector env."""
+
+    def __init__(self, envs: Sequence[AECEnv], name: str, opponents: Opponents | None = None) -> None:
+        self.games = [Game(env) for env in envs]
+        obs_space, action_space = two_player_spaces(envs[0], name)
+        self.chosen = opponents  # None: the random player, on this env's seeded generator
+        self.num_envs = len(self.games)
+        self.single_observation_space, self.single_action_space = obs_space, action_space
+        self.observation_space = batch_space(obs_space, self.num_envs)
+        self.action_space = batch_space(action_space, self.num_envs)
+        self.metadata = {**getattr(envs[0], "metadata", {}), "autoreset_mode": AutoresetMode.SAME_STEP}
+        self.render_mode = getattr(envs[0], "render_mode", None)
+        self.rng = np.random.default_rng()
+        self.random = RandomOpponents(action_space, self.rng)
+        self.results: list[tuple[int, float]] = []  # (opponent id, score) of each finished game, taken per segment
+
+    @property
+    def opponents(self) -> Opponents:
+        return self.chosen or self.random
+
+    @opponents.setter
+    def opponents(self, opponents: Opponents) -> None:
+        self.chosen = opponents
+
+    def _start(self, game: Game, seed: int | None) -> None:
+        game.reset(seed, int(self.rng.integers(2)), self.opponents.draw(self.rng))
+
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        first = seed[0] if isinstance(seed, list) else seed
+        self.rng = self.random.rng = np.random.default_rng(first)
+        seeds = seed if isinstance(seed, list) else [None if seed is None else seed + i for i in range(self.num_envs)]
+        for game, game_seed in zip(self.games, seeds, strict=True):
+            self._start(game, game_seed)
+        settle(self.games, self.opponents)
+        return self._batch([game.observe() for game in self.games]), {}
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        for game, action in zip(self.games, np.asarray(actions).tolist(), strict=True):
+            game.play(action)
+        settle(self.games, self.opponents)
+        rewards = np.array([game.take_reward() for game in self.games], np.float64)
+        terminated = np.array([game.over and not game.truncated for game in self.games], bool)
+        truncated = np.array([game.truncated for game in self.games], bool)
+        finished = np.flatnonzero(terminated | truncated)
+        infos: dict[str, Any] = {}
+        for i in finished:
+            game = self.games[i]
+            infos = self._add_info(infos, {"final_obs": game.observe(), "final_info": {"score": game.score}}, i)
+            self.results.append((game.opponent, game.score))
+            self._start(game, None)
+        settle([self.games[i] for i in finished], self.opponents)
+        return self._batch([game.observe() for game in self.games]), rewards, terminated, truncated, infos
+
+    def take_results(self) -> list[tuple[int, float]]:
+        results, self.results = self.results, []
+        return results
+
+    def _batch(self, observations: list[Any]) -> Any:
+        return concatenate(self.single_observation_space, observations,
+                           create_empty_array(self.single_observation_space, self.num_envs))
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for game in self.games:
+            game.env.close()
+
+
+class SelfPlayEnv(gym.Env):
+    """One game as a gymnasium Env against ``opponents`` (random unless given): ``dppo eval``, the evaluation
+    actor and the start check play it. ``seats``: ``alternate`` (first seat on even episodes, second on odd, as
+    ``dppo eval`` reports each side) or ``random``."""
+
+    def __init__(self, env: AECEnv, name: str, opponents: Opponents | None = None, seats: str = "alternate") -> None:
+        self.game = Game(env)
+        self.observation_space, self.action_space = two_player_spaces(env, name)
+        self.chosen = opponents  # None: the random player, on this env's seeded generator (np_random)
+        self.seats, self.episodes = seats, 0
+        self.metadata = dict(getattr(env, "metadata", {}))
+        self.render_mode = getattr(env, "render_mode", None)
+
+    @property
+    def opponents(self) -> Opponents:
+        return self.chosen or RandomOpponents(self.action_space, self.np_random)
+
+    @opponents.setter
+    def opponents(self, opponents: Opponents) -> None:
+        self.chosen = opponents
+
+    @property
+    def seat(self) -> int:
+        """The learner's seat in the current game (0: the first player)."""
+        return self.game.players.index(self.game.learner)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        super().reset(seed=seed)
+        seat = self.episodes % 2 if self.seats == "alternate" else int(self.np_random.integers(2))
+        self.episodes += 1
+        self.game.reset(seed, seat, self.opponents.draw(self.np_random))
+        settle([self.game], self.opponents)
+        return self.game.observe(), {"seat": seat}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        discrete = isinstance(self.action_space, gym.spaces.Discrete)
+        self.game.play(int(np.asarray(action)) if discrete else action)
+        settle([self.game], self.opponents)
+        over, truncated = self.game.over, self.game.truncated
+        info = {"score": self.game.score, "seat": self.seat} if over else {}
+        return self.game.observe(), self.game.take_reward(), over and not truncated, truncated, info
+
+    def render(self) -> Any:
+        return self.game.env.render()
+
+    def close(self) -> None:
+        self.game.env.close()

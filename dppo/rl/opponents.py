@@ -1,0 +1,62 @@
+"""The opponents an actor's self-play games are played against: frozen snapshots of the policy, drawn per game
+from the pool the driver broadcasts (:mod:`dppo.run.league` keeps it), each acting with its own seeded stream.
+
+The pool travels as a :class:`PoolView` beside the weights each round; the actor keeps one :class:`Agent` per
+snapshot it holds and drops those the pool no longer has. Opponents sample their actions (not the mode), so the
+learner meets the variety a snapshot plays, and the action mask keeps them legal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from dppo.config import ModelConfig
+from dppo.envs.selfplay import RANDOM, Game, legal_random
+from dppo.rl.agent import Agent, Weights
+
+
+@dataclass
+class PoolView:
+    """The pool as the actors need it: each snapshot's id and weights, and the chance each is drawn."""
+
+    ids: list[int] = field(default_factory=list)
+    weights: list[Weights] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+
+
+class SnapshotOpponents:
+    """:class:`dppo.envs.selfplay.Opponents` from the broadcast pool; the random player until a pool arrives."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int) -> None:
+        self.obs_space, self.action_space, self.config = obs_space, action_space, config
+        self.rng = np.random.default_rng(seed)
+        self.agents: dict[int, Agent] = {}
+        self.view = PoolView()
+
+    def update(self, view: PoolView) -> None:
+        """Take this round's pool: new snapshots get an Agent, dropped ones lose theirs."""
+        for snapshot, weights in zip(view.ids, view.weights, strict=True):
+            if snapshot not in self.agents:
+                agent = Agent(self.obs_space, self.action_space, self.config, seed=int(self.rng.integers(2**62)))
+                agent.load(weights, snapshot)
+                self.agents[snapshot] = agent
+        for snapshot in set(self.agents) - set(view.ids):
+            del self.agents[snapshot]
+        self.view = view
+
+    def draw(self, rng: np.random.Generator) -> int:
+        if not self.view.ids:
+            return RANDOM
+        return int(self.view.ids[rng.choice(len(self.view.ids), p=np.asarray(self.view.probs))])
+
+    def act(self, opponent: int, games: list[Game]) -> list[Any]:
+        observations = [game.observe() for game in games]
+        if opponent == RANDOM:
+            return [legal_random(obs, self.rng, self.action_space) for obs in observations]
+        agent = self.agents[opponent]
+        actions, _, _ = agent.act(agent.obs_spec.encode_many(observations))
+        return list(agent.action_spec.to_env(actions))

@@ -1,0 +1,211 @@
+"""Two-player turn-based games by self-play, without Ray: the learner's seat against an opponent in a vector env,
+the league's pool and Elo, the minimax player, and the opponents `dppo eval` builds."""
+
+from __future__ import annotations
+
+import warnings
+from typing import ClassVar
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from pettingzoo import AECEnv
+
+from dppo.config import load_config
+from dppo.envs.make import is_self_play, make_env, make_vector_env
+from dppo.envs.minimax import Minimax, MinimaxOpponents
+from dppo.envs.selfplay import RANDOM, SelfPlayEnv, SelfPlayVectorEnv
+from dppo.envs.user_code import EnvLoadError
+from dppo.errors import UsageError
+from dppo.rl.agent import Agent, export_weights
+from dppo.rl.build import build_model
+from dppo.rl.opponents import PoolView, SnapshotOpponents
+from dppo.run.checkpoint import FORMAT, decode, encode
+from dppo.run.league import START_ELO, League
+from dppo.run.opponent_choice import make_opponents
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)  # PettingZoo's classic modules warn on import
+TICTACTOE = "pettingzoo.classic.tictactoe_v3"
+
+
+def tictactoe():
+    from pettingzoo.classic import tictactoe_v3
+
+    return tictactoe_v3.env()
+
+
+class Solo(AECEnv):
+    """A one-player AEC env: not a two-player game."""
+
+    possible_agents: ClassVar[list[str]] = ["a"]
+
+
+class FirstMoveWins(AECEnv):
+    """Two players; the first player's move 1 wins at once, move 0 passes to the second player, whose move wins."""
+
+    metadata: ClassVar[dict] = {"name": "first_move_wins_v0"}
+    possible_agents: ClassVar[list[str]] = ["p0", "p1"]
+
+    def observation_space(self, agent: str) -> gym.Space:
+        return gym.spaces.Dict({"observation": gym.spaces.Box(0, 2, (1,), np.float32),
+                                "action_mask": gym.spaces.MultiBinary(2)})
+
+    def action_space(self, agent: str) -> gym.Space:
+        return gym.spaces.Discrete(2)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> None:
+        self.agents = list(self.possible_agents)
+        self.agent_selection, self.moves = "p0", 0
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.infos = {a: {} for a in self.agents}
+
+    def observe(self, agent: str) -> dict:
+        return {"observation": np.array([self.moves], np.float32), "action_mask": np.ones(2, np.int8)}
+
+    def step(self, action: int) -> None:
+        mover, other = self.agent_selection, "p1" if self.agent_selection == "p0" else "p0"
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self.moves += 1
+        if (mover == "p0" and action == 1) or mover == "p1":  # p0 wins with 1; any move of p1 wins
+            self.rewards = {mover: 1.0, other: -1.0}
+            self.terminations = dict.fromkeys(self.agents, True)
+        else:
+            self.agent_selection = other
+
+
+class Scripted:
+    """Opponents that always play ``move``, recording the batches they were asked for."""
+
+    def __init__(self, move: int) -> None:
+        self.move, self.batches = move, []
+
+    def draw(self, rng: np.random.Generator) -> int:
+        return 7
+
+    def act(self, opponent: int, games: list) -> list[int]:
+        self.batches.append((opponent, len(games)))
+        return [self.move] * len(games)
+
+
+def test_the_learners_seat_is_drawn_and_the_opponent_plays_inside_step() -> None:
+    opponents = Scripted(move=0)  # as p0 it passes
+    vec = SelfPlayVectorEnv([FirstMoveWins() for _ in range(16)], "first", opponents)
+    obs, _ = vec.reset(seed=3)
+    seats = [game.learner for game in vec.games]
+    assert set(seats) == {"p0", "p1"}  # both seats are learned
+    # as p1 the learner sees the opponent's first move (0: a pass) already played, all in one batch
+    assert obs["observation"][:, 0].tolist() == [1.0 if s == "p1" else 0.0 for s in seats]
+    assert opponents.batches == [(7, seats.count("p1"))]
+    _, rewards, terminated, truncated, infos = vec.step(np.ones(16, np.int64))
+    # as p0 the learner's 1 wins; as p1, after the opponent's pass, any move wins
+    assert rewards.tolist() == [1.0] * 16
+    assert terminated.all() and not truncated.any()
+    assert infos["final_obs"][0]["observation"].shape == (1,)  # SAME_STEP: the last observation kept
+    assert vec.take_results() == [(7, 1.0)] * 16 and vec.take_results() == []
+    seats = [game.learner for game in vec.games]  # the next games' seats, drawn again
+    _, rewards, *_ = vec.step(np.zeros(16, np.int64))  # as p0 a pass now loses to the opponent's reply
+    assert rewards.tolist() == [-1.0 if s == "p0" else 1.0 for s in seats] and set(seats) == {"p0", "p1"}
+
+
+def test_a_game_that_is_not_two_players_is_one_line() -> None:
+    with pytest.raises(EnvLoadError, match="turn-based \\(AEC\\) env with 1 players"):
+        SelfPlayVectorEnv([Solo()], "solo")
+
+
+def test_a_classic_game_is_named_by_its_module() -> None:
+    cfg = load_config(None, {"env.id": TICTACTOE, "env.num_envs": 4})
+    assert cfg.env.multiagent and is_self_play(cfg.env)
+    assert isinstance(make_vector_env(cfg), SelfPlayVectorEnv) and isinstance(make_env(cfg.env), SelfPlayEnv)
+    assert not is_self_play(load_config(None, {}).env)
+
+
+def test_the_elo_of_one_game_between_equals_moves_by_half_k() -> None:
+    league = League(load_config(None, {}).selfplay)
+    league.add({"w": np.zeros(2, np.float32)}, 0)
+    record = league.record(np.array([[0, 1.0], [RANDOM, 0.0]]))
+    assert league.elo == START_ELO + 8.0 and league.snapshots[0].elo == START_ELO - 8.0  # K 16 x (1 - 1/2)
+    assert record["selfplay_games"] == 2 and record["selfplay_win_rate"] == 0.5 and record["selfplay_loss_rate"] == 0.5
+    league.record(np.array([[0, 1.0]]))  # the second game expects a win more: it moves less
+    assert 8.0 > league.elo - (START_ELO + 8.0) > 0
+
+
+def test_the_pool_drops_its_oldest_and_draws_as_configured() -> None:
+    config = load_config(None, {}, ["selfplay.pool_size=3", "selfplay.snapshot_every=5"]).selfplay
+    league = League(config)
+    assert league.due(0)
+    for iteration in (0, 5, 10, 15):
+        league.add({"w": np.full(1, iteration, np.float32)}, iteration)
+    assert [s.iteration for s in league.snapshots] == [5, 10, 15] and not league.due(15) and league.due(20)
+    league.record(np.array([[1, 1.0]] * 20 + [[3, 0.0]] * 20))  # snapshot 1 beaten, 3 not
+    probs = league.probs()
+    assert probs[2] > probs[1] > probs[0] and sum(probs) == pytest.approx(1)  # the unbeaten drawn most
+    latest = League(config.model_copy(update={"opponents": "latest"}))
+    latest.add({"w": np.zeros(1)}, 0)
+    latest.add({"w": np.zeros(1)}, 5)
+    assert latest.probs() == [0.0, 1.0]
+
+
+def test_the_league_survives_a_checkpoint() -> None:
+    league = League(load_config(None, {}).selfplay)
+    league.add({"w": np.arange(3, dtype=np.float32)}, 0)
+    league.record(np.array([[0, 0.5], [0, 1.0]]))
+    restored = League(league.config)
+    saved = decode(encode({"format": FORMAT, "league": league.to_state()}), "test")  # torch weights_only load
+    restored.restore(saved["league"])
+    assert restored.to_state().keys() == league.to_state().keys() and restored.elo == league.elo
+    assert restored.snapshots[0].weights["w"].tolist() == [0.0, 1.0, 2.0]
+    assert (restored.snapshots[0].games, restored.snapshots[0].score, restored.next_id) == (2, 1.5, 1)
+
+
+def test_minimax_solves_tictactoe_and_never_loses_to_random() -> None:
+    assert set(Minimax(tictactoe).values(None, []).values()) == {0.0}  # perfect play draws
+    env = SelfPlayEnv(tictactoe(), "ttt", MinimaxOpponents(tictactoe, seed=0))
+    rng, results = np.random.default_rng(0), []
+    for episode in range(20):
+        obs, _ = env.reset(seed=episode)
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(int(rng.choice(np.flatnonzero(obs["action_mask"]))))
+            total, done = total + reward, terminated or truncated
+        results.append(total)
+    assert max(results) <= 0 and min(results) == -1  # the random player never wins, and loses
+
+
+def test_a_winning_move_is_worth_one() -> None:
+    search = Minimax(FirstMoveWins)
+    assert search.values(None, []) == {0: -1.0, 1: 1.0}
+
+
+def test_snapshot_opponents_act_with_the_broadcast_weights() -> None:
+    env = make_env(load_config(None, {"env.id": TICTACTOE}).env)
+    spaces = (env.observation_space, env.action_space)
+    config = load_config(None, {}).model
+    weights = export_weights(build_model(*spaces, config))
+    opponents = SnapshotOpponents(*spaces, config, seed=0)
+    assert opponents.draw(np.random.default_rng(0)) == RANDOM  # before any pool: the random player
+    opponents.update(PoolView([4], [weights], [1.0]))
+    assert opponents.draw(np.random.default_rng(0)) == 4
+    env.reset(seed=0)
+    moves = opponents.act(4, [env.game] * 3)
+    mask = env.game.observe()["action_mask"]
+    assert len(moves) == 3 and all(mask[m] for m in moves)
+    reference = Agent(*spaces, config)
+    reference.load(weights, 0)
+    assert isinstance(opponents.agents[4], Agent) and opponents.agents[4].version == 4
+    opponents.update(PoolView([], [], []))
+    assert opponents.agents == {}
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("minimax:0", "the depth must be a whole number >= 1"), ("snapshot:9", "the pool holds snapshots \\[0\\]"),
+    ("champion", "is not an opponent; use random, minimax"),
+])
+def test_a_bad_opponent_is_one_line(spec: str, message: str) -> None:
+    config = load_config(None, {"env.id": TICTACTOE})
+    env = make_env(config.env)
+    league = League(config.selfplay)
+    league.add(export_weights(build_model(env.observation_space, env.action_space, config.model)), 0)
+    with pytest.raises(UsageError, match=message):
+        make_opponents(spec, {"league": league.to_state()}, config, (env.observation_space, env.action_space), 0)
