@@ -46,6 +46,8 @@ RUN_VARIABLE_QUERY = "label_values(dppo_run_info, run)"
 RATE = "$__rate_interval"
 SWEEP_ROW = "Sweep"
 SWEEP_PREFIX = "Sweep: "  # the sweep row's panel titles (they have data for a `dppo sweep` only)
+SELFPLAY_ROW = "Self-play"
+SELFPLAY_PREFIX = "Self-play: "  # the self-play row's panel titles (data for a two-player game only)
 
 Panel = timeseries.Panel | stat.Panel | heatmap.Panel
 Query = prometheus.Dataquery
@@ -275,7 +277,28 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
     ]
     return [("Overview", overview), ("Learning", learning), ("Throughput", throughput),
             ("Iteration phases", phases), ("PPO diagnostics", ppo), ("Actors and checkpoints", health),
-            (SWEEP_ROW, sweep_panels())]
+            (SELFPLAY_ROW, selfplay_panels()), (SWEEP_ROW, sweep_panels())]
+
+
+def selfplay_panels() -> list[tuple[int, int, Panel]]:
+    """A two-player game's row (self-play): the learner against its snapshot pool; empty for other envs."""
+    return [
+        (10, 8, timeseries_panel(
+            f"{SELFPLAY_PREFIX}win, draw and loss rates", "Shares of the last iteration's games the learner won, "
+            "drew and lost against its snapshot pool (dppo_selfplay_win_rate, _draw_rate, _loss_rate). Draws "
+            "rising between strong players is what a solved game looks like.",
+            targets((by_run("dppo_selfplay_win_rate"), "{{run}} win"),
+                    (by_run("dppo_selfplay_draw_rate"), "{{run}} draw"),
+                    (by_run("dppo_selfplay_loss_rate"), "{{run}} loss")), unit="percentunit", minimum=0)),
+        (10, 8, timeseries_panel(
+            f"{SELFPLAY_PREFIX}Elo", "The learner's Elo rating against its own snapshot pool (dppo_selfplay_elo; "
+            "starts at 1000, a relative scale): it rises while the learner keeps beating newer snapshots.",
+            [target(by_run("dppo_selfplay_elo"), "{{run}}")], axis_label="Elo")),
+        (4, 8, stat_panel(
+            f"{SELFPLAY_PREFIX}snapshots in the pool", "Frozen snapshots the opponents are drawn from "
+            "(dppo_selfplay_pool_size; selfplay.pool_size at most).", by_run("dppo_selfplay_pool_size"),
+            decimals=0)),
+    ]
 
 
 def sweep_panels() -> list[tuple[int, int, Panel]]:

@@ -341,6 +341,18 @@ def test_a_pettingzoo_env_renders_a_multiagent_config(helm_bin: str) -> None:
     assert config.env.kwargs == {"N": 3, "max_cycles": 25, "continuous_actions": False}
 
 
+def test_a_two_player_game_renders_a_selfplay_config(helm_bin: str) -> None:
+    """env=<a PettingZoo classic game> with a selfplay section: the schema takes the section, and dppo reads the
+    rendered config as a multi-agent env with the pool's settings (the env is a turn-based game: made at start)."""
+    config = validate_config(training_config(render(helm_bin, "-f", str(VALUES_DIR / "selfplay.yaml"))))
+    assert config.env.multiagent and config.env.id == "pettingzoo.classic.tictactoe_v3" and config.env.num_envs == 64
+    selfplay = config.selfplay
+    assert (selfplay.snapshot_every, selfplay.pool_size, selfplay.opponents) == (10, 30, "win_rate")
+    bad = helm(helm_bin, "template", "r", str(CHART), "-f", str(VALUES_DIR / "selfplay.yaml"), "--set",
+               "config.selfplay.opponents=best")
+    assert bad.returncode != 0 and "selfplay" in bad.stderr
+
+
 def test_the_inference_service_goes_to_the_gpu_head(helm_bin: str) -> None:
     """run.inference=server with head.gpus: the head is the only node advertising GPUs and CPUs nowhere but the
     workers, so the service (num_cpus 0, half a GPU: dppo/distributed/inference.py) can only be placed on the head,

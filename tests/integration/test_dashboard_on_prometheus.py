@@ -30,6 +30,7 @@ from dppo.run.metrics import Metrics
 # What ships (tests/deploy/test_dashboard.py checks it equals the generator's output), so no SDK is needed here.
 DASHBOARD = json.loads((REPO / "helm" / "dppo" / "dashboards" / "dppo.json").read_text())
 SWEEP_PREFIX = "Sweep: "  # the sweep row's panel titles (helm/dashboard.py)
+SELFPLAY_PREFIX = "Self-play: "  # the self-play row's (data for a two-player game only)
 
 
 class Prometheus(BenchPrometheus):
@@ -77,12 +78,18 @@ class Prometheus(BenchPrometheus):
         return int(float(result[0]["value"][1])) if result else 0
 
 
-def panel_queries(run: str, sweep: bool = False) -> list[tuple[str, str]]:
-    """(panel title, PromQL) for every target of the single-run panels (``sweep``: of the sweep row's), with the
-    dashboard variables substituted as Grafana would."""
+def row_of(title: str) -> str:
+    return "sweep" if title.startswith(SWEEP_PREFIX) else "selfplay" if title.startswith(SELFPLAY_PREFIX) else "run"
+
+
+def panel_queries(run: str, sweep: bool = False, rows: tuple[str, ...] = ("run",)) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every target of the panels of ``rows`` (run: a single run's; selfplay: a
+    two-player game's; ``sweep``: only the sweep row's), with the dashboard variables substituted as Grafana
+    would."""
+    rows = ("sweep",) if sweep else rows
     substituted = []
     for title, expr in [(p["title"], t["expr"]) for p in DASHBOARD["panels"] for t in p.get("targets", [])]:
-        if title.startswith(SWEEP_PREFIX) != sweep:
+        if row_of(title) not in rows:
             continue
         expr = expr.replace("$__rate_interval", RATE_INTERVAL).replace("$run", run)
         assert "$" not in expr, f"{title}: unsubstituted variable in {expr}"
@@ -90,9 +97,10 @@ def panel_queries(run: str, sweep: bool = False) -> list[tuple[str, str]]:
     return substituted
 
 
-def assert_every_panel_has_data(prom: Prometheus, run: str, start: float, end: float, sweep: bool = False) -> None:
+def assert_every_panel_has_data(prom: Prometheus, run: str, start: float, end: float, sweep: bool = False,
+                                rows: tuple[str, ...] = ("run",)) -> None:
     empty = []
-    for title, expr in panel_queries(run, sweep):
+    for title, expr in panel_queries(run, sweep, rows):
         series = prom.query_range(expr, start, end)
         finite = [v for s in series for _, v in s["values"] if math.isfinite(float(v))]
         if not finite:
@@ -134,7 +142,9 @@ def test_every_panel_has_data_for_the_metrics_module(prometheus_bin: str, tmp_pa
                       "episode_return_mean": sum(returns) / len(returns), "episode_length_mean": 100.0,
                       "steps_per_s": 4096.0, "policy_loss": -0.01, "value_loss": 20.0, "entropy": 0.6,
                       "approx_kl": 0.01, "clip_fraction": 0.1, "explained_variance": 0.5,
-                      "learning_rate": 2.5e-4, "grad_norm": 0.4, "policy_version": iteration}
+                      "learning_rate": 2.5e-4, "grad_norm": 0.4, "policy_version": iteration,
+                      "selfplay_win_rate": 0.5, "selfplay_draw_rate": 0.3, "selfplay_loss_rate": 0.2,
+                      "selfplay_elo": 1000.0 + iteration, "selfplay_pool_size": 1 + iteration // 10}
             metrics.record_iteration(record, returns, phases)
             for rank in ("0", "1"):  # what the learner records per learner process
                 metrics.learner_update_seconds.labels(learner=rank).observe(0.05)
@@ -148,14 +158,14 @@ def test_every_panel_has_data_for_the_metrics_module(prometheus_bin: str, tmp_pa
                 metrics.checkpoint_bytes.set(50_000)
             time.sleep(0.25)
         prom.wait_for_value("dppo_env_steps_total", steps, timeout_s=30)  # the last iteration's values scraped
-        assert_every_panel_has_data(prom, "synthetic-run", start, time.time())
-        assert_every_panel_has_data(prom, ".*", start, time.time())  # the variable's "All"
+        assert_every_panel_has_data(prom, "synthetic-run", start, time.time(), rows=("run", "selfplay"))
+        assert_every_panel_has_data(prom, ".*", start, time.time(), rows=("run", "selfplay"))  # the "All" value
         assert prom.last("dppo_env_steps_total") == steps
         assert prom.run_variable() == ["synthetic-run"]
         actor_restarts, learner_restarts = [expr for title, expr in panel_queries("synthetic-run")
                                              if title == "Actor restarts, learner restarts"]
         assert prom.last(actor_restarts) == 1 and prom.last(learner_restarts) == 0
-        for title, expr in panel_queries("no-such-run"):
+        for title, expr in panel_queries("no-such-run", rows=("run", "selfplay")):
             assert not prom.query_range(expr, start, time.time()), f"{title} ignores the run variable: {expr}"
     finally:
         prom.stop()
@@ -221,3 +231,26 @@ def test_the_sweep_row_has_data_for_a_real_sweep(scraping: tuple[Prometheus, int
     trials = {p.name for p in (tmp_path / "out" / "trials").iterdir()}
     returns = prom.query_range(panel_queries("dash-sweep", sweep=True)[0][1], start, end)
     assert {s["metric"]["trial"] for s in returns} == trials
+
+
+@pytest.mark.slow
+def test_the_selfplay_row_has_data_for_a_real_two_player_game(scraping: tuple[Prometheus, int], ray_address: str,
+                                                              dppo_cmd: list[str], tmp_path: Path) -> None:
+    """A short tic-tac-toe run by self-play scraped end to end: every self-play panel has data; the Elo scraped
+    last is the one in progress.jsonl."""
+    prom, metrics_port = scraping
+    run_dir = tmp_path / "selfplay-run"
+    start = time.time()
+    train = subprocess.run(
+        [*dppo_cmd, "train", "--env", "pettingzoo.classic.tictactoe_v3", "--actors", "1", "--total-steps", "4096",
+         "--envs-per-actor", "16", "--segment-length", "32", "--seed", "1", "--run-dir", str(run_dir),
+         "--metrics-port", str(metrics_port), "--address", ray_address, "--no-tensorboard",
+         "--set", "metrics.host=127.0.0.1", "--set", "metrics.linger_s=4", "--set", "selfplay.snapshot_every=2"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert train.returncode == 0, train.stderr[-3000:]
+    end = time.time()
+    assert_every_panel_has_data(prom, run_dir.name, start, end, rows=("selfplay",))
+    last = json.loads((run_dir / "progress.jsonl").read_text().splitlines()[-1])
+    assert prom.last("dppo_selfplay_elo") == pytest.approx(last["selfplay_elo"])
+    assert prom.last("dppo_selfplay_pool_size") == last["selfplay_pool_size"] == 4
