@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import argparse
 
-from dppo.bench import driver_scaling, env_engines, learn, node_loss, sampling, score, solve, sweeps, update, variants
+from dppo.bench import (
+    driver_scaling,
+    env_engines,
+    learn,
+    node_loss,
+    sampling,
+    score,
+    selfplay,
+    solve,
+    sweeps,
+    update,
+    variants,
+)
 from dppo.bench import round as round_  # the module, not the builtin
 
 # In `dppo bench --help` order.
-BENCHMARKS = (sampling, solve, update, learn, variants, sweeps, round_, node_loss, score, driver_scaling, env_engines)
+BENCHMARKS = (sampling, solve, update, learn, variants, sweeps, round_, node_loss, score, driver_scaling, env_engines,
+              selfplay)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
