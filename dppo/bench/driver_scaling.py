@@ -8,7 +8,10 @@ from outside by a bench-only subclass (the loop itself is not changed). Its Ray 
 dispatched), the gather (the ``ray.wait`` polls and the ``ray.get`` of N segments), the N-way batch
 (concatenation and GAE), the bookkeeping, the reporting. The driver's own CPU seconds are read beside the wall
 clock (on one machine the N actors share its cores: the wait for them is not the driver's cost, its CPU time is).
-Actor start-up and per-actor memory are columns of their own (they bound how many actors fit).
+Actor start-up and per-actor memory are columns of their own (they bound how many actors fit). With
+``--inference server`` each N runs again with the inference service computing the actors' policy, and its batch
+figures (passes, rows, forward and queue seconds) are read after each iteration. The table and the docs section
+are :mod:`dppo.bench.driver_report`'s.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dppo.bench.common import Row, add_common_args, bench_config, check_env_id, machine, parse_counts, ray_session
-from dppo.bench.docs import emit
+from dppo.bench.driver_report import SERVED, write_report
 from dppo.bench.memory import read_kib
-from dppo.cli_args import positive
+from dppo.cli_args import fail, positive
 
 if TYPE_CHECKING:
     from dppo.config import Config
@@ -127,18 +130,22 @@ def timed_coordinator(config: Config, run_dir: Path, ledger: Ledger,
 
 
 def driver_config(env_id: str, actors: int, envs_per_actor: int, segment_length: int, actor_cpus: float,
-                  iterations: int, run_dir: Path) -> Config:
+                  iterations: int, run_dir: Path, inference: str = "actor") -> Config:
     """Tiny actors and a negligible update (an 8-unit MLP, 1 epoch, one minibatch): the iteration is the driver's.
     One warm-up iteration before the timed ones; no checkpoint until the end, no evaluation; the run waits for all
-    N actors at start. Bad values (an N over run.actors' limit) are a usage error here, before Ray starts."""
+    N actors at start. Bad values (an N over run.actors' limit, an odd E with the server) are a usage error here,
+    before Ray starts."""
+    from dppo.distributed.inference import resolve_inference
+
     batch = actors * envs_per_actor * segment_length
     sets = ["model.hidden_sizes=[8]", "ppo.epochs=1", f"run.actor_cpus={actor_cpus}",  # one minibatch: bench_config
             f"run.total_steps={batch * (iterations + 1)}", f"run.run_dir={run_dir}",
             f"run.checkpoint_every={iterations + 2}", "run.log_format=none", "run.device=cpu", "run.eval_every=0",
+            f"run.inference={inference}",
             # every round with all N actors, however slow they start (one node starts a few worker processes at once)
             f"faults.actor_start_timeout_s={START_TIMEOUT_S}"]
-    config = bench_config(env_id, envs_per_actor, segment_length, 0.0, "sync", actors=actors, sets=sets)
-    return config
+    return resolve_inference(bench_config(env_id, envs_per_actor, segment_length, 0.0, "sync", actors=actors,
+                                          sets=sets), False, "cpu")
 
 
 def actor_pids(handles: list[Any]) -> list[int]:
@@ -221,8 +228,8 @@ def measure(config: Config, iterations: int) -> Row:
         now, cpu = time.perf_counter(), _cpu_s()
         seconds, counts = ledger.take()
         per_iteration.append({"wall": now - mark["t"], "cpu": cpu - mark["cpu"], "sample": record["sample_s"],
-                              **seconds, "sync": record["sync_s"], **counts})
-        mark.update(t=now, cpu=cpu)
+                              **seconds, "sync": record["sync_s"], **counts, **served(coordinator.inference)})
+        mark.update(t=time.perf_counter(), cpu=_cpu_s())  # reading the service's figures is the benchmark's time
 
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # the run installs its own
     coordinator = timed_coordinator(config, Path(config.run.run_dir or "."), ledger, on_iteration)
@@ -245,7 +252,18 @@ def measure(config: Config, iterations: int) -> Row:
     timed = per_iteration[1:]  # the first iteration warms up (first weights, first calls)
     if not timed:
         raise RuntimeError("the run ended before its timed iterations")  # total_steps is set so it does not
-    return summarize(config.run.actors, timed, startup_s, rss, pss)
+    return {**summarize(config.run.actors, timed, startup_s, rss, pss), "inference": config.run.inference}
+
+
+def served(inference: Any) -> dict[str, float]:
+    """This iteration's inference-service figures, per forward pass; none with the actors' own inference (or when
+    the service did not answer)."""
+    stats = {} if inference is None else inference.batch_stats()
+    if not stats.get("batches"):
+        return {"inference_batches": 0} if stats else {}
+    return {"inference_batches": stats["batches"], "inference_rows": stats["rows_mean"],
+            "inference_forward_ms": stats["forward_s_median"] * 1e3,
+            "inference_queue_ms": stats["queue_s_median"] * 1e3}
 
 
 def _cpu_s() -> float:
@@ -272,6 +290,10 @@ def summarize(actors: int, timed: list[dict[str, float]], startup_s: float, rss:
         "other_ms": _median_ms([it["wall"] - sum(it[p] for p in PIECES) for it in timed]),
         "actor_rss_mib": rss, "actor_pss_mib": pss,
     }
+    for key in SERVED:
+        values = [it[key] for it in timed if key in it]  # server rows only
+        if values:
+            row[key] = round(statistics.median(values), 3)
     return row
 
 
@@ -285,9 +307,10 @@ def total_gib() -> float:
 
 def bench_driver(counts: list[int], env_id: str = "CartPole-v1", envs_per_actor: int = 1, segment_length: int = 8,
                  actor_cpus: float = 0.01, iterations: int = 20, address: str | None = None,
-                 log: Callable[[str], None] = print) -> tuple[list[Row], dict[str, float]]:
-    """One row per N (an N whose actors would not fit this machine's memory gets a row that says so instead);
-    one idle actor's memory and the polls of a 1,000-segment gather."""
+                 inference: tuple[str, ...] = ("actor",), log: Callable[[str], None] = print
+                 ) -> tuple[list[Row], dict[str, float]]:
+    """One row per N and ``inference`` mode (an N whose actors would not fit this machine's memory gets a row that
+    says so instead); one idle actor's memory and the polls of a 1,000-segment gather."""
     rows: list[Row] = []
     cpus = max(2, math.ceil(max(counts) * actor_cpus))
     with ray_session(address, cpus):
@@ -295,19 +318,20 @@ def bench_driver(counts: list[int], env_id: str = "CartPole-v1", envs_per_actor:
         idle = {"rss_mib": rss, "pss_mib": pss, "polls_1000_ms": gather_polls_ms(1000)}
         log(f"one idle actor: RSS {rss:.0f} MiB, PSS {pss:.0f} MiB")
         per_actor = pss  # the largest PSS an actor has had so far (a sampling actor's exceeds an idle one's)
-        for n in counts:
+        for n, mode in ((n, mode) for n in counts for mode in inference):
             needed, free, kept = n * per_actor / 1024, available_gib(), MEMORY_MARGIN * total_gib()
             if needed > free - kept:
-                rows.append({"actors": n, "note": f"not run: {n} x {per_actor:.0f} MiB PSS = {needed:.1f} GiB, "
-                             f"{free:.1f} GiB available less {kept:.1f} GiB kept free"})
+                rows.append({"actors": n, "inference": mode, "note": f"not run: {n} x {per_actor:.0f} MiB PSS = "
+                             f"{needed:.1f} GiB, {free:.1f} GiB available less {kept:.1f} GiB kept free"})
                 log(rows[-1]["note"])
                 continue
             with tempfile.TemporaryDirectory(prefix="dppo-bench-driver-") as tmp:
                 config = driver_config(env_id, n, envs_per_actor, segment_length, actor_cpus, iterations,
-                                       Path(tmp) / "run")
+                                       Path(tmp) / "run", mode)
                 rows.append({**measure(config, iterations), "poll_us": poll_us(n)})
             per_actor = max(per_actor, rows[-1]["actor_pss_mib"])
-            log(f"N={n}: overhead {rows[-1]['overhead_ms']} ms, start-up {rows[-1]['startup_s']} s")
+            log(f"N={n}, inference {mode}: overhead {rows[-1]['overhead_ms']} ms, "
+                f"start-up {rows[-1]['startup_s']} s")
     return rows, idle
 
 
@@ -334,67 +358,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="T (default 8)")
     parser.add_argument("--actor-cpus", type=above_zero, default=0.01,
                         help="Ray CPUs each actor reserves (default 0.01: all fit on one machine)")
+    parser.add_argument("--inference", default="actor",
+                        help="comma-separated: actor (each actor's own forward pass), server (the inference service "
+                             "batching every actor's, its batch figures as columns; run.inference) (default actor)")
     add_common_args(parser)
     parser.set_defaults(func=cmd_driver)
 
 
-NOTE = (
-    "N tiny actors ({envs} x {steps} steps of {env} each, `run.actor_cpus={cpus:g}`) on one machine and a negligible "
-    "update (an 8-unit MLP, 1 epoch, one minibatch), driven by the run's own Coordinator with its driver-side "
-    "work timed from outside; medians over the timed iterations, after one warm-up. `overhead_ms` = the iteration's "
-    "wall time - the slowest actor's own sampling (`sample_ms`); `driver_cpu_ms`: the driver process's CPU time "
-    "per iteration (all its threads, Ray's included). The pieces: `broadcast_ms` (export the weights, "
-    "`broadcast_arg`, dispatch N `sample` calls), `gather_wait_ms` (the `ray.wait` polls, `polls` of them over "
-    "`polled_refs` refs in all: the actors' sampling and their calls' transport are inside it; `poll_us` is one "
-    "such poll over N ready refs, measured alone), `gather_get_ms` "
-    "(`ray.get` of the N segments), `batch_ms` (the N-way concatenation and GAE), `sgd_ms` (the tiny update), "
-    "`bookkeeping_ms` (counters and the progress record), `report_ms` (progress.jsonl, metrics, TensorBoard, "
-    "log), `other_ms` the rest of the loop. `startup_s`: the learner and N actors started and their envs made. "
-    "One idle actor takes {rss_mib:.0f} MiB RSS, {pss_mib:.0f} MiB PSS here; an N whose actors would not fit this "
-    "machine's free memory (less a quarter of it, kept for the rest of a shared machine) is not run (the row "
-    "says so, with the figures).\n\n"
-    "**On this machine the N actors share its {cores} cores with the driver**, so `gather_wait_ms` holds N actors' "
-    "call handling (deserialize the broadcast, sample, serialize the segment) queued on {cores} cores: "
-    "that part grows with N here and is spread over N cores on a cluster; `driver_cpu_ms` is what the driver "
-    "itself spends.\n\n"
-    "**What grows with N, and what breaks first at 1,000 actors on KubeRay** (on paper, but for the one figure "
-    "measured here): per iteration the driver makes N `sample` calls, polls `ray.wait` for the segments (each poll "
-    "now takes every segment ready by then; the gather's first version polled once per arriving segment over the "
-    "refs still pending, N(N+1)/2 ref checks per round: alone, the 1,000 polls of a 1,000-segment gather with "
-    "every object ready took {polls_1000_ms:.0f} ms of the driver here), fetches and deserializes N segments into "
-    "its one process (`ray.get`: every env step of the round crosses into the driver), concatenates them, and "
-    "reports. At start the GCS registers N actors and the raylets start N worker processes, a few at a time per "
-    "node (`startup_s`); on KubeRay 1,000 one-CPU actors are 1,000 / (cores per pod) worker pods, each a raylet "
-    "reporting to the head's GCS. What breaks first is the driver's one process, which receives every segment: "
-    "with Atari-sized segments (8 envs x 128 steps of 84x84x4 uint8 frames, about 28 MiB each) 1,000 actors put "
-    "about 27 GiB through it per iteration, far more than one process deserializes in the 0.5 s budget. Next "
-    "come the head's GCS (the actor table, N object-ownership records per round, the raylets' reports) and the "
-    "head node's object store, which receives every segment the driver gets. How the design answers it: with "
-    "`run.learners` > 1 the learners already get the segments by reference and the driver never concatenates the "
-    "batch, but the pool still `ray.get`s every segment (for its NaN/Inf check and the episode counts), so the "
-    "transfer into the head remains; an actor that returns a small summary (episode returns, NaN flag, sample "
-    "seconds) beside its segment's ref removes it. Fewer, bigger actors (more envs each, ale-py's vector env) keep "
-    "N in the hundreds for the same env steps; a hierarchical gather (a sub-driver per node group) bounds what "
-    "any one process receives; the inference service (issue 35) moves the policy's forward pass off the "
-    "actors, so each is lighter and holds more envs (its batching latency is not measured yet)."
-)
-
-
 def cmd_driver(args: argparse.Namespace) -> int:
     counts = parse_counts(args.actors, "--actors")
+    modes = tuple(m.strip() for m in args.inference.split(","))
+    if not modes or any(m not in ("actor", "server") for m in modes):
+        fail(f"--inference takes actor and/or server, comma-separated, not {args.inference!r}")
     env_id = check_env_id(args.env)
-    driver_config(env_id, max(counts), args.envs_per_actor, args.segment_length, args.actor_cpus, args.iterations,
-                  Path("unused"))  # bad input is found before anything starts
+    for mode in modes:  # bad input is found before anything starts
+        driver_config(env_id, max(counts), args.envs_per_actor, args.segment_length, args.actor_cpus,
+                      args.iterations, Path("unused"), mode)
     info = machine()
     rows, idle = bench_driver(counts, env_id, args.envs_per_actor, args.segment_length, args.actor_cpus,
-                              args.iterations, args.address)
-    note = NOTE.format(envs=args.envs_per_actor, steps=args.segment_length, env=args.env, cpus=args.actor_cpus,
-                       cores=info["cpus"], **idle)
-    columns = ["actors", "startup_s", "iteration_ms", "sample_ms", "overhead_ms", "overhead_per_actor_ms",
-               "driver_cpu_ms", "broadcast_ms", "gather_wait_ms", "gather_get_ms", "polls", "polled_refs", "poll_us",
-               "batch_ms", "sgd_ms", "bookkeeping_ms", "report_ms", "other_ms", "actor_rss_mib", "actor_pss_mib"]
-    if any("note" in r for r in rows):
-        columns.append("note")
-    key = args.section or f"driver-{args.env.split('/')[-1]}"
-    emit(args, rows, columns, key, f"Driver cost against the number of actors, {args.env}", note, info)
+                              args.iterations, args.address, modes)
+    write_report(args, rows, idle, info)
     return 0

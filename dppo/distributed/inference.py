@@ -9,16 +9,19 @@ travels with each request, so the service holds nothing but weights: the last tw
 ``run.overlap_sampling`` one round samples with the weights the update is about to replace. A request names its
 version and the reply is stamped with it.
 
-Three layers: :class:`Batcher` (when to run a batch) and :class:`InferenceServer` (the versions and the batched
-forward pass) are plain classes tested without Ray; :class:`InferenceService` is the asyncio Ray actor around
-them; :class:`Inference` is the driver's side (start, ready, load each broadcast, replace a lost one), a group of one
-actor on the shared lifecycle (:class:`~dppo.distributed.lifecycle.ActorGroup`) like the sampling actors.
+Three layers: :class:`Batcher` (when to run a batch), :class:`BatchStats` (what each batch held and cost) and
+:class:`InferenceServer` (the versions and the batched forward pass) are plain classes tested without Ray;
+:class:`InferenceService` is the asyncio Ray actor around them; :class:`Inference` is the driver's side (start,
+ready, load each broadcast, replace a lost one, read the batch figures), a group of one actor on the shared lifecycle
+(:class:`~dppo.distributed.lifecycle.ActorGroup`) like the sampling actors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +42,8 @@ from dppo.rl.spaces import Obs
 
 BATCH_WAIT_S = 0.002  # how long a batch waits for the rest of the actors' requests after its first one
 KEEP_VERSIONS = 2  # the weights sampled with and, with run.overlap_sampling, the ones sampled with meanwhile
+STATS_KEPT = 4096  # batches whose figures are kept for the medians between two reads (a run that never reads them)
+STATS_TIMEOUT_S = 10.0  # a service too busy to answer within it reports no figures rather than stall the driver
 
 
 def resolve_inference(config: Config, has_image: bool, device: str) -> Config:
@@ -90,6 +95,37 @@ class Batcher:
     def take(self) -> list[Any]:
         items, self.items = self.items, []
         return items
+
+
+class BatchStats:
+    """Each batch's rows, forward-pass seconds and queue wait (its first request's, from when the service took it to
+    when the batch ran) between two reads: what batching buys (rows per pass) and what it costs (the wait)
+    (`dppo bench driver`). The counts and totals are exact; the medians are over the last ``kept`` batches, so a
+    run that never reads them holds a bounded amount."""
+
+    def __init__(self, kept: int = STATS_KEPT) -> None:
+        self.kept = kept
+        self._reset()
+
+    def _reset(self) -> None:
+        self.batches, self.rows, self.forward_s = 0, 0, 0.0
+        self.recent: deque[tuple[int, float, float]] = deque(maxlen=self.kept)  # (rows, forward_s, queue_s)
+
+    def add(self, rows: int, forward_s: float, queue_s: float) -> None:
+        self.batches += 1
+        self.rows += rows
+        self.forward_s += forward_s
+        self.recent.append((rows, forward_s, queue_s))
+
+    def take(self) -> dict[str, float]:
+        """The figures since the last take (``{"batches": 0}`` when no batch ran); counting starts again at zero."""
+        if not self.batches:
+            return {"batches": 0}
+        taken = {"batches": self.batches, "rows_mean": self.rows / self.batches, "forward_s_total": self.forward_s,
+                 "forward_s_median": statistics.median(f for _, f, _ in self.recent),
+                 "queue_s_median": statistics.median(q for _, _, q in self.recent)}
+        self._reset()
+        return taken
 
 
 def _join(parts: list[np.ndarray | None], axis: int = 0) -> np.ndarray | None:
@@ -154,6 +190,7 @@ class InferenceService:
         self.server = InferenceServer(obs_space, action_space, config, device)
         self.batcher = Batcher(expected)
         self.batches = 0  # forward passes run (ready() reports it)
+        self.figures = BatchStats()  # read and reset by stats()
 
     async def act(self, request: Request) -> Reply:
         loop = asyncio.get_running_loop()
@@ -173,14 +210,17 @@ class InferenceService:
             asyncio.get_running_loop().call_later(self.batcher.remaining(now), self._run_when_due)
 
     def _run(self) -> None:
+        queue_s = time.monotonic() - self.batcher.first_at
         items = self.batcher.take()
         self.batches += 1
+        started = time.perf_counter()
         try:
             replies = self.server.forward([request for request, _ in items])
         except Exception as err:
             for _, future in items:
                 future.set_exception(err)
             return
+        self.figures.add(sum(len(request.obs) for request, _ in items), time.perf_counter() - started, queue_s)
         for (_, future), reply in zip(items, replies, strict=True):
             future.set_result(reply)
 
@@ -190,6 +230,10 @@ class InferenceService:
 
     async def ready(self) -> int:
         return self.batches
+
+    async def stats(self) -> dict[str, float]:
+        """The batches' figures since the last call (:meth:`BatchStats.take`)."""
+        return self.figures.take()
 
 
 RemoteService = ray.remote(InferenceService)
@@ -302,7 +346,8 @@ class Inference:
     def again(self, broadcast: Broadcast) -> ServedBroadcast:
         """``broadcast`` for the actors, naming the current service (a round sent again after a replacement)."""
         return ServedBroadcast(weights={}, version=broadcast.version, obs_stats=broadcast.obs_stats,
-                               return_stats=broadcast.return_stats, service=self.handle, generation=self.generation)
+                               return_stats=broadcast.return_stats, opponents=broadcast.opponents,
+                               service=self.handle, generation=self.generation)
 
     def recover(self, broadcast: ServedBroadcast, err: Exception) -> ServedBroadcast:
         """A round that failed because its service was lost: the service replaced (unless that was done since the
@@ -317,6 +362,16 @@ class Inference:
         self.group.replace(0, err)
         self.message(f"the inference service was lost ({first_line(err)}); replacing it (loss {self.losses})")
         self._ready()
+
+    def batch_stats(self) -> dict[str, float]:
+        """The service's batch figures since the last call (:meth:`BatchStats.take`); {} without a service or when
+        it does not answer within STATS_TIMEOUT_S (figures for a benchmark are not worth failing a run over)."""
+        if self.handle is None:
+            return {}
+        try:
+            return ray.get(self.handle.stats.remote(), timeout=STATS_TIMEOUT_S)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            return {}
 
     def shutdown(self) -> None:
         self.group.shutdown()

@@ -1,7 +1,8 @@
 """`dppo bench driver`: the run's own Coordinator with N tiny actors, its driver-side work broken down per iteration.
 
-No wall time is asserted: the checks are on the counts the driver makes (one ``ray.wait`` poll per arriving
-segment, over the refs still pending), the pieces fitting the whole, and the section written.
+No wall time is asserted: the checks are on the counts the driver makes (the ``ray.wait`` polls over the refs still
+pending), the pieces fitting the whole, the inference service's batch figures in server rows, and the section
+written.
 """
 
 from __future__ import annotations
@@ -27,13 +28,18 @@ def run_bench(argv: list[str]) -> int:
 
 def test_driver_command_breaks_the_iteration_down_per_n(ray_address: str, tmp_path: Path) -> None:
     out, docs = tmp_path / "driver.json", tmp_path / "benchmarks.md"
-    argv = ["driver", "--actors", "2,4", "--iterations", "3", "--segment-length", "4", "--json", str(out),
-            "--write-docs", str(docs), "--address", ray_address]
+    argv = ["driver", "--actors", "2,4", "--iterations", "3", "--segment-length", "4", "--inference", "actor,server",
+            "--json", str(out), "--write-docs", str(docs), "--address", ray_address]
     assert run_bench(argv) == 0
     rows = json.loads(out.read_text())
-    assert [r["actors"] for r in rows] == [2, 4]
+    assert [(r["actors"], r["inference"]) for r in rows] == [(2, "actor"), (2, "server"), (4, "actor"), (4, "server")]
     for row in rows:
         n = row["actors"]
+        if row["inference"] == "server":  # a pass per env step and one for the last values, at most N rows each
+            assert row["inference_batches"] >= 4 + 1 and 1 <= row["inference_rows"] <= n
+            assert row["inference_forward_ms"] > 0 and row["inference_queue_ms"] >= 0
+        else:
+            assert "inference_batches" not in row
         assert row["iterations"] == 3 and row["startup_s"] > 0
         # the overhead is the iteration less the slowest actor's sampling, and its parts are inside the iteration
         assert row["iteration_ms"] > row["overhead_ms"] > 0 and row["sample_ms"] > 0
@@ -46,7 +52,7 @@ def test_driver_command_breaks_the_iteration_down_per_n(ray_address: str, tmp_pa
     text = docs.read_text()
     begin, end = section_markers("driver-CartPole-v1")
     assert begin in text and end in text and "dppo bench driver" in text and "Machine:" in text
-    assert "what breaks first at 1,000 actors" in text
+    assert "what breaks first at 1,000 actors" in text and "inference_queue_ms" in text
     assert re.search(r"the 1,000 polls of a 1,000-segment gather with every object ready took \d+ ms", text)
 
 
@@ -57,3 +63,7 @@ def test_driver_bad_input_is_a_usage_error() -> None:
         run_bench(["driver", "--actors", "16,2000"])
     with pytest.raises(SystemExit):
         run_bench(["driver", "--actor-cpus", "0"])
+    with pytest.raises(SystemExit):
+        run_bench(["driver", "--inference", "actor,gpu"])
+    with pytest.raises(UsageError, match=r"env\.num_envs must be even"):
+        run_bench(["driver", "--inference", "server", "--envs-per-actor", "3"])
