@@ -20,5 +20,8 @@ class SelfPlayConfig(Section):
     """How each game's opponent is drawn from the pool: latest (the newest snapshot only), uniform, or win_rate
     (prioritized fictitious self-play: weight (1 - the learner's win rate against it)^2, so the snapshots it has not
     yet beaten are played most)."""
+    opponent_epsilon: float = Field(0.0, ge=0, le=1)
+    """The share of a snapshot's moves replaced by a uniformly random legal move: lines its own policy would not
+    play, so the learner meets (and learns to answer) openings and mistakes its past selves never make."""
     elo_k: float = Field(16.0, gt=0)
     """The Elo K factor: how far one game moves the learner's and a snapshot's rating."""

@@ -31,8 +31,9 @@ class PoolView:
 class SnapshotOpponents:
     """:class:`dppo.envs.selfplay.Opponents` from the broadcast pool; the random player until a pool arrives."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int) -> None:
-        self.obs_space, self.action_space, self.config = obs_space, action_space, config
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int,
+                 epsilon: float = 0.0) -> None:
+        self.obs_space, self.action_space, self.config, self.epsilon = obs_space, action_space, config, epsilon
         self.rng = np.random.default_rng(seed)
         self.agents: dict[int, Agent] = {}
         self.view = PoolView()
@@ -59,4 +60,8 @@ class SnapshotOpponents:
             return [legal_random(obs, self.rng, self.action_space) for obs in observations]
         agent = self.agents[opponent]
         actions, _, _ = agent.act(agent.obs_spec.encode_many(observations))
-        return list(agent.action_spec.to_env(actions))
+        moves = list(agent.action_spec.to_env(actions))
+        if self.epsilon:  # selfplay.opponent_epsilon: some moves random, drawn after the policy's (same stream)
+            for i in np.flatnonzero(self.rng.random(len(moves)) < self.epsilon):
+                moves[i] = legal_random(observations[i], self.rng, self.action_space)
+        return moves

@@ -155,7 +155,7 @@ class Sampler:
         if self.opponents is None:
             space = self.halves[0]
             self.opponents = SnapshotOpponents(space.single_observation_space, space.single_action_space,
-                                               self.config.model, self.seed + 1)
+                                               self.config.model, self.seed + 1, self.config.selfplay.opponent_epsilon)
         self.opponents.update(view)
         for envs in self.halves:
             if isinstance(envs, SelfPlayVectorEnv):

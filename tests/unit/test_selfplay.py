@@ -198,6 +198,24 @@ def test_snapshot_opponents_act_with_the_broadcast_weights() -> None:
     assert opponents.agents == {}
 
 
+def test_opponent_epsilon_replaces_that_share_of_a_snapshots_moves_by_random_legal_ones() -> None:
+    env = make_env(load_config(None, {"env.id": TICTACTOE}).env)
+    spaces = (env.observation_space, env.action_space)
+    config = load_config(None, {}).model
+    weights = export_weights(build_model(*spaces, config))
+    weights["policy_head.4.weight"] = np.zeros_like(weights["policy_head.4.weight"])
+    weights["policy_head.4.bias"] = np.where(np.arange(9) == 4, 50.0, 0.0).astype(np.float32)  # always the centre
+    env.reset(seed=0)
+    moves = {}
+    for epsilon in (0.0, 0.5):
+        opponents = SnapshotOpponents(*spaces, config, seed=1, epsilon=epsilon)
+        opponents.update(PoolView([0], [weights], [1.0]))
+        moves[epsilon] = np.array(opponents.act(0, [env.game] * 400))
+    assert (moves[0.0] == 4).all()
+    off_centre = (moves[0.5] != 4).mean()  # half random, of which 8 in 9 leave the centre: 4/9
+    assert 0.35 < off_centre < 0.55 and set(moves[0.5].tolist()) == set(range(9))
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ("minimax:0", "the depth must be a whole number >= 1"), ("snapshot:9", "the pool holds snapshots \\[0\\]"),
     ("champion", "is not an opponent; use random, minimax"),
