@@ -33,10 +33,11 @@ def train(config: Path, seed: int, run_dir: Path, timeout_s: float) -> dict[str,
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def play(run_dir: Path, opponent: str, games: int, seed: int, timeout_s: float) -> Row:
-    """`dppo eval --opponent`: greedy games of the run's last checkpoint, seats alternating; wins/draws/losses."""
+def play(run_dir: Path, opponent: str, games: int, seed: int, timeout_s: float, best: bool = False) -> Row:
+    """`dppo eval --opponent`: greedy games of the run's last checkpoint (``best``: its best.pt), seats alternating;
+    wins/draws/losses."""
     cmd = [sys.executable, "-m", "dppo", "eval", "--checkpoint", str(run_dir), "--opponent", opponent,
-           "--episodes", str(games), "--seed", str(seed)]
+           "--episodes", str(games), "--seed", str(seed), *(["--best"] if best else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     found = OUTCOMES.search(done.stdout)
     if done.returncode != 0 or found is None:
@@ -82,6 +83,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="games against each opponent, half as each seat (default 200)")
     parser.add_argument("--out-dir", default="runs/bench-selfplay",
                         help="where the runs go (default runs/bench-selfplay)")
+    parser.add_argument("--best", action="store_true",
+                        help="also play the run's best evaluated weights (best.pt: run.eval_every against "
+                        "selfplay.eval_opponent), a row of their own")
     parser.add_argument("--timeout", type=positive(float, "--timeout"), default=3600.0,
                         help="seconds one training run may take (default 3600)")
     add_common_args(parser, address=False)
@@ -102,21 +106,25 @@ def cmd_selfplay(args: argparse.Namespace) -> int:
         run_dir = runs[seed] = Path(args.out_dir) / f"{config.stem}-seed{seed}"
         summary = train(config, seed, run_dir, args.timeout)
         last = json.loads((run_dir / "progress.jsonl").read_text().splitlines()[-1])
-        row: Row = {"seed": seed, "env_steps": summary["env_steps"], "wall_s": round(summary["wall_s"], 1),
-                    "elo": last["selfplay_elo"], "pool": last["selfplay_pool_size"]}
-        for opponent in opponents:
-            row.update(play(run_dir, opponent, args.games, seed, args.timeout))
-        rows.append(row)
-        print(f"seed {seed}: {row}", flush=True)
+        for best in (False, True) if args.best else (False,):
+            row: Row = {"seed": seed, "weights": "best.pt" if best else "last", "env_steps": summary["env_steps"],
+                        "wall_s": round(summary["wall_s"], 1), "elo": last["selfplay_elo"],
+                        "pool": last["selfplay_pool_size"]}
+            for opponent in opponents:
+                row.update(play(run_dir, opponent, args.games, seed, args.timeout, best))
+            rows.append(row)
+            print(f"seed {seed}: {row}", flush=True)
     figure = elo_figure(runs, Path(args.write_docs).parent / "figures" / f"selfplay-{config.stem}.png",
                         f"{config.stem}: Elo by self-play") if args.write_docs else None
-    columns = ["seed", "env_steps", "wall_s", "elo", "pool"]
+    columns = ["seed", "weights", "env_steps", "wall_s", "elo", "pool"]
     for opponent in opponents:
         columns += [f"{opponent}_first", f"{opponent}_second", f"{opponent}_win_rate", f"{opponent}_losses"]
     note = (f"Self-play training of `{args.config}` (`dppo train --config {args.config} --seed S`), then "
             f"{args.games} greedy games of the last checkpoint against each opponent, seats alternating "
-            f"(`dppo eval --opponent O --episodes {args.games}`): `O_first` / `O_second` are wins/draws/losses with "
-            "the policy as the first / second player, `O_win_rate` and `O_losses` over all games. `elo`: the "
+            f"(`dppo eval --opponent O --episodes {args.games}`; `best.pt` rows: `--best`, the weights the "
+            "evaluation while training rated best against `selfplay.eval_opponent`): `O_first` / `O_second` are "
+            "wins/draws/losses with the policy as the first / second player, `O_win_rate` and `O_losses` over all "
+            "games. `elo`: the "
             "learner's rating against its own snapshot pool at the end (it starts at 1000; a relative scale). "
             "`minimax` is a perfect player (negamax over the game, ties broken at random).")
     emit(args, rows, columns, args.section or f"selfplay-{config.stem}", f"Self-play: {config.stem}", note, info,

@@ -3,9 +3,10 @@ snapshots of the policy itself. It applies only to such games; other envs ignore
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from dppo.config.base import Section
 
@@ -23,5 +24,16 @@ class SelfPlayConfig(Section):
     opponent_epsilon: float = Field(0.0, ge=0, le=1)
     """The share of a snapshot's moves replaced by a uniformly random legal move: lines its own policy would not
     play, so the learner meets (and learns to answer) openings and mistakes its past selves never make."""
+    eval_opponent: str = "random"
+    """Who the evaluation while training (run.eval_every) plays, seats alternating: random, minimax (a perfect player,
+    for games small enough to solve: tic-tac-toe) or minimax:DEPTH; eval_return_mean is then wins minus losses per
+    game against it, and best.pt the weights that did best."""
     elo_k: float = Field(16.0, gt=0)
     """The Elo K factor: how far one game moves the learner's and a snapshot's rating."""
+
+    @field_validator("eval_opponent")
+    @classmethod
+    def _fixed_player(cls, value: str) -> str:
+        if not re.fullmatch(r"random|minimax(:[1-9][0-9]*)?", value):
+            raise ValueError("not a fixed player: write random, minimax or minimax:DEPTH (e.g. minimax:4)")
+        return value

@@ -38,7 +38,8 @@ class Evaluator:
     """What runs in the evaluation actor's process: one env, one agent, the episode loop."""
 
     def __init__(self, config: Config, import_paths: list[str]) -> None:
-        from dppo.envs.make import make_env
+        from dppo.envs.make import fixed_opponents, make_env
+        from dppo.envs.selfplay import SelfPlayEnv
         from dppo.rl.agent import Agent
         from dppo.rl.transforms import ObsNormalizer
 
@@ -47,6 +48,9 @@ class Evaluator:
         self.config = config
         self.env = make_env(config.env)
         seed = config.run.seed + EVAL_SEED_OFFSET
+        if isinstance(self.env.unwrapped, SelfPlayEnv) and config.selfplay.eval_opponent != "random":
+            self.env.unwrapped.opponents = fixed_opponents(config.selfplay.eval_opponent, config.env,
+                                                           self.env.action_space, seed)
         self.agent = Agent(self.env.observation_space, self.env.action_space, config.model, seed=seed)
         self.normalize = ObsNormalizer(False, config.env.obs_clip, self.agent.obs_spec.vector_dim)
 

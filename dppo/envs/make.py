@@ -26,8 +26,9 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 
 from dppo.envs.atari import make_ale_vector_env, make_atari_env, require_ale
 from dppo.envs.latency import LatencyWrapper
+from dppo.envs.minimax import MinimaxOpponents
 from dppo.envs.multiagent import AgentTurns, ParallelVectorEnv, check_columns
-from dppo.envs.selfplay import SelfPlayEnv, SelfPlayVectorEnv
+from dppo.envs.selfplay import Opponents, RandomOpponents, SelfPlayEnv, SelfPlayVectorEnv
 from dppo.envs.user_code import SHIP_HINT, EnvLoadError, import_module, load_callable
 from dppo.errors import UsageError
 
@@ -257,6 +258,17 @@ def make_vector_env(config: Config) -> VectorEnv:
     if config.env.vectorization == "async":
         return AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
     return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
+def fixed_opponents(spec: str, cfg: EnvConfig, action_space: gym.Space, seed: int) -> Opponents:
+    """``random`` or ``minimax[:DEPTH]`` for the game ``cfg`` names (dppo eval --opponent, selfplay.eval_opponent)."""
+    kind, _, depth = spec.partition(":")
+    if kind == "random" and not depth:
+        return RandomOpponents(action_space, seed)
+    if kind == "minimax" and (not depth or (depth.isdigit() and int(depth) >= 1)):
+        return MinimaxOpponents(lambda: make_pettingzoo_env(cfg), int(depth) if depth else None, seed)
+    raise UsageError(f"opponent {spec!r}: the fixed players are random, minimax and minimax:DEPTH (a whole number "
+                     ">= 1, e.g. minimax:4)")
 
 
 def is_self_play(cfg: EnvConfig) -> bool:

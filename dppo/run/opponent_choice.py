@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from dppo.config import Config
-from dppo.envs.minimax import MinimaxOpponents
-from dppo.envs.selfplay import Opponents, RandomOpponents
+from dppo.envs.selfplay import Opponents
 from dppo.errors import UsageError
 from dppo.rl.agent import export_weights
 from dppo.rl.opponents import PoolView, SnapshotOpponents
@@ -51,15 +50,11 @@ def _other_checkpoint(path: str, config: Config) -> Any:
 def make_opponents(spec: str, checkpoint: dict[str, Any], config: Config, spaces: tuple[Any, Any],
                    seed: int) -> Opponents:
     """The opponent ``spec`` names, for the checkpoint's game (``spaces``: its observation and action space)."""
-    from dppo.envs.make import make_pettingzoo_env
+    from dppo.envs.make import fixed_opponents
 
     kind, _, arg = spec.partition(":")
-    if kind == "random" and not arg:
-        return RandomOpponents(spaces[1], seed)
-    if kind == "minimax":
-        if arg and (not arg.isdigit() or int(arg) < 1):
-            raise UsageError(f"--opponent {spec}: the depth must be a whole number >= 1, e.g. minimax:4")
-        return MinimaxOpponents(lambda: make_pettingzoo_env(config.env), int(arg) if arg else None, seed)
+    if kind in ("random", "minimax"):
+        return fixed_opponents(spec, config.env, spaces[1], seed)
     if kind == "snapshot":
         snapshot, weights = _snapshot(checkpoint, config, arg)
     elif "/" in spec or spec.endswith(".pt") or spec == ".":

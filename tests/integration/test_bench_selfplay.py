@@ -29,10 +29,10 @@ def test_bench_selfplay_writes_its_section_and_figure(tmp_path: Path) -> None:
     assert (tmp_path / "docs" / "figures" / "selfplay-tiny.png").stat().st_size > 0
     row = next(line for line in text.splitlines() if line.startswith("| 1 |"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert cells[1] == "512"  # env steps
-    for seat in cells[5:7] + cells[9:11]:  # random and minimax, as the first and the second player: 2 games each
+    assert cells[1] == "last" and cells[2] == "512"  # weights, env steps
+    for seat in cells[6:8] + cells[10:12]:  # random and minimax, as the first and the second player: 2 games each
         assert sum(int(n) for n in seat.split("/")) == 2
-    assert int(cells[12]) >= 1  # an untrained policy loses to minimax
+    assert int(cells[13]) >= 1  # an untrained policy loses to minimax
 
 
 def test_bad_input_is_one_line(tmp_path: Path) -> None:

@@ -217,7 +217,8 @@ def test_opponent_epsilon_replaces_that_share_of_a_snapshots_moves_by_random_leg
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("minimax:0", "the depth must be a whole number >= 1"), ("snapshot:9", "the pool holds snapshots \\[0\\]"),
+    ("minimax:0", "the fixed players are random, minimax and minimax:DEPTH"),
+    ("snapshot:9", "the pool holds snapshots \\[0\\]"),
     ("champion", "is not an opponent; use random, minimax"),
 ])
 def test_a_bad_opponent_is_one_line(spec: str, message: str) -> None:
@@ -227,3 +228,18 @@ def test_a_bad_opponent_is_one_line(spec: str, message: str) -> None:
     league.add(export_weights(build_model(env.observation_space, env.action_space, config.model)), 0)
     with pytest.raises(UsageError, match=message):
         make_opponents(spec, {"league": league.to_state()}, config, (env.observation_space, env.action_space), 0)
+
+
+def test_the_evaluation_plays_the_configured_fixed_player() -> None:
+    from dppo.distributed.broadcast import Broadcast
+    from dppo.distributed.evaluation import Evaluator
+
+    results = {}
+    for opponent in ("random", "minimax"):
+        config = load_config(None, {"env.id": TICTACTOE}, [f"selfplay.eval_opponent={opponent}"])
+        evaluator = Evaluator(config, [])
+        weights = export_weights(build_model(evaluator.env.observation_space, evaluator.env.action_space,
+                                             config.model))
+        results[opponent] = evaluator.evaluate(Broadcast(weights, 0, None, None), 20, seed=0)
+    assert max(results["minimax"]) <= 0 and min(results["minimax"]) == -1  # an untrained policy cannot win
+    assert max(results["random"]) == 1  # and does win some games against random
