@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from dppo.config.base import Section
 
 DEFAULT_ENV_ID = "CartPole-v1"
+GLOBAL_STATE_KEY = "global_state"  # env.global_state: the observation key of the env's global state (MAPPO)
 # How PettingZoo names an env: the module that holds it, e.g. mpe2.simple_spread_v3 (gymnasium ids end in -v<N>)
 PETTINGZOO_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\.[A-Za-z_]\w*_v\d+")
 
@@ -52,6 +53,10 @@ class EnvConfig(Section):
     agent_id_in_obs: bool = False
     """Add each agent's index, one-hot, to its observation (key agent_id of a Dict observation), so the shared
     policy can act differently per agent (env.multiagent)."""
+    global_state: bool = False
+    """MAPPO's centralized critic: add the env's global state (a PettingZoo env's state()) to each agent's
+    observation under the key global_state, which only the value network sees (model.value_only_key); the policy
+    acts on the agent's own observation (env.multiagent; the default, false, is IPPO)."""
     max_episode_steps: int | None = Field(None, ge=1)
     """Time limit (episodes are truncated there and bootstrapped); null keeps the env's own."""
     wrappers: list[WrapperConfig] = Field(default_factory=list)
@@ -123,8 +128,9 @@ class EnvConfig(Section):
     @model_validator(mode="after")
     def _multiagent_fits(self) -> EnvConfig:
         if not self.multiagent:
-            if self.agent_id_in_obs:
-                raise ValueError("env.agent_id_in_obs applies to multi-agent envs (env.multiagent); set it to false")
+            if self.agent_id_in_obs or self.global_state:
+                flag = "agent_id_in_obs" if self.agent_id_in_obs else "global_state"
+                raise ValueError(f"env.{flag} applies to multi-agent envs (env.multiagent); set it to false")
             return self
         if self.id is not None and ":" in self.id:
             raise ValueError(f"env.id {self.id!r} with env.multiagent names a module whose parallel_env() makes the "

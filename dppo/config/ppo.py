@@ -25,6 +25,10 @@ class ModelConfig(Section):
     no mask."""
     mask_in_network: bool = False
     """Also feed the mask to the network as input (it always masks the distribution)."""
+    value_only_key: str | None = None
+    """The key of a Dict observation that only the value network sees, never the policy: a centralized critic
+    (MAPPO: env.global_state sets it to global_state, the env's global state beside each agent's observation), so
+    the policy still acts on what its agent observes. Vector observations, feed-forward models."""
     recurrent: Literal["none", "lstm"] = "none"
     """lstm: an LSTM between the encoder and the policy and value heads, for envs where one observation is not
     enough. Actors carry its state across steps and segments and reset it where an episode ends; the update

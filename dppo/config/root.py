@@ -8,7 +8,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from dppo.config.base import Section
-from dppo.config.env import EnvConfig
+from dppo.config.env import GLOBAL_STATE_KEY, EnvConfig
 from dppo.config.ppo import ModelConfig, PPOConfig
 from dppo.config.run import FaultConfig, MetricsConfig, RunConfig
 from dppo.config.selfplay import SelfPlayConfig
@@ -24,6 +24,16 @@ class Config(Section):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     faults: FaultConfig = Field(default_factory=FaultConfig)
     selfplay: SelfPlayConfig = Field(default_factory=SelfPlayConfig)
+
+    @model_validator(mode="after")
+    def _centralized_critic(self) -> Config:
+        """env.global_state adds the key global_state that only the critic sees (unless another key is named)."""
+        if self.env.global_state and self.model.value_only_key is None:
+            self.model.value_only_key = GLOBAL_STATE_KEY
+        if self.model.value_only_key is not None and self.model.recurrent == "lstm":
+            raise ValueError("model.value_only_key (a centralized critic, env.global_state) works with feed-forward "
+                             "models; set model.recurrent: none or drop the critic-only key")
+        return self
 
     @model_validator(mode="after")
     def _one_batch_rule(self) -> Config:

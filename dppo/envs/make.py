@@ -200,7 +200,7 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
             env = make_pettingzoo_env(cfg, render_mode)
             if is_turn_based(env):
                 return SelfPlayEnv(env, cfg.name)
-            return AgentTurns(env, cfg.name, cfg.agent_id_in_obs)
+            return AgentTurns(env, cfg.name, cfg.agent_id_in_obs, cfg.global_state)
         if cfg.atari:
             env = make_atari_env(cfg, render_mode)
         elif cfg.entry_point:
@@ -245,7 +245,7 @@ def make_multiagent_vector_env(config: Config) -> ParallelVectorEnv | SelfPlayVe
         return SelfPlayVectorEnv(games, env_cfg.name)
     copies = check_columns(env_cfg.num_envs, len(first.possible_agents), env_cfg.name)
     envs = [first, *(make_pettingzoo_env(env_cfg) for _ in range(copies - 1))]
-    return ParallelVectorEnv(envs, env_cfg.name, env_cfg.agent_id_in_obs, mask_key)
+    return ParallelVectorEnv(envs, env_cfg.name, env_cfg.agent_id_in_obs, mask_key, env_cfg.global_state)
 
 
 def make_vector_env(config: Config) -> VectorEnv:

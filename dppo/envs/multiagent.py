@@ -27,13 +27,14 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
+from dppo.config.env import GLOBAL_STATE_KEY
 from dppo.errors import UsageError
 
 if TYPE_CHECKING:
     from pettingzoo import ParallelEnv
 
 AGENT_ID_KEY = "agent_id"
-OBS_KEY = "observation"  # the observation's key when an agent id is added to a non-Dict observation
+OBS_KEY = "observation"  # the observation's key when an agent id or the state is added to a non-Dict observation
 
 
 def shared_spaces(env: ParallelEnv, name: str) -> tuple[gym.Space, gym.Space]:
@@ -66,21 +67,30 @@ def check_columns(num_envs: int, num_agents: int, name: str) -> int:
 
 class AgentObservations:
     """Each agent's observation as the shared policy sees it: optionally with the agent's index, one-hot
-    (env.agent_id_in_obs: the policy can tell roles apart), and the padding observation of an agent that left."""
+    (env.agent_id_in_obs: the policy can tell roles apart) and the env's global state (env.global_state: for the
+    critic alone, MAPPO), and the padding observation of an agent that left (its own part zeros, the rest kept)."""
 
-    def __init__(self, space: gym.Space, agents: Sequence[str], add_id: bool, mask_key: str | None) -> None:
-        self.agents, self.add_id = list(agents), add_id
-        self.space = self._with_id(space) if add_id else space
-        self.padding = [self.observe(self._padding(space, mask_key), i) for i in range(len(self.agents))]
+    def __init__(self, space: gym.Space, agents: Sequence[str], add_id: bool, mask_key: str | None,
+                 state_space: gym.Space | None = None) -> None:
+        self.agents, self.add_id, self.with_state = list(agents), add_id, state_space is not None
+        extras = {AGENT_ID_KEY: gym.spaces.Box(0.0, 1.0, (len(self.agents),), np.float32)} if add_id else {}
+        if state_space is not None:
+            extras[GLOBAL_STATE_KEY] = state_space
+        self.space = self._extended(space, extras)
+        self.own_padding = self._padding(space, mask_key)
 
-    def _with_id(self, space: gym.Space) -> gym.Space:
-        one_hot = gym.spaces.Box(0.0, 1.0, (len(self.agents),), np.float32)
+    @staticmethod
+    def _extended(space: gym.Space, extras: dict[str, gym.Space]) -> gym.Space:
+        if not extras:
+            return space
         if not isinstance(space, gym.spaces.Dict):
-            return gym.spaces.Dict({OBS_KEY: space, AGENT_ID_KEY: one_hot})
-        if AGENT_ID_KEY in space.spaces:
-            raise UsageError(f"env.agent_id_in_obs adds the key {AGENT_ID_KEY!r}, which the observation already has; "
-                             "set env.agent_id_in_obs to false")
-        return gym.spaces.Dict({**space.spaces, AGENT_ID_KEY: one_hot})
+            return gym.spaces.Dict({OBS_KEY: space, **extras})
+        for key in extras:
+            if key in space.spaces:
+                flag = "agent_id_in_obs" if key == AGENT_ID_KEY else "global_state"
+                raise UsageError(f"env.{flag} adds the key {key!r}, which the observation already has; set "
+                                 f"env.{flag} to false")
+        return gym.spaces.Dict({**space.spaces, **extras})
 
     @staticmethod
     def _padding(space: gym.Space, mask_key: str | None) -> Any:
@@ -90,28 +100,44 @@ class AgentObservations:
             obs[mask_key] = np.ones_like(obs[mask_key])
         return obs
 
-    def observe(self, obs: Any, index: int) -> Any:
-        if not self.add_id:
+    def observe(self, obs: Any, index: int, state: np.ndarray | None = None) -> Any:
+        extras: dict[str, Any] = {}
+        if self.add_id:
+            extras[AGENT_ID_KEY] = np.eye(len(self.agents), dtype=np.float32)[index]
+        if self.with_state:
+            extras[GLOBAL_STATE_KEY] = state
+        if not extras:
             return obs
-        one_hot = np.zeros(len(self.agents), np.float32)
-        one_hot[index] = 1.0
-        return {**obs, AGENT_ID_KEY: one_hot} if isinstance(obs, dict) else {OBS_KEY: obs, AGENT_ID_KEY: one_hot}
+        return {**obs, **extras} if isinstance(obs, dict) else {OBS_KEY: obs, **extras}
 
-    def of(self, observations: dict[str, Any], index: int) -> Any:
+    def padding(self, index: int, state: np.ndarray | None = None) -> Any:
+        return self.observe(self.own_padding, index, state)
+
+    def of(self, observations: dict[str, Any], index: int, state: np.ndarray | None = None) -> Any:
         """Agent ``index``'s observation in an env's dict of them, or its padding when it has none."""
         agent = self.agents[index]
-        return self.observe(observations[agent], index) if agent in observations else self.padding[index]
+        return self.observe(observations[agent], index, state) if agent in observations else self.padding(index, state)
+
+
+def global_state(env: ParallelEnv, name: str) -> gym.Space:
+    """The env's state space (env.global_state), or UsageError when it has no state()."""
+    space = getattr(env, "state_space", None)
+    if not callable(getattr(env, "state", None)) or not isinstance(space, gym.Space):
+        raise UsageError(f"env.global_state: env {name!r} has no state() and state_space (PettingZoo's global state); "
+                         "set env.global_state to false, or give the env both")
+    return space
 
 
 class ParallelVectorEnv(VectorEnv):
     """E copies of a PettingZoo Parallel env, E x M columns (see the module docstring)."""
 
     def __init__(self, envs: Sequence[ParallelEnv], name: str, agent_id_in_obs: bool = False,
-                 mask_key: str | None = None) -> None:
+                 mask_key: str | None = None, with_state: bool = False) -> None:
         self.envs = list(envs)
         self.agents = list(self.envs[0].possible_agents)
         obs_space, action_space = shared_spaces(self.envs[0], name)
-        self.observations = AgentObservations(obs_space, self.agents, agent_id_in_obs, mask_key)
+        state_space = global_state(self.envs[0], name) if with_state else None
+        self.observations = AgentObservations(obs_space, self.agents, agent_id_in_obs, mask_key, state_space)
         self.num_envs = len(self.envs) * len(self.agents)
         self.single_observation_space, self.single_action_space = self.observations.space, action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
@@ -136,9 +162,10 @@ class ParallelVectorEnv(VectorEnv):
     def _start_episode(self, copy: int, obs: dict[str, Any], info: dict[str, Any],
                        infos: dict[str, Any]) -> dict[str, Any]:
         self._left[copy] = {}
+        state = self._state(copy)
         for i, agent in enumerate(self.agents):
             column = copy * len(self.agents) + i
-            self._obs[column] = self.observations.of(obs, i)
+            self._obs[column] = self.observations.of(obs, i, state)
             infos = self._add_info(infos, info.get(agent, {}), column)
         return infos
 
@@ -158,10 +185,11 @@ class ParallelVectorEnv(VectorEnv):
         acting = {agent: actions[base + i] for i, agent in enumerate(self.agents)
                   if agent in env.agents and agent not in left}
         obs, reward, term, trunc, info = env.step(acting)
+        state = self._state(copy)
         for i, agent in enumerate(self.agents):
             if agent in acting:
                 rewards[base + i] = reward.get(agent, 0.0)
-                self._obs[base + i] = self.observations.of(obs, i)
+                self._obs[base + i] = self.observations.of(obs, i, state)
                 if term.get(agent, False) or trunc.get(agent, False):
                     left[agent] = (bool(term.get(agent, False)), bool(trunc.get(agent, False)))
         over = not env.agents or all(agent in left for agent in self.agents)
@@ -169,7 +197,7 @@ class ParallelVectorEnv(VectorEnv):
             column = base + i
             if not over:
                 if agent in left:  # black death until the copy's episode ends
-                    self._obs[column] = self.observations.padding[i]
+                    self._obs[column] = self.observations.padding(i, state)
                 infos = self._add_info(infos, info.get(agent, {}), column)
                 continue
             # an agent that never reported why it left (absent all episode) ends as terminated: no bootstrap
@@ -179,6 +207,10 @@ class ParallelVectorEnv(VectorEnv):
             obs, info = env.reset()
             infos = self._start_episode(copy, obs, info, infos)
         return infos
+
+    def _state(self, copy: int) -> np.ndarray | None:
+        """Copy ``copy``'s global state now (env.global_state), else None."""
+        return np.asarray(self.envs[copy].state(), np.float32) if self.observations.with_state else None
 
     def _batch(self) -> Any:
         return concatenate(self.single_observation_space, self._obs,
@@ -202,11 +234,12 @@ class AgentTurns(gym.Env):
     A recurrent policy would carry one memory through all agents' turns: refused with multi-agent envs for now.
     Video frames repeat once per agent; ``render_fps`` is scaled by the number of agents so videos keep time."""
 
-    def __init__(self, env: ParallelEnv, name: str, agent_id_in_obs: bool = False) -> None:
+    def __init__(self, env: ParallelEnv, name: str, agent_id_in_obs: bool = False, with_state: bool = False) -> None:
         self.env = env
         self.agents = list(env.possible_agents)
         obs_space, self.action_space = shared_spaces(env, name)
-        self.observations = AgentObservations(obs_space, self.agents, agent_id_in_obs, None)
+        state_space = global_state(env, name) if with_state else None
+        self.observations = AgentObservations(obs_space, self.agents, agent_id_in_obs, None, state_space)
         self.observation_space = self.observations.space
         self.num_agents = len(self.agents)
         metadata = dict(getattr(env, "metadata", {}))
@@ -233,7 +266,8 @@ class AgentTurns(gym.Env):
     def _current(self) -> Any:
         """The observation of the agent whose turn it is (after the episode: the first agent's last one)."""
         agent = self._round[len(self._actions)] if self._round else self.agents[0]
-        return self.observations.of(self._obs, self.agents.index(agent))
+        state = np.asarray(self.env.state(), np.float32) if self.observations.with_state else None
+        return self.observations.of(self._obs, self.agents.index(agent), state)
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         self._actions[self._round[len(self._actions)]] = action

@@ -145,6 +145,11 @@ class Agent:
             return Obs(image=obs)
         return Obs(vector=np.asarray(obs).reshape(len(obs), -1))
 
+    def _policy_vector(self, vector: np.ndarray) -> np.ndarray:
+        """What the policy sees of the encoded vector (model.value_only_key's columns are the critic's alone)."""
+        columns = self.obs_spec.policy_columns
+        return vector if columns is None else vector[:, columns]
+
     def _mlp(self, layers: Layers, obs: np.ndarray) -> np.ndarray:
         x = np.asarray(obs, np.float64).reshape(len(obs), -1)
         for weight_t, bias in layers[:-1]:
@@ -163,7 +168,7 @@ class Agent:
         if not self.fast:
             return self._act_torch(obs, greedy)
         self._ready()
-        out = self._mlp(self.policy_layers, obs.vector)
+        out = self._mlp(self.policy_layers, self._policy_vector(obs.vector))
         value = self._mlp(self.value_layers, obs.vector)[:, 0].astype(np.float32)
         actions, log_probs = self.action_spec.sample(out, getattr(self, "log_std", None), self.rng, greedy,
                                                      obs.mask)
@@ -203,7 +208,7 @@ class Agent:
         obs = self.as_obs(obs)
         if self.fast:
             self._ready()
-            return Heads(self._mlp(self.policy_layers, obs.vector), getattr(self, "log_std", None),
+            return Heads(self._mlp(self.policy_layers, self._policy_vector(obs.vector)), getattr(self, "log_std", None),
                          self._mlp(self.value_layers, obs.vector)[:, 0].astype(np.float32))
         import torch
 
@@ -215,7 +220,7 @@ class Agent:
                 h, c = (torch.as_tensor(part, device=self.device)[None] for part in memory)
                 core, (h, c) = model.unroll(features[None], torch.as_tensor(starts, device=self.device)[None], (h, c))
                 features, after = core[0], torch.cat([h, c]).cpu().numpy()
-            out = model.policy_head(features).double().cpu().numpy()
+            out = model.policy_head(model.policy_input(features)).double().cpu().numpy()
             values = model.value_head(features).squeeze(-1).cpu().numpy()
         log_std = getattr(model, "log_std", None)
         return Heads(out, None if log_std is None else log_std.detach().double().cpu().numpy(), values, after)

@@ -106,7 +106,7 @@ class DeterministicPolicy(nn.Module):
 
     def action(self, features: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
         """The policy's mode, never a masked action."""
-        out = self.model.policy_head(features)
+        out = self.model.policy_head(self.model.policy_input(features))
         mask = inputs[self.input_paths().index((self.obs_spec.mask_key,))] if self.obs_spec.has_mask else None
         if mask is not None:  # the masked actions are never the mode
             out = out.masked_fill(mask.reshape(out.shape) == 0, MASKED_LOGIT)

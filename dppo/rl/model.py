@@ -116,8 +116,11 @@ class ActorCritic(nn.Module):
             self.encoder = image_encoder(self.obs_spec.image_shape, config.encoder)
         self.feature_dim = self.obs_spec.vector_dim + (self.encoder.out_dim if self.encoder is not None else 0)
         width = head_inputs or self.feature_dim
+        columns = self.obs_spec.policy_columns  # a centralized critic's global state: the value head's alone
+        self.policy_columns = None if columns is None else nn.Buffer(torch.as_tensor(columns), persistent=False)
         if self.obs_spec.has_vector or self.encoder.kind != "nature":
-            self.policy_head: nn.Module = mlp(width, config.hidden_sizes, out_dim, config.activation, 0.01)
+            policy_width = width if columns is None else len(columns)
+            self.policy_head: nn.Module = mlp(policy_width, config.hidden_sizes, out_dim, config.activation, 0.01)
             self.value_head: nn.Module = mlp(width, config.hidden_sizes, 1, config.activation, 1.0)
         else:  # NatureCNN's own 512-unit layer is the hidden layer (CleanRL's Atari agent)
             self.policy_head = layer_init(nn.Linear(width, out_dim), 0.01)
@@ -140,8 +143,13 @@ class ActorCritic(nn.Module):
         image = self.encoder(obs.image)
         return image if obs.vector is None else torch.cat([image, obs.vector.float()], -1)
 
+    def policy_input(self, features: torch.Tensor) -> torch.Tensor:
+        """What the policy head sees of the features: all of them, or all but the critic-only key's columns."""
+        return features if self.policy_columns is None else features.index_select(-1, self.policy_columns)
+
     def distribution(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> ActionDist:
-        return ActionDist(self.action_spec, self.policy_head(features), getattr(self, "log_std", None), mask)
+        return ActionDist(self.action_spec, self.policy_head(self.policy_input(features)),
+                          getattr(self, "log_std", None), mask)
 
     @staticmethod
     def log_prob(dist: ActionDist, actions: torch.Tensor) -> torch.Tensor:

@@ -131,7 +131,8 @@ class ObsSpec:
     the Dict key that holds an action mask (see ModelConfig.action_mask_key): it becomes ``Obs.mask`` and, unless
     ``mask_in_network``, stays out of the network's input."""
 
-    def __init__(self, space: gym.Space, mask_key: str | None = None, mask_in_network: bool = False) -> None:
+    def __init__(self, space: gym.Space, mask_key: str | None = None, mask_in_network: bool = False,
+                 value_only_key: str | None = None) -> None:
         self.space = space
         self.mask_key = mask_key if isinstance(space, gym.spaces.Dict) and mask_key in space.spaces else None
         if mask_key is not None and self.mask_key is None and mask_key != DEFAULT_MASK_KEY:
@@ -144,6 +145,26 @@ class ObsSpec:
         self.leaves: list[tuple[tuple[Any, ...], Leaf]] = []
         self._walk(space, (), skip=None if mask_in_network else self.mask_key)
         self.vector_dim = sum(leaf.width for _, leaf in self.leaves)
+        self.policy_columns = self._policy_columns(value_only_key)
+
+    def _policy_columns(self, value_only_key: str | None) -> np.ndarray | None:
+        """The vector's columns the policy sees: all but those of ``value_only_key`` (model.value_only_key: a
+        centralized critic's global state); None when the policy sees the whole vector."""
+        if value_only_key is None:
+            return None
+        if not isinstance(self.space, gym.spaces.Dict) or value_only_key not in self.space.spaces:
+            keys = list(self.space.spaces) if isinstance(self.space, gym.spaces.Dict) else self.space
+            raise UnsupportedSpace(f"model.value_only_key={value_only_key!r} is not a key of the observation {keys}; "
+                                   "name the key only the critic sees, or set it to null")
+        if self.image_path is not None:
+            raise UnsupportedSpace(f"model.value_only_key={value_only_key!r} works with vector observations, and "
+                                   f"{self.space} holds an image; drop the critic-only key")
+        columns, start = [], 0
+        for path, leaf in self.leaves:
+            if path[0] != value_only_key:
+                columns.extend(range(start, start + leaf.width))
+            start += leaf.width
+        return np.asarray(columns, np.int64)
 
     def _walk(self, space: gym.Space, path: tuple[Any, ...], skip: str | None = None) -> None:
         if isinstance(space, gym.spaces.Dict):
@@ -228,7 +249,8 @@ def check_spaces(obs_space: gym.Space, action_space: gym.Space,
                  model: ModelConfig | None = None) -> tuple[ObsSpec, ActionSpec]:
     """Both specs, or UnsupportedSpace naming the space and the fix (an action mask must fit the actions)."""
     mask_key = DEFAULT_MASK_KEY if model is None else model.action_mask_key
-    obs_spec = ObsSpec(obs_space, mask_key, model is not None and model.mask_in_network)
+    obs_spec = ObsSpec(obs_space, mask_key, model is not None and model.mask_in_network,
+                       None if model is None else model.value_only_key)
     action_spec = ActionSpec(action_space)
     if obs_spec.has_mask:
         label = leaf_label((obs_spec.mask_key,))

@@ -102,6 +102,22 @@ def test_simple_spread_trains_resumes_and_evaluates(ray_address: str, tmp_path: 
     assert evaluated.returncode == 0 and "mean return" in evaluated.stdout, evaluated.stderr
 
 
+def test_mappos_centralized_critic_trains_evaluates_and_exports(ray_address: str, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = dppo("train", *SPREAD, "--address", ray_address, "--run-dir", str(run), "--actors", "1", "--total-steps",
+                "300", "--set", "env.global_state=true", "--seed", "2")
+    assert done.returncode == 0, done.stderr
+    evaluated = dppo("eval", "--checkpoint", str(run), "--episodes", "1")
+    assert evaluated.returncode == 0 and "mean return" in evaluated.stdout, evaluated.stderr
+    exported = dppo("export", "--checkpoint", str(run), "-o", str(tmp_path / "policy.onnx"))
+    assert exported.returncode == 0 and "obs.global_state" in exported.stdout, exported.stderr
+    from dppo.run.checkpoint import load
+
+    saved = load(run)
+    assert saved["config"]["model"]["value_only_key"] == "global_state"
+    assert saved["model"]["value_head.0.weight"].shape[1] == saved["model"]["policy_head.0.weight"].shape[1] + 54
+
+
 def test_the_example_config_trains(ray_address: str, tmp_path: Path) -> None:
     example = Path(__file__).parents[2] / "examples" / "simple-spread.yaml"
     run = tmp_path / "run"
