@@ -15,9 +15,9 @@ from typing import Any
 from dppo.bench.common import Row, add_common_args, machine, parse_counts
 from dppo.bench.docs import emit
 from dppo.cli_args import positive
+from dppo.config.selfplay import FIXED_PLAYER, FIXED_PLAYER_HINT
 from dppo.errors import UsageError
 
-OPPONENTS = ("random", "minimax")
 OUTCOMES = re.compile(r"win/draw/loss: first seat (\d+/\d+/\d+), second seat (\d+/\d+/\d+)")
 
 
@@ -27,7 +27,8 @@ def train(config: Path, seed: int, run_dir: Path, timeout_s: float) -> dict[str,
            str(run_dir), "--no-tensorboard", "--log-format", "none"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode == 2:  # bad input: the config's own one line
-        raise UsageError(f"--config {config}: {done.stderr.strip().splitlines()[-1].removeprefix('dppo: error: ')}")
+        line = (done.stderr.strip().splitlines() or ["refused (exit 2)"])[-1]
+        raise UsageError(f"--config {config}: {line.removeprefix('dppo: error: ')}")
     if done.returncode != 0:
         raise RuntimeError(f"dppo train (seed {seed}) exited {done.returncode}: {done.stderr.strip()[-500:]}")
     return json.loads((run_dir / "summary.json").read_text())
@@ -97,8 +98,14 @@ def cmd_selfplay(args: argparse.Namespace) -> int:
     if not config.is_file():
         raise UsageError(f"--config {args.config}: no such file; e.g. configs/tictactoe.yaml")
     opponents = [o.strip() for o in args.opponents.split(",") if o.strip()]
-    if not opponents or any(o.partition(":")[0] not in OPPONENTS for o in opponents):
-        raise UsageError(f"--opponents {args.opponents!r}: give random, minimax or minimax:DEPTH, comma-separated")
+    if not opponents or not all(FIXED_PLAYER.fullmatch(o) for o in opponents):
+        raise UsageError(f"--opponents {args.opponents!r}: give {FIXED_PLAYER_HINT}, comma-separated")
+    from dppo.config import load_config
+    from dppo.envs.make import is_self_play
+
+    if not is_self_play(load_config(config).env):
+        raise UsageError(f"--config {args.config}: its env is not a two-player turn-based game (a PettingZoo AEC "
+                         "env such as pettingzoo.classic.tictactoe_v3); dppo bench selfplay measures self-play")
     if args.games % 2:
         raise UsageError(f"--games {args.games}: give an even number (half as each seat)")
     info, rows, runs = machine(), [], {}

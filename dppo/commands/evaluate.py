@@ -41,7 +41,7 @@ def make_eval_env(config: Any, video_dir: str | None) -> Any:
 def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: str | None = None,
              opponent: str | None = None) -> list[float]:
     """Raw returns of ``episodes`` greedy episodes, seeds ``seed``, ``seed + 1``, ...; a two-player game's against
-    ``opponent`` (first seat on even episodes, second on odd)."""
+    ``opponent`` (the first seat in games with an even seed, the second in odd ones)."""
     from dppo.config import validate
     from dppo.envs.selfplay import SelfPlayEnv
     from dppo.errors import UsageError
@@ -73,13 +73,15 @@ def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: st
     return returns
 
 
-def outcomes(returns: list[float], opponent: str) -> str:
-    """Wins, draws and losses (the sign of each game's return) per seat: episode i plays seat i % 2."""
+def outcomes(returns: list[float], opponent: str, seed: int) -> str:
+    """Wins, draws and losses (the sign of each game's return) per seat: the game seeded s plays seat s % 2
+    (:class:`dppo.envs.selfplay.SelfPlayEnv`), and game i is seeded ``seed + i``."""
     def count(games: list[float]) -> str:
         return f"{sum(r > 0 for r in games)}/{sum(r == 0 for r in games)}/{sum(r < 0 for r in games)}"
 
-    return (f"against {opponent}, win/draw/loss: first seat {count(returns[0::2])}, second seat "
-            f"{count(returns[1::2])}, all {count(returns)} of {len(returns)} games")
+    first, second = (returns[0::2], returns[1::2]) if seed % 2 == 0 else (returns[1::2], returns[0::2])
+    return (f"against {opponent}, win/draw/loss: first seat {count(first)}, second seat {count(second)}, all "
+            f"{count(returns)} of {len(returns)} games")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -93,7 +95,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     mean = sum(returns) / len(returns)
     print(f"mean return {mean:.2f} over {len(returns)} episodes (min {min(returns):.2f}, max {max(returns):.2f})")
     if checkpoint.get("league") is not None:
-        print(outcomes(returns, args.opponent or "random"))
+        print(outcomes(returns, args.opponent or "random", args.seed))
     if args.video:
         from pathlib import Path
 

@@ -10,6 +10,17 @@ from pydantic import Field, field_validator
 
 from dppo.config.base import Section
 
+FIXED_PLAYER = re.compile(r"random|minimax(:[1-9][0-9]*)?")  # the players a policy is judged against
+FIXED_PLAYER_HINT = "random, minimax or minimax:DEPTH (a whole number >= 1, e.g. minimax:4)"
+
+
+def fixed_player(spec: str) -> tuple[str, int | None]:
+    """``random`` / ``minimax`` / ``minimax:DEPTH`` -> (kind, depth); ValueError for anything else."""
+    if not FIXED_PLAYER.fullmatch(spec):
+        raise ValueError(f"{spec!r} is not a fixed player: write {FIXED_PLAYER_HINT}")
+    kind, _, depth = spec.partition(":")
+    return kind, int(depth) if depth else None
+
 
 class SelfPlayConfig(Section):
     snapshot_every: int = Field(10, ge=1)
@@ -34,6 +45,5 @@ class SelfPlayConfig(Section):
     @field_validator("eval_opponent")
     @classmethod
     def _fixed_player(cls, value: str) -> str:
-        if not re.fullmatch(r"random|minimax(:[1-9][0-9]*)?", value):
-            raise ValueError("not a fixed player: write random, minimax or minimax:DEPTH (e.g. minimax:4)")
+        fixed_player(value)
         return value

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
+from dppo.config.selfplay import fixed_player
 from dppo.envs.atari import make_ale_vector_env, make_atari_env, require_ale
 from dppo.envs.latency import LatencyWrapper
 from dppo.envs.minimax import MinimaxOpponents
@@ -261,14 +262,26 @@ def make_vector_env(config: Config) -> VectorEnv:
 
 
 def fixed_opponents(spec: str, cfg: EnvConfig, action_space: gym.Space, seed: int) -> Opponents:
-    """``random`` or ``minimax[:DEPTH]`` for the game ``cfg`` names (dppo eval --opponent, selfplay.eval_opponent)."""
-    kind, _, depth = spec.partition(":")
-    if kind == "random" and not depth:
+    """``random`` or ``minimax[:DEPTH]`` for the game ``cfg`` names (dppo eval --opponent, selfplay.eval_opponent).
+    Full-depth minimax solves the game once (tic-tac-toe: 5 s here); a larger game (Connect Four) needs a depth."""
+    try:
+        kind, depth = fixed_player(spec)
+    except ValueError as err:
+        raise UsageError(f"opponent {err}") from None
+    if kind == "random":
         return RandomOpponents(action_space, seed)
-    if kind == "minimax" and (not depth or (depth.isdigit() and int(depth) >= 1)):
-        return MinimaxOpponents(lambda: make_pettingzoo_env(cfg), int(depth) if depth else None, seed)
-    raise UsageError(f"opponent {spec!r}: the fixed players are random, minimax and minimax:DEPTH (a whole number "
-                     ">= 1, e.g. minimax:4)")
+    return MinimaxOpponents(lambda: make_pettingzoo_env(cfg), depth, seed)
+
+
+def check_self_play(config: Config) -> None:
+    """What self-play's frozen opponents cannot do: normalized observations (a snapshot has no statistics of its
+    own) and recurrent policies (no memory per game); one line each."""
+    if config.env.normalize_obs:
+        raise UsageError(f"env {config.env.name!r} is trained by self-play, whose snapshots act on raw observations: "
+                         "set env.normalize_obs to false")
+    if config.model.recurrent != "none":
+        raise UsageError(f"env {config.env.name!r} is trained by self-play, whose snapshots keep no memory per "
+                         "game: set model.recurrent to none")
 
 
 def is_self_play(cfg: EnvConfig) -> bool:

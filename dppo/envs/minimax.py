@@ -53,8 +53,7 @@ class Minimax:
         env = self._replay(seed, moves)
         key = position_key(env, -1 if depth is None else depth)
         if key not in self.memory:
-            self.memory[key] = {action: self._after(seed, moves, action, depth)
-                                for action in legal_actions(self._replay(seed, moves))}
+            self.memory[key] = {action: self._after(seed, moves, action, depth) for action in legal_actions(env)}
         return self.memory[key]
 
     def _after(self, seed: int | None, moves: list[Any], action: int, depth: int | None) -> float:
@@ -73,8 +72,8 @@ class Minimax:
 class MinimaxOpponents:
     """:class:`dppo.envs.selfplay.Opponents` that is the minimax player (one opponent, id 0)."""
 
-    def __init__(self, make_env: Callable[[], Any], depth: int | None = None, seed: int | None = None) -> None:
-        self.search, self.rng = Minimax(make_env, depth), np.random.default_rng(seed)
+    def __init__(self, make_env: Callable[[], Any], depth: int | None = None, seed: int = 0) -> None:
+        self.search, self.seed, self.rng = Minimax(make_env, depth), seed, np.random.default_rng(seed)
 
     def draw(self, rng: np.random.Generator) -> int:
         return 0
@@ -84,5 +83,7 @@ class MinimaxOpponents:
         for game in games:
             values = self.search.values(game.seed, game.history)
             best = max(values.values())
-            moves.append(int(self.rng.choice([a for a, v in values.items() if v == best])))
+            # ties broken by the game's own seed and move number, so a seeded game replays whatever came before it
+            rng = self.rng if game.seed is None else np.random.default_rng([self.seed, game.seed, len(game.history)])
+            moves.append(int(rng.choice([a for a, v in values.items() if v == best])))
         return moves

@@ -219,14 +219,15 @@ class SelfPlayVectorEnv(VectorEnv):
 
 class SelfPlayEnv(gym.Env):
     """One game as a gymnasium Env against ``opponents`` (random unless given): ``dppo eval``, the evaluation
-    actor and the start check play it. ``seats``: ``alternate`` (first seat on even episodes, second on odd, as
-    ``dppo eval`` reports each side) or ``random``."""
+    actor and the start check play it. The learner takes the first seat after a reset with an even seed, the
+    second after an odd one (``dppo eval`` seeds its episodes seed, seed + 1, ...: the seats alternate, and every
+    evaluation with the same seeds plays the same seats); unseeded resets alternate."""
 
-    def __init__(self, env: AECEnv, name: str, opponents: Opponents | None = None, seats: str = "alternate") -> None:
+    def __init__(self, env: AECEnv, name: str, opponents: Opponents | None = None) -> None:
         self.game = Game(env)
         self.observation_space, self.action_space = two_player_spaces(env, name)
         self.chosen = opponents  # None: the random player, on this env's seeded generator (np_random)
-        self.seats, self.episodes = seats, 0
+        self.episodes = 0
         self.metadata = dict(getattr(env, "metadata", {}))
         self.render_mode = getattr(env, "render_mode", None)
 
@@ -245,7 +246,7 @@ class SelfPlayEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
-        seat = self.episodes % 2 if self.seats == "alternate" else int(self.np_random.integers(2))
+        seat = (self.episodes if seed is None else seed) % 2
         self.episodes += 1
         self.game.reset(seed, seat, self.opponents.draw(self.np_random))
         settle([self.game], self.opponents)

@@ -1,13 +1,15 @@
 """The opponents an actor's self-play games are played against: frozen snapshots of the policy, drawn per game
 from the pool the driver broadcasts (:mod:`dppo.run.league` keeps it), each acting with its own seeded stream.
 
-The pool travels as a :class:`PoolView` beside the weights each round; the actor keeps one :class:`Agent` per
-snapshot it holds and drops those the pool no longer has. Opponents sample their actions (not the mode), so the
-learner meets the variety a snapshot plays, and the action mask keeps them legal.
+The pool travels as a :class:`PoolView` beside the weights each round (all of it, so a replacement actor needs
+nothing else); the actor keeps one :class:`Agent` per snapshot, and one the pool dropped until the games still
+played against it end. Opponents sample their actions (not the mode), so the learner meets the variety a
+snapshot plays, and the action mask keeps them legal.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,14 +40,15 @@ class SnapshotOpponents:
         self.agents: dict[int, Agent] = {}
         self.view = PoolView()
 
-    def update(self, view: PoolView) -> None:
-        """Take this round's pool: new snapshots get an Agent, dropped ones lose theirs."""
+    def update(self, view: PoolView, in_play: Collection[int] = ()) -> None:
+        """Take this round's pool: new snapshots get an Agent; dropped ones lose theirs once no game still in
+        play (``in_play``: the opponents of the games going on) is against them. New games draw from ``view``."""
         for snapshot, weights in zip(view.ids, view.weights, strict=True):
             if snapshot not in self.agents:
                 agent = Agent(self.obs_space, self.action_space, self.config, seed=int(self.rng.integers(2**62)))
                 agent.load(weights, snapshot)
                 self.agents[snapshot] = agent
-        for snapshot in set(self.agents) - set(view.ids):
+        for snapshot in set(self.agents) - set(view.ids) - set(in_play):
             del self.agents[snapshot]
         self.view = view
 

@@ -46,6 +46,9 @@ def last_frame(err: BaseException) -> str:
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "unknown place"
 
 
+OPPONENT_SEED_OFFSET = 500_009  # self-play opponents' stream: apart from every env's and half's seed
+
+
 def actor_seed(run_seed: int, actor: int, spawn: int = 0) -> int:
     """The seed of an actor's envs and action sampling: distinct per actor slot and per spawn of the run (a
     replacement does not replay its predecessor's episodes)."""
@@ -57,7 +60,8 @@ class Sampler:
 
     ``policy``: what acts (default: a local Agent seeded like the actor). A policy with two ``halves`` gets two
     vector envs of E/2 each, seeded as the one vector env of E would be (env i with seed + i), stepped in turn
-    so one half steps while the other's actions are computed elsewhere.
+    so one half steps while the other's actions are computed elsewhere (a self-play vector env draws seats and
+    opponents from one generator per half, so there one and two halves differ).
     """
 
     def __init__(self, config: Config, actor_id: int = 0, seed: int | None = None,
@@ -151,15 +155,17 @@ class Sampler:
             self.learning_reward.stats = return_stats
 
     def set_opponents(self, view: PoolView) -> None:
-        """Self-play: this round's opponent pool, for the games that start from now on."""
+        """Self-play: this round's opponent pool, drawn from by the games that start from now on (those going on
+        keep their opponent, even one the pool dropped)."""
+        games = [envs for envs in self.halves if isinstance(envs, SelfPlayVectorEnv)]
         if self.opponents is None:
             space = self.halves[0]
             self.opponents = SnapshotOpponents(space.single_observation_space, space.single_action_space,
-                                               self.config.model, self.seed + 1, self.config.selfplay.opponent_epsilon)
-        self.opponents.update(view)
-        for envs in self.halves:
-            if isinstance(envs, SelfPlayVectorEnv):
-                envs.opponents = self.opponents
+                                               self.config.model, self.seed + OPPONENT_SEED_OFFSET,
+                                               self.config.selfplay.opponent_epsilon)
+        self.opponents.update(view, {game.opponent for envs in games for game in envs.games})
+        for envs in games:
+            envs.opponents = self.opponents
 
     def _match_results(self) -> np.ndarray | None:
         """Self-play: the games finished since the last segment, as (opponent id, score) rows."""

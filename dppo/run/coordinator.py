@@ -24,7 +24,7 @@ from dppo.distributed.evaluation import EvalResult, Evaluation, EvaluationStoppe
 from dppo.distributed.inference import Inference, likely_device, lost_service, resolve_inference
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
-from dppo.envs.make import env_spaces, is_self_play
+from dppo.envs.make import check_self_play, env_spaces, is_self_play
 from dppo.errors import RunFailure
 from dppo.rl.build import build_model
 from dppo.rl.ppo import TrainStats
@@ -57,6 +57,7 @@ class Coordinator:
         config = self.config = resolve_inference(config, self.model.obs_spec.has_image, likely_device(config))
         self.state = RunState(config, self.model.obs_spec.vector_dim)
         if is_self_play(config.env):
+            check_self_play(config)
             self.state.league = League(config.selfplay)
         self.trainer_state = None
         self.record: dict[str, Any] | None = None  # the last iteration's progress record, kept in its checkpoint

@@ -103,7 +103,6 @@ class League:
             "selfplay_draw_rate": float(np.mean(scores == 0.5)) if games else None,
             "selfplay_loss_rate": float(np.mean(scores == 0.0)) if games else None,
             "selfplay_elo": round(self.elo, 2), "selfplay_pool_size": len(self.snapshots),
-            "selfplay_newest_win_rate": round(self.snapshots[-1].win_rate, 4) if self.snapshots else None,
         }
 
     def to_state(self) -> dict[str, Any]:

@@ -42,7 +42,8 @@ DIAGNOSTIC_GAUGES: dict[str, tuple[str, str]] = {
     "iteration": ("dppo_iteration", "Iterations completed."),
     "policy_lag": ("dppo_policy_lag", "Versions between the weights a segment was sampled with and the trained ones."),
     "selfplay_win_rate": ("dppo_selfplay_win_rate", "Self-play: the learner's share of the last iteration's games "
-                          "won against the snapshot pool (draw and loss rates beside it)."),
+                          "won against its opponents (the snapshot pool; the random player before the first pool "
+                          "reaches an actor)."),
     "selfplay_draw_rate": ("dppo_selfplay_draw_rate", "Self-play: share of the last iteration's games drawn."),
     "selfplay_loss_rate": ("dppo_selfplay_loss_rate", "Self-play: share of the last iteration's games lost."),
     "selfplay_elo": ("dppo_selfplay_elo", "Self-play: the learner's Elo rating against its snapshot pool."),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dppo.config import Config
+from dppo.config import Config, ModelConfig
 from dppo.envs.selfplay import Opponents
 from dppo.errors import UsageError
 from dppo.rl.agent import export_weights
@@ -36,7 +36,8 @@ def _snapshot(checkpoint: dict[str, Any], config: Config, which: str) -> tuple[i
                          "snapshot:latest") from None
 
 
-def _other_checkpoint(path: str, config: Config) -> Any:
+def _other_checkpoint(path: str, config: Config, spaces: tuple[Any, Any]) -> tuple[Any, ModelConfig]:
+    """Another run's weights and the model settings they were trained with (its network, not this one's)."""
     from dppo.run.checkpoint import load
     from dppo.run.trained import trained_model
 
@@ -44,7 +45,8 @@ def _other_checkpoint(path: str, config: Config) -> Any:
     if other.get("env_id") != config.env.name:
         raise UsageError(f"--opponent {path}: that checkpoint is for env {other.get('env_id')!r}, not "
                          f"{config.env.name!r}; name a checkpoint of the same game")
-    return export_weights(trained_model(other).model)
+    trained = trained_model(other, spaces)
+    return export_weights(trained.model), trained.config.model
 
 
 def make_opponents(spec: str, checkpoint: dict[str, Any], config: Config, spaces: tuple[Any, Any],
@@ -55,12 +57,13 @@ def make_opponents(spec: str, checkpoint: dict[str, Any], config: Config, spaces
     kind, _, arg = spec.partition(":")
     if kind in ("random", "minimax"):
         return fixed_opponents(spec, config.env, spaces[1], seed)
+    model = config.model
     if kind == "snapshot":
         snapshot, weights = _snapshot(checkpoint, config, arg)
     elif "/" in spec or spec.endswith(".pt") or spec == ".":
-        snapshot, weights = 0, _other_checkpoint(spec, config)
+        snapshot, (weights, model) = 0, _other_checkpoint(spec, config, spaces)
     else:
         raise UsageError(f"--opponent {spec!r} is not an opponent; use {CHOICES}")
-    opponents = SnapshotOpponents(*spaces, config.model, seed)
+    opponents = SnapshotOpponents(*spaces, model, seed)
     opponents.update(PoolView([snapshot], [weights], [1.0]))
     return opponents

@@ -154,7 +154,7 @@ def test_the_league_survives_a_checkpoint() -> None:
     restored = League(league.config)
     saved = decode(encode({"format": FORMAT, "league": league.to_state()}), "test")  # torch weights_only load
     restored.restore(saved["league"])
-    assert restored.to_state().keys() == league.to_state().keys() and restored.elo == league.elo
+    assert restored.elo == league.elo and restored.probs() == league.probs()
     assert restored.snapshots[0].weights["w"].tolist() == [0.0, 1.0, 2.0]
     assert (restored.snapshots[0].games, restored.snapshots[0].score, restored.next_id) == (2, 1.5, 1)
 
@@ -191,11 +191,33 @@ def test_snapshot_opponents_act_with_the_broadcast_weights() -> None:
     moves = opponents.act(4, [env.game] * 3)
     mask = env.game.observe()["action_mask"]
     assert len(moves) == 3 and all(mask[m] for m in moves)
-    reference = Agent(*spaces, config)
-    reference.load(weights, 0)
     assert isinstance(opponents.agents[4], Agent) and opponents.agents[4].version == 4
-    opponents.update(PoolView([], [], []))
-    assert opponents.agents == {}
+    opponents.update(PoolView([5], [weights], [1.0]), in_play={4})  # 4 left the pool, a game still plays it
+    assert set(opponents.agents) == {4, 5} and len(opponents.act(4, [env.game])) == 1
+    assert opponents.draw(np.random.default_rng(0)) == 5  # new games only draw from the pool
+    opponents.update(PoolView([5], [weights], [1.0]))
+    assert set(opponents.agents) == {5}
+
+
+def test_a_game_against_a_snapshot_the_pool_drops_plays_on() -> None:
+    """An actor's games outlive a round: one drawn against a snapshot the next round's pool no longer holds goes on
+    against it (the sampler names the opponents in play) and is scored against it."""
+    config = load_config(None, {"env.id": TICTACTOE, "env.num_envs": 4, "ppo.segment_length": 2})
+    from dppo.rl.sampler import Sampler
+
+    sampler = Sampler(config, 0)
+    weights = export_weights(sampler.agent.model)
+    sampler.set_opponents(PoolView([0], [weights], [1.0]))
+    for game in sampler.envs.games:  # the games under way were drawn before the pool: give them snapshot 0
+        game.opponent = 0
+    sampler.sample()
+    sampler.set_opponents(PoolView([1], [weights], [1.0]))  # snapshot 0 dropped mid-game
+    segments = [sampler.sample() for _ in range(4)]
+    results = np.concatenate([s.match_results for s in segments])
+    assert 0 in results[:, 0]  # the games against 0 finished and were scored against it
+    assert all(game.opponent == 1 for game in sampler.envs.games)  # and new ones drew from the pool
+    sampler.set_opponents(PoolView([1], [weights], [1.0]))
+    assert set(sampler.opponents.agents) == {1}  # no game plays 0 any more: its Agent is gone
 
 
 def test_opponent_epsilon_replaces_that_share_of_a_snapshots_moves_by_random_legal_ones() -> None:
@@ -217,7 +239,7 @@ def test_opponent_epsilon_replaces_that_share_of_a_snapshots_moves_by_random_leg
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("minimax:0", "the fixed players are random, minimax and minimax:DEPTH"),
+    ("minimax:0", "is not a fixed player: write random, minimax or minimax:DEPTH"),
     ("snapshot:9", "the pool holds snapshots \\[0\\]"),
     ("champion", "is not an opponent; use random, minimax"),
 ])
@@ -243,3 +265,27 @@ def test_the_evaluation_plays_the_configured_fixed_player() -> None:
         results[opponent] = evaluator.evaluate(Broadcast(weights, 0, None, None), 20, seed=0)
     assert max(results["minimax"]) <= 0 and min(results["minimax"]) == -1  # an untrained policy cannot win
     assert max(results["random"]) == 1  # and does win some games against random
+
+
+def test_an_evaluation_against_minimax_replays_itself() -> None:
+    """The same weights and seeds play the same games, however many were played before (best.pt compares
+    evaluations): minimax breaks its ties by each game's seed, the seat follows the seed's parity."""
+    config = load_config(None, {"env.id": TICTACTOE})
+    env = make_env(config.env)
+    env.opponents = MinimaxOpponents(tictactoe, seed=3)
+
+    def games(seeds: range) -> list[list[int]]:
+        played = []
+        for seed in seeds:
+            obs, _ = env.reset(seed=seed)
+            done = False
+            while not done:  # the same legal move each time: the lowest
+                obs, _, terminated, truncated, _ = env.step(int(np.flatnonzero(obs["action_mask"])[0]))
+                done = terminated or truncated
+            played.append(list(env.game.history))
+        return played
+
+    first = games(range(6))
+    assert games(range(3, 6)) == first[3:] and games(range(6)) == first
+    assert len({tuple(g) for g in first}) > 2  # ties broken differently per game: not one line replayed
+    assert [env.reset(seed=s)[1]["seat"] for s in (0, 1, 2, 5)] == [0, 1, 0, 1]
