@@ -42,10 +42,24 @@ def parse_counts(text: str, name: str = "--actors", minimum: int = 1) -> list[in
 
 
 def check_env_id(env_id: str) -> str:
-    """``env_id`` if gymnasium knows it (ALE ids need ale-py; dppo's own ``dppo/...`` envs too), else a usage error."""
+    """``env_id`` if gymnasium knows it (ALE ids need ale-py; dppo's own ``dppo/...`` envs too) or it names an
+    importable PettingZoo env module (``mpe2.simple_spread_v3``), else a usage error."""
+    import importlib.util
+
     import gymnasium
 
     import dppo.envs  # noqa: F401 - registers the dppo/... envs
+    from dppo.config.env import PETTINGZOO_MODULE
+
+    if PETTINGZOO_MODULE.fullmatch(env_id):
+        try:
+            found = importlib.util.find_spec(env_id) is not None
+        except ModuleNotFoundError:  # its package is missing
+            found = False
+        if not found:
+            raise UsageError(f"PettingZoo env module {env_id!r} cannot be imported; install its package (pip install "
+                             "'dppo[multiagent]')")
+        return env_id
 
     if env_id.startswith("ALE/"):
         from dppo.envs.atari import require_ale

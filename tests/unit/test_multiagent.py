@@ -321,3 +321,12 @@ def test_an_aec_env_whose_agents_can_act_at_once_runs_through_pettingzoos_conver
     cfg.env.wrappers = []
     with pytest.raises(EnvLoadError, match=r"env.wrappers: \[pettingzoo.utils.conversions:aec_to_parallel\]"):
         make_vector_env(cfg)
+
+
+def test_benchmarks_take_pettingzoo_modules_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dppo.bench.common import check_env_id
+
+    assert check_env_id("mpe2.simple_spread_v3") == "mpe2.simple_spread_v3"
+    monkeypatch.setitem(sys.modules, "mpe2", None)  # as if mpe2 were not installed
+    with pytest.raises(UsageError, match=r"PettingZoo env module 'mpe2\.simple_spread_v3' cannot be imported"):
+        check_env_id("mpe2.simple_spread_v3")
