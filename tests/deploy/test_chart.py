@@ -18,6 +18,7 @@ import yaml
 from conftest import load_module
 
 from dppo.config import validate as validate_config
+from dppo.config.env import PETTINGZOO_MODULE
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "dppo"
@@ -878,11 +879,14 @@ def test_registered_ids_and_the_package_form_render(helm_bin: str, env_id: str) 
 
 
 def test_the_registered_ids_are_what_dppo_makes_by_id_alone() -> None:
-    """registered-envs.json holds every preset's id and dppo's own, none a package adds only when imported by
-    name (minigrid, ale-py's ids outside ALE/), and none that gymnasium registers only to raise."""
+    """registered-envs.json holds every preset's gymnasium id and dppo's own, none a package adds only when imported
+    by name (minigrid, ale-py's ids outside ALE/), and none that gymnasium registers only to raise. The PettingZoo
+    presets (tictactoe_v3, connect_four_v3) are modules, left to the run like package:EnvId."""
     known = set(json.loads((CHART / "registered-envs.json").read_text())["ids"])
     presets = {yaml.safe_load(p.read_text())["env"]["id"] for p in (REPO / "dppo" / "presets").glob("*.yaml")}
-    assert presets <= known
+    modules = {env_id for env_id in presets if PETTINGZOO_MODULE.fullmatch(env_id)}
+    assert modules == {"pettingzoo.classic.tictactoe_v3", "pettingzoo.classic.connect_four_v3"}
+    assert presets - modules <= known and not modules & known
     assert {"dppo/CueCorridor-v0", "dppo/Counter-v0", "ALE/Pong-v5", "FrozenLake-v1"} <= known
     assert not {"MiniGrid-Empty-5x5-v0", "PongNoFrameskip-v4", "Pong-v4", "Hopper-v3", "GymV26Environment-v0"} & known
 
