@@ -327,6 +327,8 @@ def test_benchmarks_take_pettingzoo_modules_by_name(monkeypatch: pytest.MonkeyPa
     from dppo.bench.common import check_env_id
 
     assert check_env_id("mpe2.simple_spread_v3") == "mpe2.simple_spread_v3"
+    for name in [name for name in sys.modules if name.startswith("mpe2.")]:  # imported by earlier tests
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "mpe2", None)  # as if mpe2 were not installed
     with pytest.raises(UsageError, match=r"PettingZoo env module 'mpe2\.simple_spread_v3' cannot be imported"):
         check_env_id("mpe2.simple_spread_v3")
