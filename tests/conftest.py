@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,22 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def run_dppo(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m dppo ARGS` as a user runs it, output captured."""
+    return subprocess.run([sys.executable, "-m", "dppo", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd)
+
+
+def progress_records(run: Path) -> list[dict]:
+    """A run directory's progress.jsonl, one dict per iteration."""
+    return [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
+
+
+def without_timings(records: list[dict]) -> list[dict]:
+    """The records less their wall-clock keys (``*_s``): what a seeded run must reproduce exactly."""
+    return [{k: v for k, v in r.items() if not k.endswith("_s")} for r in records]
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 

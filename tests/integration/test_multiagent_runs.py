@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import progress_records as progress
+from conftest import run_dppo as dppo
+from conftest import without_timings
 
 SPREAD = ["--env", "mpe2.simple_spread_v3", "--envs-per-actor", "6", "--segment-length", "25", "--no-tensorboard",
           "--set", "env.kwargs.max_cycles=25", "--set", "ppo.minibatch_size=150"]  # 2 copies x 3 agents
@@ -64,19 +65,6 @@ class Crowd(ParallelEnv):
 def parallel_env(render_mode=None):
     return Crowd(render_mode)
 '''
-
-
-def dppo(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dppo", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd)
-
-
-def progress(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
-
-
-def without_timings(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.endswith("_s")} for r in records]
 
 
 def test_a_seeded_simple_spread_run_reproduces_itself(ray_address: str, tmp_path: Path) -> None:

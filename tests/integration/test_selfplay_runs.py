@@ -5,27 +5,15 @@ self-play benchmark is `dppo bench selfplay`)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import progress_records as progress
+from conftest import run_dppo as dppo
+from conftest import without_timings
 
 GAME = ["--env", "pettingzoo.classic.tictactoe_v3", "--envs-per-actor", "8", "--segment-length", "16",
         "--no-tensorboard", "--set", "selfplay.snapshot_every=2", "--set", "selfplay.pool_size=2"]
-
-
-def dppo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dppo", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def progress(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
-
-
-def without_timings(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.endswith("_s")} for r in records]
 
 
 def league_of(run: Path) -> dict:
