@@ -62,7 +62,8 @@ def new_checkpoint(config: Any, obs_stats: Any = None) -> tuple[dict[str, Any], 
     if obs_stats is not None:
         state.obs_stats = obs_stats
     trainer = Trainer(model, config.ppo, config.num_iterations, config.run.seed, torch.device("cpu"))
-    return compose(state, model.state_dict(), trainer.state_dict(), None), model
+    name = config.policy_names[0]
+    return compose(state, {name: model.state_dict()}, {name: trainer.state_dict()}, None), model
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # what `dppo plot` writes starts with

@@ -38,6 +38,32 @@ def make_eval_env(config: Any, video_dir: str | None) -> Any:
     return gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True, disable_logger=True)
 
 
+def evaluate_policies(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: str | None = None
+                      ) -> tuple[list[float], dict[str, list[float]]]:
+    """A run of several policies (a policy map): greedy episodes of every policy at once in one env copy, seeds
+    ``seed``, ``seed + 1``, ...; per episode the mean return over every agent, and each policy's agents' mean."""
+    from dppo.config import validate
+    from dppo.envs.make import make_parallel_envs
+    from dppo.errors import UsageError
+    from dppo.rl.agent import export_weights
+    from dppo.rl.joint import JointPlayers
+    from dppo.run.trained import trained_policies
+
+    config = validate(checkpoint["config"], warn=False)
+    if video_dir is not None:
+        raise UsageError("--video records one policy's episodes, and this checkpoint holds several policies "
+                         f"({', '.join(config.policies)}); evaluate without --video")
+    trained = trained_policies(checkpoint)
+    joint = make_parallel_envs(config, copies=1)
+    try:
+        players = JointPlayers(joint, config)
+        for name, part in trained.items():
+            players.load(name, export_weights(part.model), 0, part.obs_stats)
+        return players.episodes(episodes, seed, greedy=True)
+    finally:
+        joint.close()
+
+
 def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: str | None = None,
              opponent: str | None = None) -> list[float]:
     """Raw returns of ``episodes`` greedy episodes, seeds ``seed``, ``seed + 1``, ...; a two-player game's against
@@ -91,9 +117,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     checkpoint = load(args.checkpoint, best=args.best)
     import_from_cwd()
-    returns = evaluate(checkpoint, args.episodes, args.seed, args.video, args.opponent)
+    by_policy: dict[str, list[float]] = {}
+    if checkpoint.get("policies") is not None:
+        if args.opponent is not None:
+            fail("--opponent is for two-player turn-based games; this checkpoint holds several policies of a "
+                 "multi-agent env: leave --opponent out")
+        returns, by_policy = evaluate_policies(checkpoint, args.episodes, args.seed, args.video)
+    else:
+        returns = evaluate(checkpoint, args.episodes, args.seed, args.video, args.opponent)
     mean = sum(returns) / len(returns)
     print(f"mean return {mean:.2f} over {len(returns)} episodes (min {min(returns):.2f}, max {max(returns):.2f})")
+    for name, part in by_policy.items():
+        print(f"policy {name}: mean return {sum(part) / len(part):.2f} per agent (min {min(part):.2f}, "
+              f"max {max(part):.2f})")
     if checkpoint.get("league") is not None:
         print(outcomes(returns, args.opponent or "random", args.seed))
     if args.video:

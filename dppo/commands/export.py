@@ -76,6 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--best", action="store_true",
                     help="the run's best evaluated weights (checkpoints/best.pt, run.eval_every) instead of the latest")
     ex.add_argument("--format", choices=FORMATS, help="default: from the file name (.pt/.ts: torchscript, else onnx)")
+    ex.add_argument("--policy", help="a run of several policies (policies:): export this one to -o; default: every "
+                    "policy, each to the -o name with .POLICY before its suffix (policy.adversary.onnx)")
     ex.set_defaults(func=cmd_export)
 
 
@@ -92,11 +94,28 @@ def cmd_export(args: argparse.Namespace) -> int:
         except ImportError as err:
             fail(f"dppo export needs {err.name}: pip install 'dppo[export]'")
     from dppo.rl.deterministic import DeterministicPolicy
-    from dppo.run.trained import trained_model
+    from dppo.run.trained import trained_model, trained_policies
 
-    trained = trained_model(checkpoint)
-    policy = DeterministicPolicy(trained.model, trained.obs_stats, trained.config.env.obs_clip)
-    export(policy, args.output, fmt)
-    print(f"wrote {args.output} ({fmt}; env {trained.config.env.name}; inputs {', '.join(policy.input_names())}; "
-          f"outputs {', '.join(policy.output_names())})")
+    several = checkpoint.get("policies") is not None
+    if args.policy is not None and not several:
+        fail("--policy picks one of a run's several policies, and this checkpoint holds one policy; leave --policy "
+             "out")
+    if several and args.policy is None:
+        outputs = {name: policy_output(args.output, name) for name in checkpoint["policies"]}
+        trained = trained_policies(checkpoint)
+    else:
+        outputs = {args.policy: args.output}
+        trained = {args.policy: trained_model(checkpoint, policy=args.policy)}
+    for name, output in outputs.items():
+        part = trained[name]
+        policy = DeterministicPolicy(part.model, part.obs_stats, part.config.env.obs_clip)
+        export(policy, output, fmt)
+        which = f"policy {name}; " if several else ""
+        print(f"wrote {output} ({fmt}; {which}env {part.config.env.name}; inputs {', '.join(policy.input_names())}; "
+              f"outputs {', '.join(policy.output_names())})")
     return 0
+
+
+def policy_output(output: Path, policy: str) -> Path:
+    """Where one policy of several goes: ``policy.onnx`` -> ``policy.adversary.onnx``."""
+    return output.with_name(f"{output.stem}.{policy}{output.suffix}")

@@ -46,10 +46,11 @@ def config_reference() -> str:
 
     lines = ["config keys (YAML sections, or --set section.key=value):"]
     for section, field in Config.model_fields.items():
-        for key, sub in field.annotation.model_fields.items():  # type: ignore[union-attr]
+        keys = getattr(field.annotation, "model_fields", None)  # a section's keys; else a top-level key (policies)
+        for key, sub in (keys or {"": field}).items():
             default = sub.default if sub.default_factory is None else sub.default_factory()
             doc = " ".join((sub.description or "").split())
-            lines.append(f"  {section}.{key} = {default!r}\n      {doc}")
+            lines.append(f"  {section}{'.' if key else ''}{key} = {default!r}\n      {doc}")
     return "\n".join(lines)
 
 
@@ -129,9 +130,9 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
     from dppo.envs.checks import check_env
     from dppo.rl.spaces import check_first_observation, check_spaces
 
-    obs_space, action_space, first = check_env(config)  # the env can be made, reset and stepped
-    obs_spec, action_spec = check_spaces(obs_space, action_space, config.model)  # its spaces are supported
-    check_first_observation(obs_spec, action_spec, first, config.env.name)
+    for obs_space, action_space, first in check_env(config).values():  # the env can be made, reset and stepped
+        obs_spec, action_spec = check_spaces(obs_space, action_space, config.model)  # its spaces are supported
+        check_first_observation(obs_spec, action_spec, first, config.env.name)
     run_dir = resolve_run_dir(run_dir_arg or config.run.run_dir, config.env.name)
     files = RunDir(run_dir)
     fresh_retry = args.auto_resume and resume_state is None

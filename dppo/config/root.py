@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from dppo.config.base import Section
 from dppo.config.env import GLOBAL_STATE_KEY, EnvConfig
+from dppo.config.policies import DEFAULT_POLICY, POLICIES_EXAMPLE, check_policies
 from dppo.config.ppo import ModelConfig, PPOConfig
 from dppo.config.run import FaultConfig, MetricsConfig, RunConfig
 from dppo.config.selfplay import SelfPlayConfig
@@ -24,6 +25,25 @@ class Config(Section):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     faults: FaultConfig = Field(default_factory=FaultConfig)
     selfplay: SelfPlayConfig = Field(default_factory=SelfPlayConfig)
+    policies: dict[str, list[str]] = Field(default_factory=dict)
+    """A multi-agent env's policy map: policy name -> the agent-name patterns it acts for (shell-style, e.g.
+    {adversary: ['adversary_*'], agent: ['agent_*']}); every agent matches exactly one policy, and each policy has its
+    own network, optimizer, checkpoint entry, export and metrics (its agents may have spaces other policies'
+    do not). Empty: one policy, shared by every agent."""
+
+    @model_validator(mode="after")
+    def _policy_map(self) -> Config:
+        if not self.policies:
+            return self
+        check_policies(self.policies)
+        if not self.env.multiagent:
+            raise ValueError(f"policies maps the agents of a multi-agent env to policies, and env {self.env.name!r} "
+                             "is a single-agent gymnasium env; drop policies, or name a PettingZoo env "
+                             f"(env.multiagent), e.g. {POLICIES_EXAMPLE}")
+        if self.run.inference == "server":
+            raise ValueError("run.inference=server serves one policy, and policies names several; set "
+                             "run.inference=actor")
+        return self
 
     @model_validator(mode="after")
     def _centralized_critic(self) -> Config:
@@ -94,6 +114,11 @@ class Config(Section):
                 f"{self.ppo.segment_length}); lower ppo.minibatch_size or raise one of those"
             )
         return self
+
+    @property
+    def policy_names(self) -> list[str]:
+        """The run's policies in map order: those of ``policies``, else the one shared policy."""
+        return list(self.policies) or [DEFAULT_POLICY]
 
     @property
     def steps_per_iteration(self) -> int:

@@ -4,17 +4,40 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import TYPE_CHECKING
 
 import ray
 
 from dppo.config import Config
-from dppo.distributed.broadcast import Broadcast
+from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts
 from dppo.distributed.inference import ServedBroadcast, ServiceClient
 from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import UsageError, first_line
 from dppo.rl.agent import Agent
 from dppo.rl.policy import RemotePolicy
 from dppo.rl.segment import Segment
+
+if TYPE_CHECKING:
+    from dppo.rl.joint import JointSampler
+    from dppo.rl.sampler import Sampler
+
+
+def make_sampler(config: Config, actor_id: int, seed: int) -> Sampler | JointSampler:
+    """The actor's sampler: one policy's (acting in the actor or through the inference service), or, with a policy
+    map of several policies, the joint sampler of all of them."""
+    from dppo.rl.joint import JointSampler
+    from dppo.rl.sampler import Sampler
+
+    if len(config.policy_names) > 1:
+        return JointSampler(config, actor_id, seed=seed)
+    return Sampler(config, actor_id, seed=seed, policy=remote_policy(config, seed), policy_name=config.policy_names[0])
+
+
+def load_broadcast(sampler: Sampler, broadcast: Broadcast) -> None:
+    """This round's weights, normalizer statistics and (self-play) opponents into one policy's sampler."""
+    sampler.set_weights(broadcast.weights, broadcast.version, broadcast.obs_stats, broadcast.return_stats)
+    if broadcast.opponents is not None:
+        sampler.set_opponents(broadcast.opponents)
 
 
 def remote_policy(config: Config, seed: int) -> RemotePolicy | None:
@@ -30,33 +53,41 @@ class Actor:
     """What runs in an actor's process (tests and benchmarks use it directly, without Ray)."""
 
     def __init__(self, config: Config, actor_id: int, seed: int, import_paths: list[str] | None = None) -> None:
-        from dppo.rl.sampler import Sampler
-
         warnings.filterwarnings("ignore", module="gymnasium")
         add_import_paths(import_paths or [])
         self.actor_id = actor_id
         self.problem: str | None = None
         try:
-            self.sampler = Sampler(config, actor_id, seed=seed, policy=remote_policy(config, seed))
+            self.sampler = make_sampler(config, actor_id, seed)
         except Exception as err:  # the user's env cannot be imported, made or reset here
             where = f"actor {actor_id} on node {ray.util.get_node_ip_address()}"
             what = first_line(err) if isinstance(err, UsageError) else (
                 f"env {config.env.name!r} raised {type(err).__name__} while starting: {first_line(err)}")
             self.problem = f"{what} [{where}]"  # reported by ready(): bad input, before anything is written
             return
-        if isinstance(self.sampler.policy, Agent) and not self.sampler.policy.fast:
+        if any(isinstance(s.policy, Agent) and not s.policy.fast for s in self.samplers):
             # image policies act with torch; MLP actors, and those the inference service serves, never import it
             import torch
 
             torch.set_num_threads(config.run.actor_threads)
             torch.manual_seed(seed)
 
-    def sample(self, broadcast: Broadcast) -> Segment:
+    @property
+    def samplers(self) -> list[Sampler]:
+        """Each policy's sampler (one without a policy map)."""
+        from dppo.rl.joint import JointSampler
+
+        return self.sampler.samplers if isinstance(self.sampler, JointSampler) else [self.sampler]
+
+    def sample(self, broadcast: Broadcast | PolicyBroadcasts) -> Segment | tuple[Segment, ...]:
+        """One segment; with several policies one per policy, in map order (the pool asks for as many returns)."""
+        if isinstance(broadcast, dict):
+            for sampler in self.samplers:
+                load_broadcast(sampler, broadcast[sampler.policy_name])
+            return tuple(self.sampler.sample())
         if isinstance(broadcast, ServedBroadcast):  # the service named in each round: a replacement's too
             self.sampler.policy.client = ServiceClient(broadcast.service)
-        self.sampler.set_weights(broadcast.weights, broadcast.version, broadcast.obs_stats, broadcast.return_stats)
-        if broadcast.opponents is not None:
-            self.sampler.set_opponents(broadcast.opponents)
+        load_broadcast(self.sampler, broadcast)
         return self.sampler.sample()
 
     def ready(self) -> tuple[str | None, str]:

@@ -7,19 +7,21 @@ segments, the actors alive once the floor is met again (replacements included) t
 asked too. Stragglers past ``faults.sample_timeout_s`` are dropped once enough segments are in (at least
 ``faults.min_actors`` and ``faults.min_actors_fraction`` of those asked); NaN/Inf data stops the run or is
 dropped (``faults.nonfinite_data``). Segments come back in actor order, so a seeded run that loses nothing is
-reproducible. Every Ray call goes through the membership's ``calls``, so tests drive the pool with fakes.
+reproducible. With several policies (a policy map) each call returns one segment per policy, each its own object
+(``num_returns``), so each policy's remote learners read only theirs. Every Ray call goes through the membership's
+``calls``, so tests drive the pool with fakes.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 
 from dppo.config import Config
-from dppo.distributed.broadcast import Broadcast
+from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts
 from dppo.distributed.membership import POLL_S, Membership, PoolEvents, Stop
 from dppo.distributed.ray_calls import RayCalls
 from dppo.errors import RunFailure, first_line
@@ -29,15 +31,18 @@ from dppo.rl.segment import Segment
 
 @dataclass
 class Round:
-    """One sampling round in flight: the broadcast it uses and the pending sample calls (ref -> actor)."""
+    """One sampling round in flight: the broadcast it uses and the pending sample calls (first ref -> actor), with
+    each call's refs when it returns several (one per policy)."""
 
-    broadcast: Broadcast | ray.ObjectRef  # see broadcast_arg
+    broadcast: Broadcast | PolicyBroadcasts | ray.ObjectRef  # see broadcast_arg
     pending: dict[ray.ObjectRef, int]
+    outputs: dict[ray.ObjectRef, list[ray.ObjectRef]] = field(default_factory=dict)
 
 
 @dataclass
 class Gathered:
-    """A round's usable segments in actor order, and their object refs (remote learners read those)."""
+    """A round's usable segments in actor order (each actor's in policy order), and their object refs (remote
+    learners read those)."""
 
     segments: list[Segment]
     refs: list[ray.ObjectRef]
@@ -52,6 +57,7 @@ class ActorPool:
         self.config, self.events, self.should_stop = config, events, should_stop
         self.members = Membership(config, events, should_stop, calls)
         self.calls = self.members.calls
+        self.returns = len(config.policy_names)  # segments per sample call: one per policy
 
     def start(self) -> None:
         """Every actor spawned and ready (see Membership.start): bad input is found before anything is written."""
@@ -65,7 +71,7 @@ class ActorPool:
     def pending(self) -> list[int]:
         return self.members.pending
 
-    def dispatch(self, broadcast: Broadcast | ray.ObjectRef) -> Round:
+    def dispatch(self, broadcast: Broadcast | PolicyBroadcasts | ray.ObjectRef) -> Round:
         """Ask every alive actor for a segment sampled with ``broadcast`` (replacements that became ready join;
         below the floor, wait for them first)."""
         self.members.wait_for(self.members.floor_met, "to come back")
@@ -78,7 +84,7 @@ class ActorPool:
         faults = self.config.faults
         asked = len(round_.pending)
         needed = min(asked, max(faults.min_actors, math.ceil(faults.min_actors_fraction * asked)))
-        segments: dict[int, tuple[Segment, ray.ObjectRef]] = {}
+        segments: dict[int, list[tuple[Segment, ray.ObjectRef]]] = {}
         while True:
             lost, cut = self._collect(round_, segments, needed)
             if len(segments) >= faults.min_actors or cut or not lost:
@@ -87,13 +93,20 @@ class ActorPool:
             round_ = self._ask([i for i in self.alive if i not in segments], round_.broadcast)
         if not segments:
             raise RunFailure("no usable segment arrived this iteration; see the messages above")
-        ordered = [segments[i] for i in sorted(segments)]  # fixed order: seeded runs are reproducible
+        ordered = [pair for i in sorted(segments) for pair in segments[i]]  # fixed order: seeded runs reproduce
         return Gathered([s for s, _ in ordered], [r for _, r in ordered])
 
-    def _ask(self, indices: list[int], broadcast: Broadcast | ray.ObjectRef) -> Round:
-        return Round(broadcast, {self.members.slots[i].handle.sample.remote(broadcast): i for i in indices})
+    def _ask(self, indices: list[int], broadcast: Broadcast | PolicyBroadcasts | ray.ObjectRef) -> Round:
+        if self.returns == 1:
+            return Round(broadcast, {self.members.slots[i].handle.sample.remote(broadcast): i for i in indices})
+        round_ = Round(broadcast, {})
+        for i in indices:
+            refs = self.members.slots[i].handle.sample.options(num_returns=self.returns).remote(broadcast)
+            round_.pending[refs[0]] = i
+            round_.outputs[refs[0]] = list(refs)
+        return round_
 
-    def _collect(self, round_: Round, segments: dict[int, tuple[Segment, ray.ObjectRef]],
+    def _collect(self, round_: Round, segments: dict[int, list[tuple[Segment, ray.ObjectRef]]],
                  needed: int) -> tuple[bool, bool]:
         """Gather one dispatch's calls into ``segments``; (an actor was lost, the deadline cut the round)."""
         timeout_s = self.config.faults.sample_timeout_s
@@ -118,8 +131,9 @@ class ActorPool:
                 return lost, True
             for ref in ready:
                 index = pending.pop(ref)
+                refs = round_.outputs.get(ref, [ref])
                 try:
-                    segment = self.calls.get(ref)
+                    delivered = [self.calls.get(part) for part in refs]
                 except ray.exceptions.RayTaskError as err:
                     if isinstance(err.cause, EnvFailure):
                         raise RunFailure(f"actor {index}: {err.cause}", err.cause.details) from err
@@ -128,8 +142,8 @@ class ActorPool:
                     self.members.replace(index, err)
                     lost = True
                     continue
-                if self._usable(index, segment):
-                    segments[index] = (segment, ref)
+                if all(self._usable(index, segment) for segment in delivered):
+                    segments[index] = list(zip(delivered, refs, strict=True))
         return lost, False
 
     def _usable(self, index: int, segment: Segment) -> bool:

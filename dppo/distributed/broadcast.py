@@ -40,8 +40,12 @@ def payload_bytes(value: object) -> int:
     return 0
 
 
-def broadcast_arg(broadcast: Broadcast) -> Broadcast | ray.ObjectRef:
-    """What the driver hands every actor's ``sample`` call for this round's broadcast.
+PolicyBroadcasts = dict[str, Broadcast]  # a run of several policies (a policy map) broadcasts one per policy
+
+
+def broadcast_arg(broadcast: Broadcast | PolicyBroadcasts) -> Broadcast | PolicyBroadcasts | ray.ObjectRef:
+    """What the driver hands every actor's ``sample`` call for this round's broadcast (one policy's, or each
+    policy's by name).
 
     A small broadcast goes by value, inside each call (no object-store round trip for the actor to
     resolve); a large one is put in the object store once and every actor reads that copy. Either way it
@@ -49,6 +53,13 @@ def broadcast_arg(broadcast: Broadcast) -> Broadcast | ray.ObjectRef:
     the update changes in place, and a round's broadcast can be sent again after it (to a replaced actor, with
     overlap_sampling).
     """
-    if payload_bytes(broadcast) <= INLINE_LIMIT:
-        return dataclasses.replace(broadcast, weights={k: np.array(v) for k, v in broadcast.weights.items()})
-    return ray.put(broadcast)
+    if payload_bytes(broadcast) > INLINE_LIMIT:
+        return ray.put(broadcast)
+    if isinstance(broadcast, dict):
+        return {name: copied(part) for name, part in broadcast.items()}
+    return copied(broadcast)
+
+
+def copied(broadcast: Broadcast) -> Broadcast:
+    """The broadcast with its own copy of the weights."""
+    return dataclasses.replace(broadcast, weights={k: np.array(v) for k, v in broadcast.weights.items()})

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import statistics
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from dppo.config import Config
-from dppo.distributed.broadcast import Broadcast
+from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts
 from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.ray_calls import RayCalls
 from dppo.envs.user_code import add_import_paths, driver_import_paths
@@ -46,8 +46,14 @@ class Evaluator:
         warnings.filterwarnings("ignore", module="gymnasium")
         add_import_paths(import_paths)
         self.config = config
-        self.env = make_env(config.env)
         seed = config.run.seed + EVAL_SEED_OFFSET
+        if len(config.policy_names) > 1:  # a policy map: every policy plays its agents in one env copy
+            from dppo.envs.make import make_parallel_envs
+            from dppo.rl.joint import JointPlayers
+
+            self.players = JointPlayers(make_parallel_envs(config, copies=1), config, seed)
+            return
+        self.env = make_env(config.env)
         if isinstance(self.env.unwrapped, SelfPlayEnv) and config.selfplay.eval_opponent != "random":
             self.env.unwrapped.opponents = fixed_opponents(config.selfplay.eval_opponent, config.env,
                                                            self.env.action_space, seed)
@@ -63,6 +69,13 @@ class Evaluator:
         return run_episodes(self.agent, self.env, self.normalize, episodes, seed,
                             greedy=self.config.run.eval_mode == "greedy")
 
+    def evaluate_policies(self, broadcasts: PolicyBroadcasts, episodes: int, seed: int
+                          ) -> tuple[list[float], dict[str, list[float]]]:
+        """A run of several policies: each episode's mean return over every agent, and each policy's agents'."""
+        for name, broadcast in broadcasts.items():
+            self.players.load(name, broadcast.weights, broadcast.version, broadcast.obs_stats)
+        return self.players.episodes(episodes, seed, greedy=self.config.run.eval_mode == "greedy")
+
 
 @dataclass
 class EvalResult:
@@ -71,7 +84,8 @@ class EvalResult:
     iteration: int
     env_steps: int
     returns: list[float]
-    broadcast: Broadcast
+    broadcast: Broadcast | PolicyBroadcasts
+    policy_returns: dict[str, list[float]] = field(default_factory=dict)  # several policies: each one's agents'
 
     @property
     def mean(self) -> float:
@@ -81,7 +95,8 @@ class EvalResult:
         """The progress.jsonl keys of this evaluation."""
         std = statistics.pstdev(self.returns) if len(self.returns) > 1 else 0.0
         return {"eval_return_mean": self.mean, "eval_return_std": std, "eval_episodes": len(self.returns),
-                "eval_env_steps": self.env_steps}
+                "eval_env_steps": self.env_steps,
+                **{f"{name}/eval_return_mean": statistics.fmean(part) for name, part in self.policy_returns.items()}}
 
 
 class Evaluation:
@@ -92,7 +107,7 @@ class Evaluation:
         self.every = config.run.eval_every
         self.calls = calls or RayCalls(lambda index, seed: start_evaluator(config))
         self.group = ActorGroup(self.calls, lambda index, spawn: self.seed, ready_call=False)
-        self.in_flight: tuple[ray.ObjectRef, int, int, Broadcast] | None = None
+        self.in_flight: tuple[ray.ObjectRef, int, int, Broadcast | PolicyBroadcasts] | None = None
         self.seed = config.run.seed + EVAL_SEED_OFFSET  # every evaluation plays the same episodes: comparable
         self.problem: str | None = None  # set when evaluation stopped: the one line that says why
 
@@ -104,7 +119,7 @@ class Evaluation:
     def on(self) -> bool:
         return self.every > 0 and self.problem is None
 
-    def submit(self, broadcast: Broadcast | ray.ObjectRef, iteration: int, env_steps: int) -> None:
+    def submit(self, broadcast: Broadcast | PolicyBroadcasts | ray.ObjectRef, iteration: int, env_steps: int) -> None:
         """Start an evaluation of ``broadcast`` (the weights after ``iteration`` iterations) if one is due and none
         is running."""
         if not self.on or iteration == 0 or iteration % self.every or self.in_flight is not None:
@@ -113,7 +128,8 @@ class Evaluation:
             self.group.start(1)
         if isinstance(broadcast, ray.ObjectRef):
             broadcast = self.calls.get(broadcast)
-        ref = self.actor.evaluate.remote(broadcast, self.config.run.eval_episodes, self.seed)
+        method = self.actor.evaluate_policies if isinstance(broadcast, dict) else self.actor.evaluate
+        ref = method.remote(broadcast, self.config.run.eval_episodes, self.seed)
         self.in_flight = (ref, iteration, env_steps, broadcast)
 
     def collect(self, timeout_s: float = 0.0) -> EvalResult | None:
@@ -126,7 +142,10 @@ class Evaluation:
             return None
         self.in_flight = None
         try:
-            return EvalResult(iteration, env_steps, self.calls.get(ref), broadcast)
+            returns = self.calls.get(ref)
+            if isinstance(broadcast, dict):  # several policies: (every agent's, each policy's)
+                return EvalResult(iteration, env_steps, returns[0], broadcast, returns[1])
+            return EvalResult(iteration, env_steps, returns, broadcast)
         except ray.exceptions.RayActorError as err:  # the actor's process or node went away: a new one next time
             self.group.lose(0, err)
             self.group.members = []

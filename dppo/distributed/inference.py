@@ -51,7 +51,8 @@ def resolve_inference(config: Config, has_image: bool, device: str) -> Config:
     an accelerator (a CNN, ``device`` a GPU), else the actors; an odd E above 1 cannot be split into halves."""
     mode = config.run.inference
     if mode == "auto":
-        mode = "server" if has_image and device.startswith("cuda") else "actor"
+        batched = has_image and device.startswith("cuda") and len(config.policy_names) == 1  # serves one policy
+        mode = "server" if batched else "actor"
     num_envs = config.env.num_envs
     if mode == "server" and num_envs > 1 and num_envs % 2:
         raise UsageError(f"run.inference=server steps each actor's envs in two halves, so env.num_envs must be even "

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from dppo.envs.make import make_env
+from dppo.envs.make import make_env, make_parallel_envs
 from dppo.envs.multiagent import AgentTurns, check_columns
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import first_line
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 API = ("gymnasium's API: reset() -> (obs, info), step() -> (obs, reward, terminated, truncated, info), every "
        "observation in the declared observation_space")
+
+PARALLEL_API = ("PettingZoo's Parallel API: reset() -> (obs, infos), step(actions) -> (obs, rewards, terminations, "
+                "truncations, infos), each a dict keyed by agent, every observation in its agent's observation_space")
 
 # gymnasium 1.x no longer converts old-API envs itself (make's apply_api_compatibility is gone); shimmy does.
 _SHIMMY = ("or, for an env of the old gym package, convert it with shimmy: pip install 'shimmy[gym-v21]' and "
@@ -44,14 +47,21 @@ OLD_RESET_SEED = ("reset() takes no seed: the old gym API; gymnasium's reset(*, 
                   f"(obs, info) and seeds the env (call super().reset(seed=seed) in it), {_SHIMMY}")
 
 
-def check_env(config: Config) -> tuple[gym.Space, gym.Space, Any]:
-    """Make one env, reset it, take one step: the spaces and the first observation, or EnvLoadError naming the
-    env, the call and the fix."""
+def check_env(config: Config) -> dict[str, tuple[gym.Space, gym.Space, Any]]:
+    """Make one env, reset it, take one step: each policy's spaces and first observation (one policy without a
+    policy map), or EnvLoadError naming the env, the call and the fix."""
+    if config.policies:
+        return check_mapped_env(config)
+    return {config.policy_names[0]: check_one_env(config)}
+
+
+def check_one_env(config: Config) -> tuple[gym.Space, gym.Space, Any]:
+    """:func:`check_env` of a run of one policy: its spaces and first observation."""
     env = make_env(config.env)
     name = config.env.name
     try:
         if isinstance(env, AgentTurns):
-            check_multiagent(config, env)
+            check_multiagent(config, env.num_agents)
         space = env.observation_space
         first = None
         for call, run, size in (("reset()", lambda: env.reset(seed=config.run.seed), 2),
@@ -74,9 +84,53 @@ def check_env(config: Config) -> tuple[gym.Space, gym.Space, Any]:
             env.close()
 
 
-def check_multiagent(config: Config, env: AgentTurns) -> None:
+def check_mapped_env(config: Config) -> dict[str, tuple[gym.Space, gym.Space, Any]]:
+    """:func:`check_env` of a Parallel env with a policy map: the map resolved against the env's agents (each agent
+    one policy, a policy's agents one space), then the env's own reset() and one step() with every live agent's
+    random action, each agent's observation checked against its space. Each policy's spaces (as its network sees
+    them) and its first agent's first observation."""
+    joint = make_parallel_envs(config, copies=1)
+    name, env = config.env.name, joint.envs[0]
+    check_multiagent(config, len(joint.agents))
+    spaces = {agent: group.observation_space for group in joint.groups for agent in group.agents}
+    actions = {agent: group.action_space for group in joint.groups for agent in group.agents}
+    try:
+        first = None
+        for call, run in (("reset()", lambda: env.reset(seed=config.run.seed)),
+                          ("step()", lambda: env.step({a: actions[a].sample() for a in env.agents}))):
+            try:
+                result = run()
+            except Exception as err:
+                raise EnvLoadError(f"env {name!r}: {call} raised {type(err).__name__}: {first_line(err)}; fix the "
+                                   f"env ({PARALLEL_API})") from None
+            problem = parallel_problem(result, 2 if first is None else 5, spaces)
+            if problem is not None:
+                raise EnvLoadError(f"env {name!r}: {call} returned {problem}; fix the env ({PARALLEL_API})")
+            first = result[0] if first is None else first
+        checked = {}
+        for g, (group, view) in enumerate(zip(joint.groups, joint.views, strict=True)):
+            obs = joint.observations[g].of(first, 0, joint.state_of(0))
+            checked[group.name] = (view.single_observation_space, view.single_action_space, obs)
+        return checked
+    finally:
+        with contextlib.suppress(Exception):
+            joint.close()
+
+
+def parallel_problem(result: Any, size: int, spaces: dict[str, gym.Space]) -> str | None:
+    """What is wrong with a Parallel env's reset (2 items: obs and infos by agent) or step (5, each by agent)."""
+    if not isinstance(result, tuple) or len(result) != size:
+        got = f"a {len(result)}-tuple" if isinstance(result, tuple) else f"a {type(result).__name__}"
+        return f"{got}, not {'(obs, infos)' if size == 2 else '(obs, rewards, terminations, truncations, infos)'}"
+    if not all(isinstance(part, dict) for part in result):
+        return "something other than dicts keyed by agent"
+    return next((problem for agent, obs in result[0].items() if agent in spaces
+                 and (problem := obs_problem(obs, spaces[agent], f"obs[{agent!r}]")) is not None), None)
+
+
+def check_multiagent(config: Config, num_agents: int) -> None:
     """What a multi-agent env needs of the rest of the config: whole env copies per actor, a memoryless policy."""
-    check_columns(config.env.num_envs, env.num_agents, config.env.name)
+    check_columns(config.env.num_envs, num_agents, config.env.name)
     if config.model.recurrent != "none":
         raise EnvLoadError(f"model.recurrent {config.model.recurrent!r} with the multi-agent env {config.env.name!r} "
                            "is not supported yet (issue 36): evaluation plays the agents in turns through one memory; "

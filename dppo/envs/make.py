@@ -26,9 +26,11 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 
 from dppo.config.selfplay import fixed_player
 from dppo.envs.atari import make_ale_vector_env, make_atari_env, require_ale
+from dppo.envs.columns import ParallelEnvs, PolicyColumns
 from dppo.envs.latency import LatencyWrapper
 from dppo.envs.minimax import MinimaxOpponents
-from dppo.envs.multiagent import AgentTurns, ParallelVectorEnv, check_columns
+from dppo.envs.multiagent import AgentTurns, check_columns
+from dppo.envs.policy_map import policy_groups
 from dppo.envs.selfplay import Opponents, RandomOpponents, SelfPlayEnv, SelfPlayVectorEnv
 from dppo.envs.user_code import SHIP_HINT, EnvLoadError, import_module, load_callable
 from dppo.errors import UsageError
@@ -236,17 +238,37 @@ def env_factory(config: Config) -> Callable[[], gym.Env]:
     return make
 
 
-def make_multiagent_vector_env(config: Config) -> ParallelVectorEnv | SelfPlayVectorEnv:
-    """Agents as columns: env.num_envs / M copies of the Parallel env (M agents), each agent a column; a
-    turn-based game: env.num_envs games, the learner's seat in each."""
-    env_cfg, mask_key = config.env, config.model.action_mask_key
+def make_parallel_envs(config: Config, copies: int | None = None) -> ParallelEnvs:
+    """env.num_envs / M copies of the Parallel env (M agents; or ``copies``), each agent a column of its policy's
+    vector env."""
+    env_cfg = config.env
     first = make_pettingzoo_env(env_cfg)
     if is_turn_based(first):
-        games = [first, *(make_pettingzoo_env(env_cfg) for _ in range(env_cfg.num_envs - 1))]
-        return SelfPlayVectorEnv(games, env_cfg.name)
-    copies = check_columns(env_cfg.num_envs, len(first.possible_agents), env_cfg.name)
+        raise UsageError(f"env {env_cfg.name!r} is a turn-based game, trained by self-play with one policy against "
+                         "its own snapshots; drop policies")
+    groups = policy_groups(first, config.policies, env_cfg.name)
+    if copies is None:
+        copies = check_columns(env_cfg.num_envs, len(first.possible_agents), env_cfg.name)
     envs = [first, *(make_pettingzoo_env(env_cfg) for _ in range(copies - 1))]
-    return ParallelVectorEnv(envs, env_cfg.name, env_cfg.agent_id_in_obs, mask_key, env_cfg.global_state)
+    return ParallelEnvs(envs, groups, env_cfg.name, env_cfg.agent_id_in_obs, config.model.action_mask_key,
+                        env_cfg.global_state)
+
+
+def make_multiagent_vector_env(config: Config) -> PolicyColumns | SelfPlayVectorEnv:
+    """Agents as columns of one policy's vector env (several policies' are stepped together by the joint sampler:
+    :func:`make_parallel_envs`); a turn-based game: env.num_envs games, the learner's seat in each."""
+    env_cfg = config.env
+    if not config.policies:
+        first = make_pettingzoo_env(env_cfg)
+        if is_turn_based(first):
+            games = [first, *(make_pettingzoo_env(env_cfg) for _ in range(env_cfg.num_envs - 1))]
+            return SelfPlayVectorEnv(games, env_cfg.name)
+        first.close()
+    joint = make_parallel_envs(config)
+    if len(joint.views) > 1:
+        joint.close()
+        raise RuntimeError("several policies' columns are stepped together: see dppo.rl.joint")
+    return joint.views[0]
 
 
 def make_vector_env(config: Config) -> VectorEnv:
@@ -297,9 +319,21 @@ def is_self_play(cfg: EnvConfig) -> bool:
 
 def env_spaces(config: Config) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env (made and closed): what the model is built for (of one agent, for
-    a multi-agent env)."""
+    a multi-agent env with one policy)."""
     env = make_env(config.env)
     try:
         return env.observation_space, env.action_space
     finally:
         env.close()
+
+
+def policy_spaces(config: Config) -> dict[str, tuple[gym.Space, gym.Space]]:
+    """Each policy's observation and action space (one env made and closed): what each policy's model is built
+    for. Without a policy map, the one policy's are :func:`env_spaces`."""
+    if len(config.policy_names) == 1 and not config.policies:
+        return {config.policy_names[0]: env_spaces(config)}
+    joint = make_parallel_envs(config, copies=1)
+    try:
+        return {view.group.name: (view.single_observation_space, view.single_action_space) for view in joint.views}
+    finally:
+        joint.close()

@@ -1,20 +1,8 @@
-"""PettingZoo Parallel envs as dppo steps them: every agent is a column of the actor's vector env, and one policy,
-shared by all agents, acts for every column (parameter sharing: IPPO, the default of issue 36).
+"""What every agent of a PettingZoo Parallel env sees, and the one-env view that ``dppo eval`` plays.
 
-Column ``c`` of :class:`ParallelVectorEnv` is agent ``possible_agents[c % M]`` of env copy ``c // M``. The vector
-env follows what :mod:`dppo.rl.sampler` expects of every vector env: gymnasium's SAME_STEP autoreset, the last
-observation of an episode in ``info["final_obs"]``, each agent's own reward, terminated and truncated.
-
-Agents that leave early (killed, finished) follow "black death", as MAPPO (Yu et al. 2022) and SuperSuit's
-``black_death`` do: from the step an agent leaves until its env copy's episode ends, its column sees a padding
-observation (zeros, the action mask allowing every action, its agent id when added) and reward 0, and its
-actions are dropped. Each column's episode is its env copy's episode: it ends, with the agent's own terminated or
-truncated, when the last agent leaves, and the copy resets. So there is one episode per agent per env episode,
-its return the agent's own (the reported mean is per agent) and its length the env episode's.
-
-Our own adapter, not SuperSuit's ``pettingzoo_env_to_vec_env_v1``: that one keeps an episode's last observation
-only under ``info["terminal_observation"]`` as Stable-Baselines3 reads it, returns infos as a list, and needs
-agents to stay until the end.
+:class:`AgentObservations` is each agent's observation as its policy sees it (its index and the env's global state
+added on request, the padding of an agent that left); the vector envs of the actors are in :mod:`dppo.envs.columns`.
+:class:`AgentTurns` plays one copy with its agents in turns, for one policy shared by all agents.
 """
 
 from __future__ import annotations
@@ -24,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from gymnasium.vector.utils import create_empty_array, iterate
 
 from dppo.config.env import GLOBAL_STATE_KEY
+from dppo.envs.policy_map import policy_groups
 from dppo.errors import UsageError
 
 if TYPE_CHECKING:
@@ -35,24 +23,6 @@ if TYPE_CHECKING:
 
 AGENT_ID_KEY = "agent_id"
 OBS_KEY = "observation"  # the observation's key when an agent id or the state is added to a non-Dict observation
-
-
-def shared_spaces(env: ParallelEnv, name: str) -> tuple[gym.Space, gym.Space]:
-    """The observation and action space every agent has, or UsageError: one shared policy needs one space."""
-    agents = list(env.possible_agents)
-    if not agents:
-        raise UsageError(f"env {name!r} has no possible_agents; a PettingZoo Parallel env lists its agents there")
-    first = agents[0]
-    obs_space, action_space = env.observation_space(first), env.action_space(first)
-    for agent in agents[1:]:
-        spaces = env.observation_space(agent), env.action_space(agent)
-        if spaces != (obs_space, action_space):
-            raise UsageError(
-                f"env {name!r}: agents {first!r} ({obs_space}, {action_space}) and {agent!r} ({spaces[0]}, "
-                f"{spaces[1]}) have different spaces; agents with different spaces need separate policies (not "
-                "supported yet; issue 36): pad them to one, e.g. env.wrappers: [supersuit:pad_observations_v0, "
-                "supersuit:pad_action_space_v0]")
-    return obs_space, action_space
 
 
 def check_columns(num_envs: int, num_agents: int, name: str) -> int:
@@ -66,7 +36,7 @@ def check_columns(num_envs: int, num_agents: int, name: str) -> int:
 
 
 class AgentObservations:
-    """Each agent's observation as the shared policy sees it: optionally with the agent's index, one-hot
+    """Each agent's observation as its policy sees it: optionally with the agent's index, one-hot
     (env.agent_id_in_obs: the policy can tell roles apart) and the env's global state (env.global_state: for the
     critic alone, MAPPO), and the padding observation of an agent that left (its own part zeros, the rest kept)."""
 
@@ -128,102 +98,6 @@ def global_state(env: ParallelEnv, name: str) -> gym.Space:
     return space
 
 
-class ParallelVectorEnv(VectorEnv):
-    """E copies of a PettingZoo Parallel env, E x M columns (see the module docstring)."""
-
-    def __init__(self, envs: Sequence[ParallelEnv], name: str, agent_id_in_obs: bool = False,
-                 mask_key: str | None = None, with_state: bool = False) -> None:
-        self.envs = list(envs)
-        self.agents = list(self.envs[0].possible_agents)
-        obs_space, action_space = shared_spaces(self.envs[0], name)
-        state_space = global_state(self.envs[0], name) if with_state else None
-        self.observations = AgentObservations(obs_space, self.agents, agent_id_in_obs, mask_key, state_space)
-        self.num_envs = len(self.envs) * len(self.agents)
-        self.single_observation_space, self.single_action_space = self.observations.space, action_space
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(action_space, self.num_envs)
-        self.metadata = {**getattr(self.envs[0], "metadata", {}), "autoreset_mode": AutoresetMode.SAME_STEP}
-        self.render_mode = getattr(self.envs[0], "render_mode", None)
-        self._obs: list[Any] = [None] * self.num_envs
-        # per copy: the agents that left its current episode -> (terminated, truncated) when they left
-        self._left: list[dict[str, tuple[bool, bool]]] = [{} for _ in self.envs]
-
-    def reset(self, *, seed: int | list[int | None] | None = None,
-              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        super().reset(seed=seed if isinstance(seed, int) else None)
-        if seed is None or isinstance(seed, int):  # as gymnasium's vector envs: copy i gets seed + i
-            seed = [None if seed is None else seed + i for i in range(len(self.envs))]
-        infos: dict[str, Any] = {}
-        for copy, (env, copy_seed) in enumerate(zip(self.envs, seed, strict=True)):
-            obs, info = env.reset(seed=copy_seed, options=options)
-            infos = self._start_episode(copy, obs, info, infos)
-        return self._batch(), infos
-
-    def _start_episode(self, copy: int, obs: dict[str, Any], info: dict[str, Any],
-                       infos: dict[str, Any]) -> dict[str, Any]:
-        self._left[copy] = {}
-        state = self._state(copy)
-        for i, agent in enumerate(self.agents):
-            column = copy * len(self.agents) + i
-            self._obs[column] = self.observations.of(obs, i, state)
-            infos = self._add_info(infos, info.get(agent, {}), column)
-        return infos
-
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        actions = list(iterate(self.action_space, actions))
-        rewards = np.zeros(self.num_envs, np.float64)
-        terminated, truncated = np.zeros(self.num_envs, bool), np.zeros(self.num_envs, bool)
-        infos: dict[str, Any] = {}
-        for copy, env in enumerate(self.envs):
-            infos = self._step_copy(copy, env, actions, rewards, terminated, truncated, infos)
-        return self._batch(), rewards, terminated, truncated, infos
-
-    def _step_copy(self, copy: int, env: ParallelEnv, actions: list[Any], rewards: np.ndarray,
-                   terminated: np.ndarray, truncated: np.ndarray, infos: dict[str, Any]) -> dict[str, Any]:
-        """Step one copy, writing its columns; reset it when its last agent has left."""
-        base, left = copy * len(self.agents), self._left[copy]
-        acting = {agent: actions[base + i] for i, agent in enumerate(self.agents)
-                  if agent in env.agents and agent not in left}
-        obs, reward, term, trunc, info = env.step(acting)
-        state = self._state(copy)
-        for i, agent in enumerate(self.agents):
-            if agent in acting:
-                rewards[base + i] = reward.get(agent, 0.0)
-                self._obs[base + i] = self.observations.of(obs, i, state)
-                if term.get(agent, False) or trunc.get(agent, False):
-                    left[agent] = (bool(term.get(agent, False)), bool(trunc.get(agent, False)))
-        over = not env.agents or all(agent in left for agent in self.agents)
-        for i, agent in enumerate(self.agents):
-            column = base + i
-            if not over:
-                if agent in left:  # black death until the copy's episode ends
-                    self._obs[column] = self.observations.padding(i, state)
-                infos = self._add_info(infos, info.get(agent, {}), column)
-                continue
-            # an agent that never reported why it left (absent all episode) ends as terminated: no bootstrap
-            terminated[column], truncated[column] = left.get(agent, (True, False))
-            infos = self._add_info(infos, {"final_obs": self._obs[column], "final_info": info.get(agent, {})}, column)
-        if over:
-            obs, info = env.reset()
-            infos = self._start_episode(copy, obs, info, infos)
-        return infos
-
-    def _state(self, copy: int) -> np.ndarray | None:
-        """Copy ``copy``'s global state now (env.global_state), else None."""
-        return np.asarray(self.envs[copy].state(), np.float32) if self.observations.with_state else None
-
-    def _batch(self) -> Any:
-        return concatenate(self.single_observation_space, self._obs,
-                           create_empty_array(self.single_observation_space, self.num_envs))
-
-    def render(self) -> tuple[Any, ...] | None:
-        return tuple(env.render() for env in self.envs) if self.render_mode is not None else None
-
-    def close_extras(self, **kwargs: Any) -> None:
-        for env in self.envs:
-            env.close()
-
-
 class AgentTurns(gym.Env):
     """One copy of a Parallel env as one gymnasium Env that takes its live agents' actions one at a time, as
     PettingZoo's AEC view of a parallel env does: ``dppo eval``, the evaluation actor and the start check play it
@@ -237,7 +111,8 @@ class AgentTurns(gym.Env):
     def __init__(self, env: ParallelEnv, name: str, agent_id_in_obs: bool = False, with_state: bool = False) -> None:
         self.env = env
         self.agents = list(env.possible_agents)
-        obs_space, self.action_space = shared_spaces(env, name)
+        group = policy_groups(env, {}, name)[0]
+        obs_space, self.action_space = group.observation_space, group.action_space
         state_space = global_state(env, name) if with_state else None
         self.observations = AgentObservations(obs_space, self.agents, agent_id_in_obs, None, state_space)
         self.observation_space = self.observations.space

@@ -12,11 +12,14 @@ from __future__ import annotations
 import contextlib
 import time
 import traceback
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
 
 import numpy as np
 from gymnasium.vector import VectorEnv
 
 from dppo.config import Config
+from dppo.config.policies import DEFAULT_POLICY
 from dppo.envs.checks import old_api_error, old_step_error
 from dppo.envs.make import make_vector_env
 from dppo.envs.selfplay import SelfPlayVectorEnv
@@ -55,6 +58,38 @@ def actor_seed(run_seed: int, actor: int, spawn: int = 0) -> int:
     return run_seed + 10_000 * actor + 7_919 * spawn
 
 
+Sampled = TypeVar("Sampled")
+
+
+def sample_with_retries(sample_once: Callable[[], Sampled], restart: Callable[[], None], config: Config,
+                        actor_id: int, forget: Callable[[], None]) -> Sampled:
+    """``sample_once()``, its env restarted and the call retried when the env raises (faults.env_retries in a row);
+    an env whose fault no retry mends (an action mask allowing nothing, the old gym API) or that keeps failing
+    is an EnvFailure naming the env, the actor, the error and where it was raised."""
+    failures = 0
+    while True:
+        try:
+            return sample_once()
+        except InferenceLost:  # the envs stepped past what the segment kept: start them afresh
+            forget()
+            restart()
+            raise
+        except NoLegalAction as err:  # the env's mask, not a passing fault: no retry helps
+            raise EnvFailure(f"env {config.env.name} in actor {actor_id} returned an action mask that allows no "
+                             f"action ({err}); every observation must allow at least one",
+                             traceback.format_exc()) from err
+        except Exception as err:
+            old = old_step_error(err, config.env.name)
+            if old is not None:  # the env's API, not a passing fault: no retry helps
+                raise EnvFailure(str(old), traceback.format_exc()) from err
+            failures += 1
+            if failures > config.faults.env_retries:
+                raise EnvFailure(f"env {config.env.name} in actor {actor_id} failed {failures} times in a row: "
+                                 f"{type(err).__name__}: {first_line(err)} (at {last_frame(err)})",
+                                 traceback.format_exc()) from err
+            restart()
+
+
 class Sampler:
     """Env + policy + transforms of one actor. Plain Python, so tests and benchmarks use it without Ray.
 
@@ -62,12 +97,18 @@ class Sampler:
     vector envs of E/2 each, seeded as the one vector env of E would be (env i with seed + i), stepped in turn
     so one half steps while the other's actions are computed elsewhere (a self-play vector env draws seats and
     opponents from one generator per half, so there one and two halves differ).
+
+    ``make_envs``: what makes the vector env (default :func:`make_vector_env`); ``policy_name``: the policy of the
+    run's policy map this sampler acts for, stamped on its segments. A joint sampler (:mod:`dppo.rl.joint`) gives
+    each policy's sampler its columns of one multi-agent env and steps that env itself, through :meth:`steps`.
     """
 
     def __init__(self, config: Config, actor_id: int = 0, seed: int | None = None,
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, make_envs: Callable[[Config], VectorEnv] = make_vector_env,
+                 policy_name: str = DEFAULT_POLICY) -> None:
         self.config = config
         self.actor_id = actor_id
+        self.make_envs, self.policy_name = make_envs, policy_name
         self.seed = actor_seed(config.run.seed, actor_id) if seed is None else seed
         self.env_resets = 0
         num_envs = config.env.num_envs
@@ -109,7 +150,7 @@ class Sampler:
             if len(self.rows) > 1:
                 env = config.env.model_copy(update={"num_envs": rows.stop - rows.start})
                 config = config.model_copy(update={"env": env})
-            envs = make_vector_env(config)
+            envs = self.make_envs(config)
             if isinstance(envs, SelfPlayVectorEnv) and self.opponents is not None:  # a restart keeps the pool
                 envs.opponents = self.opponents
             halves.append(envs)
@@ -179,30 +220,23 @@ class Sampler:
 
     def sample(self) -> Segment:
         """Exactly T steps of every env; an env that raises is recreated and the segment resampled."""
-        failures = 0
-        while True:
-            try:
-                return self._sample_once()
-            except InferenceLost:  # the envs stepped past what the segment kept: start them afresh
-                self.policy.forget()
-                self._restart_envs()
-                raise
-            except NoLegalAction as err:  # the env's mask, not a passing fault: no retry helps
-                raise EnvFailure(f"env {self.config.env.name} in actor {self.actor_id} returned an action mask that "
-                                 f"allows no action ({err}); every observation must allow at least one",
-                                 traceback.format_exc()) from err
-            except Exception as err:
-                old = old_step_error(err, self.config.env.name)
-                if old is not None:  # the env's API, not a passing fault: no retry helps
-                    raise EnvFailure(str(old), traceback.format_exc()) from err
-                failures += 1
-                if failures > self.config.faults.env_retries:
-                    raise EnvFailure(f"env {self.config.env.name} in actor {self.actor_id} failed {failures} times "
-                                     f"in a row: {type(err).__name__}: {first_line(err)} (at {last_frame(err)})",
-                                     traceback.format_exc()) from err
-                self._restart_envs()
+        return sample_with_retries(self._sample_once, self._restart_envs, self.config, self.actor_id,
+                                   self.policy.forget)
 
     def _sample_once(self) -> Segment:
+        """One segment, this sampler stepping its own envs."""
+        loop = self.steps()
+        half, actions = next(loop)
+        while True:
+            try:
+                half, actions = loop.send(self.halves[half].step(actions))
+            except StopIteration as end:
+                return end.value
+
+    def steps(self) -> Generator[tuple[int, Any], tuple, Segment]:
+        """The step loop of one segment. It yields (half, the env actions of that half) and is sent what that half's
+        ``step`` returned, so whoever holds the env steps it: this sampler, or a joint sampler stepping one env with
+        several policies' actions. It returns the segment."""
         steps, num_envs = self.config.ppo.segment_length, self.config.env.num_envs
         spec, action_spec, policy = self.obs_spec, self.action_spec, self.policy
         obs_buf = spec.empty((steps, num_envs))
@@ -232,7 +266,7 @@ class Sampler:
                 action, log_prob, value = policy.receive(rows)
                 act_buf[t, rows], logp_buf[t, rows], value_buf[t, rows] = action, log_prob, value
                 acted = clock()
-                next_obs, reward, terminated, truncated, info = self.halves[h].step(action_spec.to_env(action))
+                next_obs, reward, terminated, truncated, info = yield h, action_spec.to_env(action)
                 stepped_at = clock()
                 policy_s += acted - asked
                 env_s += stepped_at - acted
@@ -268,7 +302,7 @@ class Sampler:
             last_values=last_values.astype(np.float32),
             episode_returns=np.asarray(self.episodes.returns, np.float64),
             episode_lengths=np.asarray(self.episodes.lengths, np.int64),
-            policy_version=policy.version, actor_id=self.actor_id,
+            policy_version=policy.version, actor_id=self.actor_id, policy_name=self.policy_name,
             sample_seconds=ended - start, env_seconds=env_s, policy_seconds=policy_s + ended - asked,
             obs_stats=self.normalize_obs.summary(), return_stats=self.learning_reward.summary(),
             nonfinite=nonfinite, match_results=self._match_results(), **(memory or {}),

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dppo.config.policies import DEFAULT_POLICY
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.spaces import Obs
 
@@ -40,6 +41,7 @@ class Segment:
     initial_memory: np.ndarray | None = None  # recurrent policies: (2, E, hidden) float32, the LSTM's (h, c) at t=0
     starts: np.ndarray | None = None  # recurrent policies: (T, E) bool, obs_t starts an episode (memory zeroed)
     match_results: np.ndarray | None = None  # self-play: (games, 2) float64, each finished game's opponent id, score
+    policy_name: str = DEFAULT_POLICY  # the policy of the run's policy map that sampled it (and trains on it)
 
     @property
     def num_steps(self) -> int:

@@ -10,6 +10,9 @@ A checkpoint (format 1) is a dict of types that ``torch.load(weights_only=True)`
 | ``trainer`` | the Trainer's ``state_dict`` (Adam's state, the minibatch generator); None in ``best.pt`` |
 | ``obs_stats``, ``return_stats``, ``counters``, ``recent_returns``, ``recent_lengths`` | the run's state |
 |  | (:meth:`dppo.run.state.RunState.to_state`) |
+| ``policies`` | only with several policies (a policy map): per policy, its ``model``, ``trainer``, ``obs_stats``, |
+|  | ``return_stats``, ``recent_returns`` and ``recent_lengths``; ``model``, ``trainer`` and the statistics |
+|  | above are then None. :func:`policy_entry` reads one policy's part of either kind. |
 | ``league`` | self-play's snapshot pool, records and Elo ratings (:class:`dppo.run.league.League`); None else |
 | ``progress`` | the iteration's progress record: a run killed after the checkpoint but before its line gets |
 |  | it back on resume |
@@ -58,21 +61,44 @@ class CheckpointFormatError(CheckpointError):
     """An intact checkpoint of a format this dppo does not read (written by another version)."""
 
 
-def compose(state: RunState, model: dict[str, Any], trainer: dict[str, Any] | None,
+def compose(state: RunState, models: dict[str, dict[str, Any]], trainers: dict[str, dict[str, Any] | None],
             record: dict[str, Any] | None) -> dict[str, Any]:
-    """The checkpoint of a run at this point: its config, the weights, the optimizer and the run's state."""
+    """The checkpoint of a run at this point: its config, each policy's weights and optimizer, and the run's state."""
     config = state.config
-    return {"format": FORMAT, "env_id": config.env.name, "config": config.model_dump(mode="json"),
-            "model": model, "trainer": trainer, **state.to_state(), "progress": record}
-
-
-def compose_best(state: RunState, broadcast: Broadcast, record: dict[str, Any]) -> dict[str, Any]:
-    """``best.pt``: the evaluated weights with the observation statistics they were evaluated with (those of their
-    broadcast, not the run's newer ones), no optimizer state (never resumed from)."""
-    weights = {k: torch.from_numpy(np.array(v)) for k, v in broadcast.weights.items()}
-    checkpoint = compose(state, weights, None, record)
-    checkpoint["obs_stats"] = broadcast.obs_stats.to_state() if broadcast.obs_stats is not None else None
+    checkpoint = {"format": FORMAT, "env_id": config.env.name, "config": config.model_dump(mode="json"),
+                  "model": None, "trainer": None, **state.to_state(), "progress": record}
+    if "policies" in checkpoint:
+        for name, part in checkpoint["policies"].items():
+            part.update(model=models[name], trainer=trainers[name])
+    else:
+        (name,) = models
+        checkpoint.update(model=models[name], trainer=trainers[name])
     return checkpoint
+
+
+def compose_best(state: RunState, broadcast: Broadcast | dict[str, Broadcast], record: dict[str, Any]
+                 ) -> dict[str, Any]:
+    """``best.pt``: the evaluated weights with the observation statistics they were evaluated with (those of their
+    broadcast, not the run's newer ones), no optimizer state (never resumed from). ``broadcast``: the one policy's,
+    or each policy's by name."""
+    broadcasts = broadcast if isinstance(broadcast, dict) else {state.config.policy_names[0]: broadcast}
+    weights = {name: {k: torch.from_numpy(np.array(v)) for k, v in b.weights.items()} for name, b in broadcasts.items()}
+    checkpoint = compose(state, weights, dict.fromkeys(broadcasts), record)
+    for name, b in broadcasts.items():
+        policy_entry(checkpoint, name)["obs_stats"] = b.obs_stats.to_state() if b.obs_stats is not None else None
+    return checkpoint
+
+
+def policy_entry(checkpoint: dict[str, Any], name: str) -> dict[str, Any]:
+    """One policy's part of a checkpoint (``model``, ``trainer``, ``obs_stats``, ``return_stats``): the entry under
+    ``policies``, or, for a checkpoint of one policy, the checkpoint itself."""
+    policies = checkpoint.get("policies")
+    if policies is None:
+        return checkpoint
+    if name not in policies:
+        raise CheckpointError(f"the checkpoint has no policy {name!r} (it has {', '.join(policies)}); name one of "
+                              "those")
+    return policies[name]
 
 
 def check_resumable(checkpoint: dict[str, Any], config: Config) -> None:
@@ -81,6 +107,10 @@ def check_resumable(checkpoint: dict[str, Any], config: Config) -> None:
     if saved != wanted:
         raise CheckpointError(f"the checkpoint is for env {saved!r}, not {wanted!r}; resume with the run's own "
                               "config or start a new --run-dir")
+    saved_policies = checkpoint.get("config", {}).get("policies") or {}
+    if saved_policies != config.policies:
+        raise CheckpointError(f"the checkpoint's policy map {saved_policies} differs from the config's "
+                              f"{config.policies}; resume with the run's own policies section")
     saved_model = checkpoint.get("config", {}).get("model") or {}
     try:  # keys added since the checkpoint was written take their defaults
         same = ModelConfig.model_validate(saved_model) == config.model

@@ -10,6 +10,7 @@ drives live beside it: the actors (:mod:`dppo.distributed.actor_pool`), the lear
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,17 +20,18 @@ import torch
 
 from dppo.config import Config
 from dppo.distributed.actor_pool import ActorPool, Gathered, Round, Stop
-from dppo.distributed.broadcast import Broadcast, broadcast_arg
+from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, broadcast_arg
 from dppo.distributed.evaluation import EvalResult, Evaluation, EvaluationStopped
 from dppo.distributed.inference import Inference, likely_device, lost_service, resolve_inference
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
-from dppo.envs.make import check_self_play, env_spaces, is_self_play
+from dppo.envs.make import check_self_play, is_self_play, policy_spaces
 from dppo.errors import RunFailure
 from dppo.rl.build import build_model
 from dppo.rl.ppo import TrainStats
 from dppo.rl.sampler import EnvFailure
-from dppo.run.checkpoint import CheckpointStore, compose, compose_best
+from dppo.rl.segment import Segment
+from dppo.run.checkpoint import CheckpointStore, compose, compose_best, policy_entry
 from dppo.run.league import League
 from dppo.run.reporting import Reporter, progress_record, sampling_phases
 from dppo.run.run_dir import RunDir, strict_json
@@ -52,26 +54,29 @@ class Coordinator:
         torch.set_num_threads(config.run.learner_threads)  # before the model: its orthogonal init uses them
         torch.manual_seed(config.run.seed)  # the initial weights
         np.random.seed(config.run.seed)
-        self.spaces = env_spaces(config)
-        self.model = build_model(*self.spaces, config.model)
-        config = self.config = resolve_inference(config, self.model.obs_spec.has_image, likely_device(config))
-        self.state = RunState(config, self.model.obs_spec.vector_dim)
+        self.spaces = policy_spaces(config)  # each policy's (one without a policy map)
+        self.models = {name: build_model(*spaces, config.model) for name, spaces in self.spaces.items()}
+        has_image = any(model.obs_spec.has_image for model in self.models.values())
+        config = self.config = resolve_inference(config, has_image, likely_device(config))
+        self.state = RunState(config, {name: model.obs_spec.vector_dim for name, model in self.models.items()})
         if is_self_play(config.env):
             check_self_play(config)
             self.state.league = League(config.selfplay)
-        self.trainer_state = None
+        self.trainer_states: dict[str, Any] = dict.fromkeys(self.models)
         self.record: dict[str, Any] | None = None  # the last iteration's progress record, kept in its checkpoint
         if resume is not None:
             self.record = resume.get("progress")
             self.state.restore(resume)
-            self.trainer_state = resume["trainer"]
-            load_weights(self.model, resume)
+            for name, model in self.models.items():
+                entry = policy_entry(resume, name)
+                self.trainer_states[name] = entry["trainer"]
+                load_weights(model, entry)
         self.run_dir = RunDir(run_dir)
         self.store = CheckpointStore(self.run_dir.checkpoints, config.run.keep_checkpoints)
         self.reporter = Reporter(config, self.run_dir)
         self.signals = StopSignals()
         self.pool = ActorPool(config, self.reporter, lambda: self.signals.received is not None)
-        self.learners: LearnerGroup | None = None
+        self.learners: dict[str, LearnerGroup] = {}  # each policy's
         self.inference: Inference | None = None  # the policy-inference service (run.inference=server)
         self.evaluation = Evaluation(config)
         faults = config.faults
@@ -82,9 +87,11 @@ class Coordinator:
     def start(self) -> None:
         """Start the learners and the actors; every actor has made its envs when this returns, so an env that
         cannot be made anywhere is bad input before anything is written."""
-        self.learners = LearnerGroup(self.config, *self.spaces, self.model, self.trainer_state)
-        if self.config.run.inference == "server":  # beside the learner, on its device
-            self.inference = Inference(self.config, *self.spaces, self.learners.device, self.reporter.message)
+        self.learners = {name: LearnerGroup(self.config, *self.spaces[name], model, self.trainer_states[name])
+                         for name, model in self.models.items()}
+        if self.config.run.inference == "server":  # beside the learner, on its device (one policy)
+            (name, learners), = self.learners.items()
+            self.inference = Inference(self.config, *self.spaces[name], learners.device, self.reporter.message)
             self.inference.start()
         self.pool.start()
 
@@ -142,13 +149,16 @@ class Coordinator:
     def _stop_reason(self) -> str | None:
         return self.state.stop_reason() or ("signal" if self.signals.received is not None else None)
 
-    def _broadcast(self) -> Broadcast:
-        assert self.learners is not None
-        weights, league = self.learners.weights(), self.state.league
+    def _broadcast(self) -> Broadcast | PolicyBroadcasts:
+        """This round's weights and normalizer statistics: the one policy's, or each policy's by name."""
+        league, version = self.state.league, self.state.counters.policy_version
+        weights = {name: learners.weights() for name, learners in self.learners.items()}
         if league is not None and league.due(self.state.counters.iteration):
-            league.add(weights, self.state.counters.iteration)
-        return Broadcast(weights, self.state.counters.policy_version, self.state.obs_stats, self.state.return_stats,
-                         league.view() if league is not None else None)
+            league.add(next(iter(weights.values())), self.state.counters.iteration)  # self-play: one policy
+        broadcasts = {name: Broadcast(weights[name], version, stats.obs_stats, stats.return_stats,
+                                      league.view() if league is not None else None)
+                      for name, stats in self.state.policies.items()}
+        return broadcasts if len(broadcasts) > 1 else next(iter(broadcasts.values()))
 
     def _gather(self, round_: Round) -> Gathered:
         """The round's segments; a round the inference service's loss failed goes again to its replacement."""
@@ -161,23 +171,29 @@ class Coordinator:
                     raise
                 round_ = self.pool.dispatch(self.inference.recover(round_.broadcast, lost))
 
-    def _update(self, gathered: Gathered) -> TrainStats:
-        """The learner group's update; a dead learner restarts the group (within its budget) and the update is
+    def _update(self, gathered: Gathered) -> dict[str, TrainStats]:
+        """Each policy's learner group updates on its segments."""
+        stats = {}
+        for name, learners in self.learners.items():
+            mine = [(s, r) for s, r in zip(gathered.segments, gathered.refs, strict=True) if s.policy_name == name]
+            stats[name] = self._update_policy(name, learners, [s for s, _ in mine], [r for _, r in mine])
+        self.reporter.learner_timings([group.timings for group in self.learners.values()])
+        self._check_update(sum(part.skipped_minibatches for part in stats.values()))
+        return stats
+
+    def _update_policy(self, name: str, learners: LearnerGroup, segments: list[Segment], refs: list[Any]
+                       ) -> TrainStats:
+        """One policy's update; a dead learner restarts its group (within the run's budget) and the update is
         retried on the same segments, with the optimizer state of the last checkpoint."""
-        assert self.learners is not None
         while True:
             try:
-                stats = self.learners.update(gathered.segments, gathered.refs, self.state.lr_clock)
-                break
+                return learners.update(segments, refs, self.state.lr_clock)
             except LearnerDied as err:
                 self.learner_restarts.spend(err)
                 self.reporter.message(f"{err}; restarting the {self.config.run.learners} learners")
                 intact = self.store.newest_intact()
-                self.learners.restart(intact[1]["trainer"] if intact else self.learners.fallback_state()[1])
+                learners.restart(policy_entry(intact[1], name)["trainer"] if intact else learners.fallback_state()[1])
                 self.reporter.learner_restarted()
-        self.reporter.learner_timings(self.learners.timings)
-        self._check_update(stats.skipped_minibatches)
-        return stats
 
     def _check_update(self, skipped_minibatches: int) -> None:
         """NaN/Inf losses or gradients skip their minibatch; too many such updates in a row end the run."""
@@ -187,7 +203,7 @@ class Coordinator:
                                   f"{self.state.counters.bad_updates_in_row + 1} in a row")
         self.state.count_update(skipped_minibatches)
 
-    def _account(self, gathered: Gathered, stats: TrainStats, timer: PhaseTimer
+    def _account(self, gathered: Gathered, stats: dict[str, TrainStats], timer: PhaseTimer
                  ) -> tuple[dict[str, Any], list[float], dict[str, float]]:
         """Count the iteration into the run's state; its progress record, new episode returns and phases."""
         steps, new_returns = self.state.absorb(gathered.segments)
@@ -225,20 +241,22 @@ class Coordinator:
         iteration = self.state.counters.iteration
         if self.store.has(iteration):
             return
-        assert self.learners is not None
-        try:
-            model_state, trainer_state = self.learners.state()
-        except LearnerDied:
-            self.reporter.message("learner 0 is gone: the checkpoint keeps the optimizer state the learners last "
-                                  "loaded")
-            model_state, trainer_state = self.learners.fallback_state()
-        path = self.store.save(compose(self.state, model_state, trainer_state, self.record), iteration)
+        models, trainers = {}, {}
+        for name, learners in self.learners.items():
+            try:
+                models[name], trainers[name] = learners.state()
+            except LearnerDied:
+                self.reporter.message("learner 0 is gone: the checkpoint keeps the optimizer state the learners last "
+                                      "loaded")
+                models[name], trainers[name] = learners.fallback_state()
+        path = self.store.save(compose(self.state, models, trainers, self.record), iteration)
         self.reporter.checkpoint_written(path)
 
     def _finish(self, reason: str) -> dict[str, Any]:
-        groups = {"learners": self.learners.group if self.learners else None, "evaluation": self.evaluation.group,
-                  "inference": self.inference.group if self.inference else None}
-        losses = {name: dict(group.losses) for name, group in groups.items() if group is not None}
+        groups = {"learners": [learners.group for learners in self.learners.values()],
+                  "evaluation": [self.evaluation.group], "inference": [self.inference.group] if self.inference else []}
+        losses = {name: dict(sum((Counter(group.losses) for group in members), Counter()))
+                  for name, members in groups.items() if members}
         summary = self.reporter.summary(self.state, reason, self.started.elapsed(), self.startup_s,
                                         self.first_iteration_s, losses)
         self.reporter.output.close()
@@ -249,6 +267,6 @@ class Coordinator:
         self.pool.shutdown()
         if self.inference is not None:
             self.inference.shutdown()
-        if self.learners is not None:
-            self.learners.shutdown()
+        for learners in self.learners.values():
+            learners.shutdown()
         self.reporter.close()

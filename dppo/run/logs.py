@@ -17,6 +17,8 @@ TEXT_FIELDS = (
     ("kl", "approx_kl", "{:.4f}"), ("clip", "clip_fraction", "{:.3f}"), ("ev", "explained_variance", "{:.2f}"),
 )
 
+RUN_ONLY = ("iteration", "env_steps", "steps_per_s", "episodes")  # the run's, never a policy's
+
 
 def _fmt(fmt: str, value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -30,8 +32,17 @@ def format_return(value: float) -> str:
     return f"{value:.{3 if size < 10 else 2 if size < 100 else 1}f}"
 
 
+POLICY_RETURN = "/episode_return_mean"  # a run of several policies: POLICY/episode_return_mean, POLICY/policy_loss..
+
+
 def text_line(record: dict[str, Any]) -> str:
-    line = " ".join(f"{label}={_fmt(fmt, record.get(key))}" for label, key, fmt in TEXT_FIELDS)
+    """The run's fields; with several policies, the update's fields per policy: ``| adversary return=.. pi_loss=..``."""
+    policies = [key.removesuffix(POLICY_RETURN) for key in record if key.endswith(POLICY_RETURN)]
+    fields = [field for field in TEXT_FIELDS if not policies or field[1] in (*RUN_ONLY, "episode_return_mean")]
+    line = " ".join(f"{label}={_fmt(fmt, record.get(key))}" for label, key, fmt in fields)
+    for name in policies:
+        line += f" | {name} " + " ".join(f"{label}={_fmt(fmt, record.get(f'{name}/{key}'))}"
+                                         for label, key, fmt in TEXT_FIELDS if key not in RUN_ONLY)
     if "eval_return_mean" in record:  # an evaluation finished this iteration (run.eval_every)
         line += f" eval={_fmt('{return}', record['eval_return_mean'])}@{record['eval_env_steps']:,}"
     if "selfplay_elo" in record:  # self-play: the learner against its snapshot pool

@@ -4,7 +4,8 @@ The driver of a run (the process ``dppo train`` runs in; its Reporter) owns one 
 registry, so tests can make several) and calls :meth:`Metrics.record_iteration` with the same record it
 writes to ``progress.jsonl``, so the two always agree. Names follow Prometheus conventions: ``dppo_``
 prefix, base units, ``_total`` on counters, ``_seconds`` on durations; labels are low-cardinality (``phase``,
-``actor``, ``reason``, ``learner``: a rank below run.learners). ``learner`` always means one of the L learners of
+``actor``, ``reason``, ``learner``: a rank below run.learners; ``policy``: a policy of the run's policy map).
+``learner`` always means one of the L learners of
 the group, never the driver.
 """
 
@@ -48,6 +49,20 @@ DIAGNOSTIC_GAUGES: dict[str, tuple[str, str]] = {
     "selfplay_loss_rate": ("dppo_selfplay_loss_rate", "Self-play: share of the last iteration's games lost."),
     "selfplay_elo": ("dppo_selfplay_elo", "Self-play: the learner's Elo rating against its snapshot pool."),
     "selfplay_pool_size": ("dppo_selfplay_pool_size", "Self-play: frozen snapshots in the opponent pool."),
+}
+
+# A run of several policies (a policy map): each policy's record keys (POLICY/key) -> gauges labelled ``policy``.
+PER_POLICY_GAUGES: dict[str, tuple[str, str]] = {
+    "episode_return_mean": ("dppo_per_policy_episode_return_mean", "A policy's agents: mean return of their last "
+                            "100 finished episodes (a run of several policies)."),
+    "episode_length_mean": ("dppo_per_policy_episode_length_steps", "A policy's agents: mean length in steps of "
+                            "their last 100 finished episodes."),
+    "eval_return_mean": ("dppo_per_policy_eval_return_mean", "A policy's agents: mean return in the last "
+                         "evaluation (run.eval_every)."),
+    **{key: (f"dppo_per_policy_{name.removeprefix('dppo_')}", f"A policy's update: {text[0].lower()}{text[1:]}")
+       for key, (name, text) in DIAGNOSTIC_GAUGES.items()
+       if key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "explained_variance",
+                  "learning_rate", "grad_norm")},
 }
 
 
@@ -106,6 +121,8 @@ class Metrics(Exporter):
             key: Gauge(name, help_text, registry=r) for key, (name, help_text) in DIAGNOSTIC_GAUGES.items()
         }
         self.policy_lag = self.diagnostics["policy_lag"]
+        self.per_policy = {key: Gauge(name, help_text, ["policy"], registry=r)
+                           for key, (name, help_text) in PER_POLICY_GAUGES.items()}
         self.actors_alive = Gauge("dppo_actors_alive", "Actors currently alive.", registry=r)
         self.actors_desired = Gauge("dppo_actors_desired", "Actors the run asks for.", registry=r)
         self.actors_pending = Gauge(
@@ -166,6 +183,10 @@ class Metrics(Exporter):
             value = record.get(key)
             if value is not None:
                 gauge.set(value)
+        for key, value in record.items():
+            policy, _, inner = key.rpartition("/")
+            if policy and inner in self.per_policy and value is not None:
+                self.per_policy[inner].labels(policy=policy).set(value)
 
     def init_actors(self, count: int) -> None:
         """Create each actor's labelled series at 0, so increase() sees the first restart."""

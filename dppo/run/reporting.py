@@ -59,19 +59,34 @@ def sampling_phases(segments: list[Segment]) -> dict[str, float]:
     return {"sample": slowest.sample_seconds, "env": slowest.env_seconds, "inference": slowest.policy_seconds}
 
 
-def progress_record(state: RunState, segments: list[Segment], steps: int, stats: TrainStats,
+def policy_columns(state: RunState, stats: dict[str, TrainStats]) -> dict[str, Any]:
+    """Each policy's update diagnostics: a run of one policy has them as top-level keys; a run of several has, per
+    policy, ``POLICY/key`` for every diagnostic and for the mean return and length of its agents' last episodes."""
+    if len(stats) == 1:
+        (only,) = stats.values()
+        return {k: v for k, v in only.as_dict().items() if k not in NOT_IN_RECORD}
+    columns: dict[str, Any] = {}
+    for name, part in stats.items():
+        returns, lengths = state.policies[name].means()
+        columns.update({f"{name}/episode_return_mean": returns, f"{name}/episode_length_mean": lengths,
+                        **{f"{name}/{k}": v for k, v in part.as_dict().items() if k not in NOT_IN_RECORD}})
+    return columns
+
+
+def progress_record(state: RunState, segments: list[Segment], steps: int, stats: dict[str, TrainStats],
                     phases: dict[str, float], iteration_s: float) -> dict[str, Any]:
-    """One line of progress.jsonl: counters, episode means, throughput, diagnostics, per-phase seconds (``phases``:
-    the coordinator's sync, sample, wait, update and, of sample, env and inference; see :func:`sampling_phases`)."""
+    """One line of progress.jsonl: counters, episode means, throughput, each policy's diagnostics
+    (:func:`policy_columns`), per-phase seconds (``phases``: the coordinator's sync, sample, wait, update and, of
+    sample, env and inference; see :func:`sampling_phases`)."""
     c = state.counters
     return {
         "iteration": c.iteration, "env_steps": c.env_steps, "wall_s": round(c.wall_s, 3),
         "episodes": c.episodes, "episode_return_mean": state.return_mean(),
         "episode_length_mean": state.length_mean(),
         "steps_per_s": steps / iteration_s, "env_steps_delta": steps, "iteration_s": iteration_s,
-        "policy_version": c.policy_version, "segments": len(segments),
+        "policy_version": c.policy_version, "segments": len(segments) // len(stats),  # one per actor and policy
         "policy_lag": max(c.policy_version - 1 - s.policy_version for s in segments),
-        **{k: v for k, v in stats.as_dict().items() if k not in NOT_IN_RECORD},
+        **policy_columns(state, stats),
         **{f"{k}_s": v for k, v in phases.items()},
     }
 
@@ -151,9 +166,11 @@ class Reporter:
         self.metrics.updates_skipped.inc()
         self.faults.updates_skipped += 1
 
-    def learner_timings(self, timings: list[tuple[float, float]]) -> None:
-        """Per learner: the update's seconds and the part of them in all-reduce (0 for one learner)."""
-        for rank, (update_s, reduce_s) in enumerate(timings):
+    def learner_timings(self, timings: list[list[tuple[float, float]]]) -> None:
+        """Per learner rank: the update's seconds and the part of them in all-reduce (0 for one learner), summed
+        over the policies' learner groups (``timings``: each group's, by rank)."""
+        for rank, parts in enumerate(zip(*timings, strict=True)):
+            update_s, reduce_s = sum(u for u, _ in parts), sum(r for _, r in parts)
             self.metrics.learner_update_seconds.labels(learner=str(rank)).observe(update_s)
             self.metrics.learner_allreduce_seconds.labels(learner=str(rank)).observe(reduce_s)
 

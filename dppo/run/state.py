@@ -1,8 +1,9 @@
 """Run state: what a run has done so far and must carry across a resume.
 
-Counters, the windows of the last 100 finished episodes, and the normalizer statistics merged from every
-actor's segments; the stop rules read them. ``to_state`` / ``restore`` get and set them in types that
-``torch.load(weights_only=True)`` accepts; :mod:`dppo.run.checkpoint` puts them in a checkpoint.
+Counters, the windows of the last 100 finished episodes, and each policy's normalizer statistics merged from
+every actor's segments (a run without a policy map has one policy); the stop rules read them. ``to_state`` /
+``restore`` get and set them in types that ``torch.load(weights_only=True)`` accepts; :mod:`dppo.run.checkpoint`
+puts them in a checkpoint.
 """
 
 from __future__ import annotations
@@ -36,18 +37,74 @@ class Counters:
     eval_return_best: float | None = None  # and the best one (checkpoints/best.pt holds its weights)
 
 
-class RunState:
-    """Counters, episode windows and normalizer statistics of one run."""
+class PolicyStats:
+    """One policy's merged normalizer statistics and the window of its agents' last finished episodes."""
 
     def __init__(self, config: Config, vector_dim: int) -> None:
-        self.config = config
-        self.counters = Counters()
-        self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
-        self.recent_lengths: deque[int] = deque(maxlen=RETURN_WINDOW)
         env = config.env
         self.obs_stats = RunningStats.empty((vector_dim,)) if env.normalize_obs and vector_dim else None
         self.return_stats = RunningStats.empty() if env.normalize_reward else None
+        self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
+        self.recent_lengths: deque[int] = deque(maxlen=RETURN_WINDOW)
+
+    def absorb(self, segment: Segment) -> None:
+        if self.obs_stats is not None and segment.obs_stats is not None:
+            self.obs_stats = self.obs_stats.merge(segment.obs_stats)
+        if self.return_stats is not None and segment.return_stats is not None:
+            self.return_stats = self.return_stats.merge(segment.return_stats)
+        self.recent_returns.extend(segment.episode_returns.tolist())
+        self.recent_lengths.extend(segment.episode_lengths.tolist())
+
+    def means(self) -> tuple[float | None, float | None]:
+        """The window's mean return and mean length (None before any episode finished)."""
+        if not self.recent_returns:
+            return None, None
+        return float(np.mean(self.recent_returns)), float(np.mean(self.recent_lengths))
+
+    def to_state(self) -> dict[str, Any]:
+        return {"obs_stats": self.obs_stats.to_state() if self.obs_stats else None,
+                "return_stats": self.return_stats.to_state() if self.return_stats else None,
+                "recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths)}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        if saved["obs_stats"] is not None:
+            self.obs_stats = RunningStats.from_state(saved["obs_stats"])
+        if saved["return_stats"] is not None:
+            self.return_stats = RunningStats.from_state(saved["return_stats"])
+        self.recent_returns.extend(saved.get("recent_returns", []))
+        self.recent_lengths.extend(saved.get("recent_lengths", []))
+
+
+class RunState:
+    """Counters, episode windows and each policy's normalizer statistics of one run."""
+
+    def __init__(self, config: Config, vector_dim: int | dict[str, int]) -> None:
+        """``vector_dim``: each policy's observation vector width (one number: every policy's)."""
+        self.config = config
+        self.counters = Counters()
+        self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)  # every policy's episodes
+        self.recent_lengths: deque[int] = deque(maxlen=RETURN_WINDOW)
+        dims = vector_dim if isinstance(vector_dim, dict) else dict.fromkeys(config.policy_names, vector_dim)
+        self.policies = {name: PolicyStats(config, dims[name]) for name in config.policy_names}
         self.league: League | None = None  # self-play's snapshot pool and ratings (a two-player game)
+
+    @property
+    def only(self) -> PolicyStats:
+        """The statistics of a run with one policy (a run without a policy map)."""
+        assert len(self.policies) == 1, "this run has several policies: read state.policies"
+        return next(iter(self.policies.values()))
+
+    @property
+    def obs_stats(self) -> RunningStats | None:
+        return self.only.obs_stats
+
+    @obs_stats.setter
+    def obs_stats(self, stats: RunningStats | None) -> None:
+        self.only.obs_stats = stats
+
+    @property
+    def return_stats(self) -> RunningStats | None:
+        return self.only.return_stats
 
     @property
     def lr_clock(self) -> float:
@@ -67,10 +124,7 @@ class RunState:
         returns = np.concatenate([s.episode_returns for s in segments]).tolist()
         lengths = np.concatenate([s.episode_lengths for s in segments]).tolist()
         for seg in segments:
-            if self.obs_stats is not None and seg.obs_stats is not None:
-                self.obs_stats = self.obs_stats.merge(seg.obs_stats)
-            if self.return_stats is not None and seg.return_stats is not None:
-                self.return_stats = self.return_stats.merge(seg.return_stats)
+            self.policies[seg.policy_name].absorb(seg)
         self.recent_returns.extend(returns)
         self.recent_lengths.extend(lengths)
         c = self.counters
@@ -117,22 +171,27 @@ class RunState:
         return c.bad_updates_in_row
 
     def to_state(self) -> dict[str, Any]:
-        """What a resume needs of this state (the keys a checkpoint holds it under: see dppo.run.checkpoint)."""
+        """What a resume needs of this state (the keys a checkpoint holds it under: see dppo.run.checkpoint). One
+        policy's statistics are top-level keys (as before policy maps); several policies' are under ``policies``."""
+        several = len(self.policies) > 1
+        stats = {"obs_stats": None, "return_stats": None} if several else {
+            key: self.only.to_state()[key] for key in ("obs_stats", "return_stats")}
         return {
-            "obs_stats": self.obs_stats.to_state() if self.obs_stats else None,
-            "return_stats": self.return_stats.to_state() if self.return_stats else None,
+            **stats,
             "counters": vars(self.counters).copy(),
             "recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths),
             "league": self.league.to_state() if self.league is not None else None,
+            **({"policies": {name: part.to_state() for name, part in self.policies.items()}} if several else {}),
         }
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Continue from :meth:`to_state`'s keys (a checkpoint holds them among its own; other keys are ignored).
         Counters added since a checkpoint was written take their defaults."""
-        if saved["obs_stats"] is not None:
-            self.obs_stats = RunningStats.from_state(saved["obs_stats"])
-        if saved["return_stats"] is not None:
-            self.return_stats = RunningStats.from_state(saved["return_stats"])
+        if len(self.policies) > 1:
+            for name, part in self.policies.items():
+                part.restore(saved["policies"][name])
+        else:
+            self.only.restore({"obs_stats": saved["obs_stats"], "return_stats": saved["return_stats"]})
         self.counters = Counters(**saved["counters"])
         self.recent_returns.extend(saved["recent_returns"])
         self.recent_lengths.extend(saved["recent_lengths"])

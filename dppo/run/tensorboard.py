@@ -1,7 +1,8 @@
 """TensorBoard event files: how RL people compare runs (CleanRL, Stable-Baselines3 and RLlib write them).
 
 Every scalar of a progress record is written under the same name, grouped as CleanRL does (``charts/``,
-``losses/``, ``time/``), with env steps as the x axis; the resolved config goes in as text. A resumed run
+``losses/``, ``time/``; a policy's, in a run of several, as ``losses/POLICY/policy_loss``), with env steps as the
+x axis; the resolved config goes in as text. A resumed run
 purges events past its checkpoint (TensorBoard's ``purge_step``), so its curves continue without
 duplicate steps.
 """
@@ -15,7 +16,12 @@ LOSSES = {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", 
 
 
 def tag(key: str) -> str:
-    """progress.jsonl key -> TensorBoard tag."""
+    """progress.jsonl key -> TensorBoard tag; a policy's key (``POLICY/key``, a run of several policies) goes to its
+    place under its run-wide key's group: ``losses/POLICY/policy_loss``."""
+    name, sep, inner = key.rpartition("/")
+    if sep:
+        group, _, rest = tag(inner).partition("/")
+        return f"{group}/{name}/{rest}"
     if key in LOSSES:
         return f"losses/{key}"
     if key.startswith("eval_"):  # evaluation while training (run.eval_every)

@@ -151,7 +151,7 @@ def test_bad_multiagent_input_is_one_line(tmp_path: Path) -> None:
         (["--env", "mpe2.simple_spread_v3"], "env.num_envs 8 is not a multiple of the 3 agents of "
                                              "'mpe2.simple_spread_v3'"),
         (["--set", "env.entry_point=crowd:odd_env", "--set", "env.multiagent=true", "--envs-per-actor", "3"],
-         "agents with different spaces need separate policies (not supported yet; issue 36)"),
+         "have different spaces, and one policy acts for both; give them separate policies"),
     ]
     if importlib.util.find_spec("pymunk") is None:  # butterfly's dependency, not installed by the multiagent extra
         cases.append((["--env", "pettingzoo.butterfly.pistonball_v6"], "pip install 'pettingzoo[butterfly]'"))

@@ -19,7 +19,7 @@ from dppo.run.metrics import Metrics
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 NAME = re.compile(r"^dppo_[a-z][a-z0-9]*(_[a-z0-9]+)*$")
-ALLOWED_LABELS = {"phase", "actor", "reason", "env", "run", "learner", "cause"}  # learner: rank < run.learners <= 64
+ALLOWED_LABELS = {"phase", "actor", "reason", "env", "run", "learner", "cause", "policy"}  # learner: rank < 64
 # Non-base units and spellings that hide the unit; Prometheus wants seconds and bytes.
 FORBIDDEN_SUFFIXES = ("_ms", "_millis", "_milliseconds", "_microseconds", "_us", "_ns", "_minutes", "_hours",
                       "_days", "_s", "_secs", "_sec", "_kb", "_mb", "_gb", "_kilobytes", "_megabytes", "_percent")
@@ -29,7 +29,7 @@ RESERVED_SUFFIXES = ("_total", "_count", "_sum", "_bucket", "_created")
 def wrappers() -> list[MetricWrapperBase]:
     metrics = Metrics("CartPole-v1", "test-run")
     found = [m for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]
-    found += list(metrics.diagnostics.values())
+    found += list(metrics.diagnostics.values()) + list(metrics.per_policy.values())
     return found
 
 
@@ -73,6 +73,8 @@ def test_exposed_series_names_follow_the_type() -> None:
     metrics.phase_seconds.labels(phase="sample").observe(0.1)
     metrics.learner_update_seconds.labels(learner="0").observe(0.1)
     metrics.learner_allreduce_seconds.labels(learner="0").observe(0.0)
+    metrics.record_iteration({"env_steps_delta": 1, "iteration_s": 1.0, "adversary/episode_return_mean": 1.0,
+                              **{f"adversary/{key}": 0.5 for key in metrics.per_policy}}, [], {})
     suffixes = {"counter": {"_total", "_created"}, "gauge": {""},
                 "histogram": {"_bucket", "_sum", "_count", "_created"}}
     for family in metrics.registry.collect():

@@ -15,7 +15,8 @@ from pettingzoo import ParallelEnv
 from dppo.config import ConfigError, load_config
 from dppo.envs.checks import check_env
 from dppo.envs.make import make_env, make_pettingzoo_env, make_vector_env
-from dppo.envs.multiagent import AgentTurns, ParallelVectorEnv, check_columns
+from dppo.envs.columns import ParallelVectorEnv
+from dppo.envs.multiagent import AgentTurns, check_columns
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import UsageError
 from dppo.rl.agent import export_weights
@@ -180,7 +181,7 @@ def test_agents_with_different_spaces_are_refused_naming_them() -> None:
     with pytest.raises(UsageError) as err:
         ParallelVectorEnv([Odd()], "odd")
     assert "agents 'runner'" in str(err.value) and "'scout'" in str(err.value)
-    assert "agents with different spaces need separate policies (not supported yet; issue 36)" in str(err.value)
+    assert "give them separate policies (policies: {adversary: ['adversary_*']" in str(err.value)
 
 
 def test_num_envs_counts_columns_and_holds_whole_copies() -> None:
@@ -236,7 +237,7 @@ def test_a_one_agent_parallel_env_samples_exactly_as_its_gymnasium_env() -> None
 
 
 def test_the_start_check_and_the_model_spaces_come_from_one_agent() -> None:
-    obs_space, action_space, first = check_env(config("env.agent_id_in_obs=true"))
+    (obs_space, action_space, first), = check_env(config("env.agent_id_in_obs=true")).values()
     assert set(obs_space.spaces) == {"state", "action_mask", "agent_id"} and action_space == gym.spaces.Discrete(3)
     assert first["agent_id"].tolist() == [1, 0]
     assert make_vector_env(config("env.agent_id_in_obs=true")).single_observation_space == obs_space

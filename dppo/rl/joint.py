@@ -1,0 +1,131 @@
+"""Several policies over one multi-agent env (the run's policy map): the joint sampler, and whole episodes.
+
+Each policy's :class:`~dppo.rl.sampler.Sampler` acts for its agents' columns
+(:class:`~dppo.envs.columns.PolicyColumns`) with its own network, action stream, normalizers and episode counts,
+and returns its own Segment, stamped with its policy's name; the learners of each policy train on those alone. The
+Sampler stays single-policy: this class runs the policies' step loops (:meth:`Sampler.steps`) in lockstep and steps
+the env once per step with all their actions. An env that raises restarts every policy's episodes together.
+:class:`JointPlayers` plays whole evaluation episodes of every policy at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from dppo.config import Config
+from dppo.envs.columns import ParallelEnvs
+from dppo.envs.make import make_parallel_envs
+from dppo.rl.agent import Agent, Weights
+from dppo.rl.normalizer import RunningStats
+from dppo.rl.sampler import Sampler, actor_seed, sample_with_retries
+from dppo.rl.segment import Segment
+from dppo.rl.transforms import ObsNormalizer
+
+POLICY_SEED_OFFSET = 3_001  # each policy's action stream, apart from the others' (the env's is the actor's)
+
+
+def policy_config(config: Config, columns: int) -> Config:
+    """The run's config as one policy's sampler sees it: env.num_envs counts that policy's columns."""
+    return config.model_copy(update={"env": config.env.model_copy(update={"num_envs": columns})})
+
+
+class JointSampler:
+    """One actor's samplers, one per policy of the map, over one vector of Parallel env copies."""
+
+    def __init__(self, config: Config, actor_id: int = 0, seed: int | None = None) -> None:
+        self.config, self.actor_id = config, actor_id
+        self.seed = actor_seed(config.run.seed, actor_id) if seed is None else seed
+        self.env_resets = 0
+        self.joint = self._start_joint()
+        self.samplers = [
+            Sampler(policy_config(config, view.num_envs), actor_id, seed=self.seed + POLICY_SEED_OFFSET * g,
+                    make_envs=lambda _config, g=g: self.joint.views[g], policy_name=view.group.name)
+            for g, view in enumerate(self.joint.views)]
+
+    @property
+    def by_policy(self) -> dict[str, Sampler]:
+        return {sampler.policy_name: sampler for sampler in self.samplers}
+
+    def _start_joint(self) -> ParallelEnvs:
+        joint = make_parallel_envs(self.config)
+        joint.reset(seed=self.seed + 1_000 * self.env_resets)  # as a Sampler seeds its own envs
+        return joint
+
+    def _restart(self) -> None:
+        """A fresh env, differently seeded; every policy's episodes restart."""
+        with contextlib.suppress(Exception):
+            self.joint.close()
+        self.env_resets += 1
+        self.joint = self._start_joint()
+        for sampler in self.samplers:
+            sampler._restart_envs()
+
+    def sample(self) -> list[Segment]:
+        """One segment per policy, in map order: T steps of every copy; an env that raises is recreated and the
+        segments resampled."""
+        return sample_with_retries(self._sample_once, self._restart, self.config, self.actor_id, lambda: None)
+
+    def _sample_once(self) -> list[Segment]:
+        loops = [sampler.steps() for sampler in self.samplers]
+        requests = [next(loop) for loop in loops]
+        while True:
+            results = self.joint.step([actions for _half, actions in requests])
+            requests, segments = [], []
+            for loop, result in zip(loops, results, strict=True):
+                try:
+                    requests.append(loop.send(result))
+                except StopIteration as end:  # every loop ends at the same step: T
+                    segments.append(end.value)
+            if segments:
+                return segments
+
+    def close(self) -> None:
+        self.joint.close()
+
+
+class JointPlayers:
+    """Every policy's Agent and frozen observation normalizer over one env copy, playing whole episodes together:
+    ``dppo eval`` and the evaluation actor of a run of several policies (one policy plays through
+    :func:`dppo.rl.episodes.run_episodes`)."""
+
+    def __init__(self, joint: ParallelEnvs, config: Config, seed: int | None = None) -> None:
+        self.joint = joint
+        self.agents = {view.group.name: Agent(view.single_observation_space, view.single_action_space, config.model,
+                                              seed=None if seed is None else seed + POLICY_SEED_OFFSET * g)
+                       for g, view in enumerate(joint.views)}
+        self.normalizers = {name: ObsNormalizer(False, config.env.obs_clip, agent.obs_spec.vector_dim)
+                            for name, agent in self.agents.items()}
+
+    def load(self, name: str, weights: Weights, version: int, obs_stats: RunningStats | None) -> None:
+        """Policy ``name``'s weights and the observation statistics it was trained with (None: raw observations)."""
+        self.agents[name].load(weights, version)
+        normalize = self.normalizers[name]
+        normalize.enabled = obs_stats is not None and self.agents[name].obs_spec.vector_dim > 0
+        if obs_stats is not None:
+            normalize.stats = obs_stats
+
+    def episodes(self, episodes: int, seed: int, greedy: bool = True) -> tuple[list[float], dict[str, list[float]]]:
+        """Raw returns of ``episodes`` episodes, reset with seeds ``seed``, ``seed + 1``, ...: per episode the mean
+        over every agent (what training reports), and per policy the mean over its agents."""
+        views = self.joint.views
+        agents = sum(view.num_envs for view in views)
+        overall, by_policy = [], {name: [] for name in self.agents}
+        for episode in range(episodes):
+            self.joint.reset(seed=seed + episode)
+            totals, done = [np.zeros(view.num_envs) for view in views], False
+            while not done:
+                actions = []
+                for g, view in enumerate(views):
+                    agent, normalize = self.agents[view.group.name], self.normalizers[view.group.name]
+                    action, _, _ = agent.act(normalize(agent.obs_spec.encode(self.joint.batch(g))), greedy=greedy)
+                    actions.append(agent.action_spec.to_env(action))
+                for total, (_, reward, terminated, truncated, _) in zip(totals, self.joint.step(actions),
+                                                                        strict=True):
+                    total += reward
+                    done = done or bool((terminated | truncated).any())  # the copy's episode ends for every agent
+            for view, total in zip(views, totals, strict=True):
+                by_policy[view.group.name].append(float(total.mean()))
+            overall.append(float(sum(total.sum() for total in totals)) / agents)
+        return overall, by_policy
