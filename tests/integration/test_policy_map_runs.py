@@ -1,0 +1,118 @@
+"""Several policies (a policy map) through the real CLI on a real Ray cluster: MPE's simple_adversary (an adversary
+whose observation is smaller than its two opponents') trains with one policy per role, reproduces itself from a
+seed, resumes, evaluates while training and from a checkpoint, exports each policy, trains with two learners per
+policy; a map that does not fit the env is one line, exit 2. Short runs: they check the pipeline, not learning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import progress_records as progress
+from conftest import run_dppo as dppo
+from conftest import without_timings
+
+MAP = "policies={adversary: ['adversary_*'], agent: ['agent_*']}"
+ADVERSARY = ["--env", "mpe2.simple_adversary_v3", "--envs-per-actor", "6", "--segment-length", "25",
+             "--no-tensorboard", "--set", "env.kwargs.max_cycles=25", "--set", "ppo.minibatch_size=50", "--set",
+             MAP]  # 2 copies x 3 agents: per actor and segment 50 adversary steps, 100 agent steps
+
+
+def test_a_seeded_run_of_two_policies_reproduces_itself(ray_address: str, tmp_path: Path) -> None:
+    runs = []
+    for name in ("a", "b"):
+        done = dppo("train", *ADVERSARY, "--address", ray_address, "--run-dir", str(tmp_path / name), "--actors",
+                    "2", "--seed", "3", "--total-steps", "900")
+        assert done.returncode == 0, done.stderr
+        runs.append(without_timings(progress(tmp_path / name)))
+    assert runs[0] == runs[1] and len(runs[0]) == 3
+    first = runs[0][0]
+    assert first["env_steps"] == 300 and first["episodes"] == 12 and first["segments"] == 2
+    assert {"adversary/policy_loss", "agent/policy_loss", "adversary/episode_return_mean"} <= set(first)
+    assert "policy_loss" not in first  # a diagnostic belongs to a policy
+    assert first["agent/episode_return_mean"] != first["adversary/episode_return_mean"]  # opposed rewards
+
+
+def test_two_policies_train_evaluate_resume_and_export(ray_address: str, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    # the run ends at its first finished evaluation (any return reaches the target), whenever that comes
+    done = dppo("train", *ADVERSARY, "--address", ray_address, "--run-dir", str(run), "--actors", "1",
+                "--total-steps", "150000", "--set", "run.eval_every=1", "--set", "run.eval_episodes=2", "--set",
+                "env.normalize_obs=true", "--target-return=-1e9", "--set", "run.target_on=evaluation")
+    assert done.returncode == 0, done.stderr
+    trained = progress(run)
+    assert "adversary/eval_return_mean" in trained[-1] and "agent/eval_return_mean" in trained[-1]
+    steps = trained[-1]["env_steps"]
+    resumed = dppo("train", "--resume", "--address", ray_address, "--run-dir", str(run), "--total-steps",
+                   str(steps + 300), "--set", "run.target_return=null", "--set", "run.target_on=training")
+    assert resumed.returncode == 0, resumed.stderr
+    assert [r["env_steps"] for r in progress(run)][-3:] == [steps, steps + 150, steps + 300]
+    from dppo.run.checkpoint import load
+
+    saved = load(run)
+    assert saved["model"] is None and set(saved["policies"]) == {"adversary", "agent"}
+    adversary, agent = saved["policies"]["adversary"], saved["policies"]["agent"]
+    assert adversary["model"]["policy_head.0.weight"].shape[1] == 8 and agent["model"]["policy_head.0.weight"].shape[
+        1] == 10  # each policy its own network for its own observation
+    assert len(adversary["obs_stats"]["mean"]) == 8 and adversary["trainer"] is not None
+    assert (run / "checkpoints" / "best.pt").is_file()
+    evaluated = dppo("eval", "--checkpoint", str(run), "--episodes", "2")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "policy adversary: mean return" in evaluated.stdout and "policy agent: mean return" in evaluated.stdout
+    exported = dppo("export", "--checkpoint", str(run), "-o", str(tmp_path / "policy.onnx"))
+    assert exported.returncode == 0, exported.stderr
+    import onnxruntime
+
+    for name, width in (("adversary", 8), ("agent", 10)):
+        session = onnxruntime.InferenceSession(str(tmp_path / f"policy.{name}.onnx"))
+        (action,) = session.run(None, {"obs": np.zeros((3, width), np.float32)})
+        assert action.shape == (3,) and ((action >= 0) & (action < 5)).all()
+
+
+@pytest.mark.slow
+def test_each_policy_trains_with_two_learners(ray_address: str, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = dppo("train", *ADVERSARY, "--address", ray_address, "--run-dir", str(run), "--actors", "1",
+                "--total-steps", "300", "--set", "run.learners=2", "--set", "run.learner_cpus=0.5", "--set",
+                "run.actor_cpus=0.5")
+    assert done.returncode == 0, done.stderr
+    assert [r["env_steps"] for r in progress(run)] == [150, 300]
+    resumed = dppo("train", "--resume", "--address", ray_address, "--run-dir", str(run), "--total-steps", "450",
+                   "--set", "run.learners=1")  # checkpoints do not depend on the learners
+    assert resumed.returncode == 0, resumed.stderr
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (["policies={adversary: ['adversary_*']}"], "agent 'agent_0' of env 'mpe2.simple_adversary_v3' is mapped to no "
+                                                "policy"),
+    (["policies={all: ['*']}"], "policy 'all': agents 'adversary_0'"),
+    (["policies={adversary: ['adversary_*'], agent: ['agent_*'], cop: ['cop_*']}"], "policies.cop ['cop_*'] matches "
+                                                                                    "no agent"),
+    ([], "agents 'adversary_0' (Box(-inf, inf, (8,), float32), Discrete(5)) and 'agent_0'"),
+])
+def test_a_map_that_does_not_fit_the_env_is_one_line(tmp_path: Path, sets: list[str], message: str) -> None:
+    args = ["--env", "mpe2.simple_adversary_v3", "--envs-per-actor", "3"]
+    done = dppo("train", *args, *[item for s in sets for item in ("--set", s)], "--run-dir", str(tmp_path / "run"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert message in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_resumes_only_with_its_own_map(ray_address: str, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = dppo("train", *ADVERSARY, "--address", ray_address, "--run-dir", str(run), "--actors", "1",
+                "--total-steps", "150")
+    assert done.returncode == 0, done.stderr
+    config = tmp_path / "other.yaml"
+    saved = json.loads(json.dumps(__import__("yaml").safe_load((run / "config.yaml").read_text())))
+    saved["policies"] = {"adversary": ["adversary_0"], "agent": ["agent_*"]}
+    config.write_text(json.dumps(saved))
+    resumed = dppo("train", "--resume", "--config", str(config), "--run-dir", str(run), "--total-steps", "300")
+    assert resumed.returncode == 2 and "the checkpoint's policy map" in resumed.stderr, resumed.stderr
+
+
+@pytest.fixture(autouse=True)
+def _pettingzoo() -> None:
+    pytest.importorskip("mpe2")
