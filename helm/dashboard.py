@@ -48,6 +48,8 @@ SWEEP_ROW = "Sweep"
 SWEEP_PREFIX = "Sweep: "  # the sweep row's panel titles (they have data for a `dppo sweep` only)
 SELFPLAY_ROW = "Self-play"
 SELFPLAY_PREFIX = "Self-play: "  # the self-play row's panel titles (data for a two-player game only)
+POLICIES_ROW = "Policies"
+POLICIES_PREFIX = "Policies: "  # the policies row's panel titles (data for a run of several policies only)
 
 Panel = timeseries.Panel | stat.Panel | heatmap.Panel
 Query = prometheus.Dataquery
@@ -277,7 +279,41 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
     ]
     return [("Overview", overview), ("Learning", learning), ("Throughput", throughput),
             ("Iteration phases", phases), ("PPO diagnostics", ppo), ("Actors and checkpoints", health),
-            (SELFPLAY_ROW, selfplay_panels()), (SWEEP_ROW, sweep_panels())]
+            (POLICIES_ROW, policies_panels()), (SELFPLAY_ROW, selfplay_panels()), (SWEEP_ROW, sweep_panels())]
+
+
+def policies_panels() -> list[tuple[int, int, Panel]]:
+    """A run of several policies (a policy map: teams, roles): each policy's curves, labelled ``policy``; empty for
+    a run of one policy, whose values are the rows above."""
+    def per_policy(title: str, metric: str, description: str, **options: Any) -> Panel:
+        return timeseries_panel(f"{POLICIES_PREFIX}{title}", f"{description} ({metric}, one curve per policy).",
+                                [target(by_run(metric), "{{run}} {{policy}}")], **options)
+
+    return [
+        (12, 8, per_policy("episode return by policy", "dppo_per_policy_episode_return_mean",
+                           "Mean return of each policy's agents over their last 100 finished episodes: in a "
+                           "competitive game one side's rise is the other's fall", axis_label="return")),
+        (6, 8, per_policy("evaluation return by policy", "dppo_per_policy_eval_return_mean",
+                          "Each policy's agents in the last evaluation (run.eval_every)", axis_label="return")),
+        (6, 8, per_policy("episode length by policy", "dppo_per_policy_episode_length_steps",
+                          "Mean episode length of each policy's agents", axis_label="steps", minimum=0)),
+        (6, 8, per_policy("policy loss", "dppo_per_policy_policy_loss", "Each policy's clipped-surrogate loss")),
+        (6, 8, per_policy("value loss", "dppo_per_policy_value_loss", "Each policy's value-function loss",
+                          minimum=0)),
+        (6, 8, per_policy("entropy", "dppo_per_policy_entropy", "Each policy's entropy: a policy that stops "
+                          "exploring long before the others may be losing", axis_label="nats", minimum=0)),
+        (6, 8, per_policy("explained variance", "dppo_per_policy_explained_variance",
+                          "Each policy's explained variance of its value predictions")),
+        (8, 8, timeseries_panel(
+            f"{POLICIES_PREFIX}approx KL and clip fraction", "Each policy's approximate KL of the last update "
+            "(dppo_per_policy_approx_kl) and share of clipped ratios (dppo_per_policy_clip_fraction).",
+            targets((by_run("dppo_per_policy_approx_kl"), "{{run}} {{policy}} KL"),
+                    (by_run("dppo_per_policy_clip_fraction"), "{{run}} {{policy}} clipped")), minimum=0)),
+        (8, 8, per_policy("learning rate", "dppo_per_policy_learning_rate", "Each policy's Adam step size",
+                          unit="sci", minimum=0)),
+        (8, 8, per_policy("gradient norm", "dppo_per_policy_grad_norm", "Each policy's gradient norm before "
+                          "clipping", minimum=0)),
+    ]
 
 
 def selfplay_panels() -> list[tuple[int, int, Panel]]:

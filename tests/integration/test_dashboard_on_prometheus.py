@@ -31,6 +31,7 @@ from dppo.run.metrics import Metrics
 DASHBOARD = json.loads((REPO / "helm" / "dppo" / "dashboards" / "dppo.json").read_text())
 SWEEP_PREFIX = "Sweep: "  # the sweep row's panel titles (helm/dashboard.py)
 SELFPLAY_PREFIX = "Self-play: "  # the self-play row's (data for a two-player game only)
+POLICIES_PREFIX = "Policies: "  # the policies row's (data for a run of several policies only)
 
 
 class Prometheus(BenchPrometheus):
@@ -77,15 +78,18 @@ class Prometheus(BenchPrometheus):
         result = self.api("query", query=f"count_over_time(dppo_iteration[{window}s])")
         return int(float(result[0]["value"][1])) if result else 0
 
+ALL_ROWS = ("run", "selfplay", "policies")  # the rows a single run can fill (the sweep row: a sweep's)
+
 
 def row_of(title: str) -> str:
-    return "sweep" if title.startswith(SWEEP_PREFIX) else "selfplay" if title.startswith(SELFPLAY_PREFIX) else "run"
+    prefixes = {SWEEP_PREFIX: "sweep", SELFPLAY_PREFIX: "selfplay", POLICIES_PREFIX: "policies"}
+    return next((row for prefix, row in prefixes.items() if title.startswith(prefix)), "run")
 
 
 def panel_queries(run: str, sweep: bool = False, rows: tuple[str, ...] = ("run",)) -> list[tuple[str, str]]:
     """(panel title, PromQL) for every target of the panels of ``rows`` (run: a single run's; selfplay: a
-    two-player game's; ``sweep``: only the sweep row's), with the dashboard variables substituted as Grafana
-    would."""
+    two-player game's; policies: a run of several policies'; ``sweep``: only the sweep row's), with the dashboard
+    variables substituted as Grafana would."""
     rows = ("sweep",) if sweep else rows
     substituted = []
     for title, expr in [(p["title"], t["expr"]) for p in DASHBOARD["panels"] for t in p.get("targets", [])]:
@@ -144,7 +148,11 @@ def test_every_panel_has_data_for_the_metrics_module(prometheus_bin: str, tmp_pa
                       "approx_kl": 0.01, "clip_fraction": 0.1, "explained_variance": 0.5,
                       "learning_rate": 2.5e-4, "grad_norm": 0.4, "policy_version": iteration,
                       "selfplay_win_rate": 0.5, "selfplay_draw_rate": 0.3, "selfplay_loss_rate": 0.2,
-                      "selfplay_elo": 1000.0 + iteration, "selfplay_pool_size": 1 + iteration // 10}
+                      "selfplay_elo": 1000.0 + iteration, "selfplay_pool_size": 1 + iteration // 10,
+                      **{f"{policy}/{key}": rng.uniform(0.01, 1) for policy in ("red", "blue")
+                         for key in ("episode_return_mean", "episode_length_mean", "eval_return_mean", "policy_loss",
+                                     "value_loss", "entropy", "approx_kl", "clip_fraction", "explained_variance",
+                                     "learning_rate", "grad_norm")}}
             metrics.record_iteration(record, returns, phases)
             for rank in ("0", "1"):  # what the learner records per learner process
                 metrics.learner_update_seconds.labels(learner=rank).observe(0.05)
@@ -158,14 +166,14 @@ def test_every_panel_has_data_for_the_metrics_module(prometheus_bin: str, tmp_pa
                 metrics.checkpoint_bytes.set(50_000)
             time.sleep(0.25)
         prom.wait_for_value("dppo_env_steps_total", steps, timeout_s=30)  # the last iteration's values scraped
-        assert_every_panel_has_data(prom, "synthetic-run", start, time.time(), rows=("run", "selfplay"))
-        assert_every_panel_has_data(prom, ".*", start, time.time(), rows=("run", "selfplay"))  # the "All" value
+        assert_every_panel_has_data(prom, "synthetic-run", start, time.time(), rows=ALL_ROWS)
+        assert_every_panel_has_data(prom, ".*", start, time.time(), rows=ALL_ROWS)  # the "All" value
         assert prom.last("dppo_env_steps_total") == steps
         assert prom.run_variable() == ["synthetic-run"]
         actor_restarts, learner_restarts = [expr for title, expr in panel_queries("synthetic-run")
                                              if title == "Actor restarts, learner restarts"]
         assert prom.last(actor_restarts) == 1 and prom.last(learner_restarts) == 0
-        for title, expr in panel_queries("no-such-run", rows=("run", "selfplay")):
+        for title, expr in panel_queries("no-such-run", rows=ALL_ROWS):
             assert not prom.query_range(expr, start, time.time()), f"{title} ignores the run variable: {expr}"
     finally:
         prom.stop()
@@ -254,3 +262,32 @@ def test_the_selfplay_row_has_data_for_a_real_two_player_game(scraping: tuple[Pr
     last = json.loads((run_dir / "progress.jsonl").read_text().splitlines()[-1])
     assert prom.last("dppo_selfplay_elo") == pytest.approx(last["selfplay_elo"])
     assert prom.last("dppo_selfplay_pool_size") == last["selfplay_pool_size"] == 4
+
+
+@pytest.mark.slow
+def test_the_policies_row_has_data_for_a_real_run_of_two_policies(scraping: tuple[Prometheus, int],
+                                                                  ray_address: str, dppo_cmd: list[str],
+                                                                  tmp_path: Path) -> None:
+    """A short simple_adversary run with a policy per role scraped end to end: every panel of the policies row has
+    data, one series per policy; the return scraped last is the one in progress.jsonl."""
+    pytest.importorskip("mpe2")
+    prom, metrics_port = scraping
+    run_dir = tmp_path / "policies-run"
+    start = time.time()
+    train = subprocess.run(
+        [*dppo_cmd, "train", "--env", "mpe2.simple_adversary_v3", "--actors", "1", "--total-steps", "6000",
+         "--envs-per-actor", "6", "--segment-length", "25", "--seed", "1", "--run-dir", str(run_dir),
+         "--metrics-port", str(metrics_port), "--address", ray_address, "--no-tensorboard",
+         "--set", "metrics.host=127.0.0.1", "--set", "metrics.linger_s=4", "--set", "env.kwargs.max_cycles=25",
+         "--set", "ppo.minibatch_size=50", "--set", "policies={adversary: [adversary_0], agent: ['agent_*']}",
+         "--set", "run.eval_every=2", "--set", "run.eval_episodes=1", "--set", "env.latency_ms=0.5"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert train.returncode == 0, train.stderr[-3000:]
+    end = time.time()
+    assert_every_panel_has_data(prom, run_dir.name, start, end, rows=("policies",))
+    returns = prom.query_range(panel_queries(run_dir.name, rows=("policies",))[0][1], start, end)
+    assert {s["metric"]["policy"] for s in returns} == {"adversary", "agent"}
+    last = json.loads((run_dir / "progress.jsonl").read_text().splitlines()[-1])
+    assert prom.last('dppo_per_policy_episode_return_mean{policy="agent"}') == pytest.approx(
+        last["agent/episode_return_mean"])

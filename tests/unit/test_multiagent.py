@@ -14,8 +14,8 @@ from pettingzoo import ParallelEnv
 
 from dppo.config import ConfigError, load_config
 from dppo.envs.checks import check_env
-from dppo.envs.make import make_env, make_pettingzoo_env, make_vector_env
 from dppo.envs.columns import ParallelVectorEnv
+from dppo.envs.make import make_env, make_pettingzoo_env, make_vector_env
 from dppo.envs.multiagent import AgentTurns, check_columns
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import UsageError
