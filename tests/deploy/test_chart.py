@@ -342,6 +342,18 @@ def test_a_pettingzoo_env_renders_a_multiagent_config(helm_bin: str) -> None:
     assert config.env.kwargs == {"N": 3, "max_cycles": 25, "continuous_actions": False}
 
 
+def test_a_policy_map_renders_into_the_config(helm_bin: str) -> None:
+    """config.policies (a policy per role) passes the schema and renders a config dppo reads with the map; a map
+    that is not one (a pattern that is not a list) is helm's error."""
+    config = validate_config(training_config(render(helm_bin, "-f", str(VALUES_DIR / "policies.yaml"))))
+    assert config.env.multiagent and config.env.id == "mpe2.simple_adversary_v3" and config.env.num_envs == 24
+    assert config.policies == {"adversary": ["adversary_*"], "agent": ["agent_*"]}
+    assert config.policy_names == ["adversary", "agent"]
+    bad = helm(helm_bin, "template", "r", str(CHART), "-f", str(VALUES_DIR / "policies.yaml"), "--set",
+               "config.policies.adversary=adversary_0")
+    assert bad.returncode != 0 and "policies" in bad.stderr, bad.stderr
+
+
 def test_a_two_player_game_renders_a_selfplay_config(helm_bin: str) -> None:
     """env=<a PettingZoo classic game> with a selfplay section: the schema takes the section, and dppo reads the
     rendered config as a multi-agent env with the pool's settings (the env is a turn-based game: made at start)."""
