@@ -6,6 +6,9 @@ policy; a map that does not fit the env is one line, exit 2. Short runs: they ch
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +85,34 @@ def test_each_policy_trains_with_two_learners(ray_address: str, tmp_path: Path) 
     resumed = dppo("train", "--resume", "--address", ray_address, "--run-dir", str(run), "--total-steps", "450",
                    "--set", "run.learners=1")  # checkpoints do not depend on the learners
     assert resumed.returncode == 0, resumed.stderr
+
+
+@pytest.mark.slow
+def test_a_run_of_two_policies_survives_a_lost_actor(ray_address: str, tmp_path: Path) -> None:
+    """SIGKILL one of two actors mid-run: its replacement joins with every policy's weights; the rounds without it
+    train each policy on the other actor's segments, and every counted step was trained on."""
+    import psutil
+    from test_faults import start_train, wait_for_iterations
+
+    run = tmp_path / "run"
+    proc = start_train([sys.executable, "-m", "dppo"], ray_address, run, *ADVERSARY, "--actors", "2",
+                       "--total-steps", "9000", "--set", "env.latency_ms=2")
+    try:
+        wait_for_iterations(run, 3, proc)
+        ours = psutil.Process().children(recursive=True)  # this session's Ray cluster's processes, no one else's
+        actors = [p for p in ours if " ".join(p.cmdline()).startswith("ray::Actor")]
+        assert len(actors) == 2, actors
+        actors[0].send_signal(signal.SIGKILL)
+        _out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["actor_restarts"] == 1 and summary["env_steps"] == 9000, summary
+    records = progress(run)
+    assert any(r["segments"] == 1 for r in records) and all(r["env_steps_delta"] == r["segments"] * 150
+                                                           for r in records)
 
 
 @pytest.mark.parametrize(("sets", "message"), [
