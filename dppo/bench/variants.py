@@ -25,13 +25,25 @@ from dppo.run.curves import plot_runs
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
-    """``NAME`` or ``NAME:KEY=VALUE,KEY=VALUE`` (values without commas) -> (name, overrides)."""
+    """``NAME`` or ``NAME:KEY=VALUE,KEY=VALUE`` -> (name, overrides); a comma inside a value's brackets or braces
+    is the value's (``env.wrappers=[a,b]``)."""
     name, _, sets = text.partition(":")
-    items = [s.strip() for s in sets.split(",") if s.strip()]
+    items = [s.strip() for s in top_level_split(sets) if s.strip()]
     if not name.strip() or any("=" not in item for item in items):
         raise UsageError(f"--variant {text!r} is not NAME or NAME:KEY=VALUE[,KEY=VALUE]; e.g. "
                          "--variant lstm:model.recurrent=lstm")
     return name.strip(), items
+
+
+def top_level_split(text: str) -> list[str]:
+    """``text`` split at the commas outside any [...] or {...}."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return [*parts, text[start:]]
 
 
 def spread(values: list[float], digits: int = 3) -> str:
@@ -53,11 +65,11 @@ def steps_to_reach(run_dir: Path, level: float) -> int | None:
 def actor_us_per_step(env_id: str, sets: list[str], segments: int = 5) -> float:
     """Microseconds per env step of one Sampler with the variant's policy (random weights), after a warm-up."""
     from dppo.config import load_config
-    from dppo.rl.sampler import Sampler
+    from dppo.rl.joint import make_sampler
 
     config = load_config(overrides={"env.id": env_id}, sets=sets)
     with torch_threads(1):
-        sampler = Sampler(config)
+        sampler = make_sampler(config)
         sampler.sample()
         start = time.perf_counter()
         for _ in range(segments):
@@ -95,7 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "actor cost per step")
     bench.add_argument("--env", required=True, help="env id (its preset is the base of every variant)")
     bench.add_argument("--variant", dest="variants", action="append", required=True, metavar="NAME[:KEY=VALUE,...]",
-                       help="a variant and its config overrides (repeatable), e.g. lstm:model.recurrent=lstm")
+                       help="a variant and its config overrides (repeatable), e.g. lstm:model.recurrent=lstm; a "
+                       "value's own commas go inside brackets: shared:env.wrappers=[a:b,c:d]")
     bench.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default 1,2,3)")
     bench.add_argument("--total-steps", type=positive(int, "--total-steps"), help="budget (default: the preset's)")
     bench.add_argument("--solved-at", type=float, help="report the env steps to first reach this training return")

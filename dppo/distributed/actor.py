@@ -23,14 +23,15 @@ if TYPE_CHECKING:
 
 
 def make_sampler(config: Config, actor_id: int, seed: int) -> Sampler | JointSampler:
-    """The actor's sampler: one policy's (acting in the actor or through the inference service), or, with a policy
-    map of several policies, the joint sampler of all of them."""
-    from dppo.rl.joint import JointSampler
+    """The actor's sampler: its policies in the actor (:func:`dppo.rl.joint.make_sampler`), or the one policy's
+    served by the inference service (run.inference=server)."""
+    from dppo.rl import joint
     from dppo.rl.sampler import Sampler
 
-    if len(config.policy_names) > 1:
-        return JointSampler(config, actor_id, seed=seed)
-    return Sampler(config, actor_id, seed=seed, policy=remote_policy(config, seed), policy_name=config.policy_names[0])
+    served = remote_policy(config, seed)
+    if served is None:
+        return joint.make_sampler(config, actor_id, seed)
+    return Sampler(config, actor_id, seed=seed, policy=served, policy_name=config.policy_names[0])
 
 
 def load_broadcast(sampler: Sampler, broadcast: Broadcast) -> None:

@@ -26,6 +26,14 @@ from dppo.rl.transforms import ObsNormalizer
 POLICY_SEED_OFFSET = 3_001  # each policy's action stream, apart from the others' (the env's is the actor's)
 
 
+def make_sampler(config: Config, actor_id: int = 0, seed: int | None = None) -> Sampler | JointSampler:
+    """An actor's sampler with its policies in its own process: one policy's Sampler, or, with a policy map of
+    several policies, the joint sampler of all of them."""
+    if len(config.policy_names) > 1:
+        return JointSampler(config, actor_id, seed)
+    return Sampler(config, actor_id, seed, policy_name=config.policy_names[0])
+
+
 def policy_config(config: Config, columns: int) -> Config:
     """The run's config as one policy's sampler sees it: env.num_envs counts that policy's columns."""
     return config.model_copy(update={"env": config.env.model_copy(update={"num_envs": columns})})

@@ -13,3 +13,13 @@ def test_parse_counts() -> None:
     for bad in ("a,b", "", "0,1"):
         with pytest.raises(UsageError):
             parse_counts(bad)
+
+
+def test_a_variants_values_keep_their_bracketed_commas() -> None:
+    from dppo.bench.variants import parse_variant
+
+    assert parse_variant("shared:env.wrappers=[a:b,c:d],env.agent_id_in_obs=true") == (
+        "shared", ["env.wrappers=[a:b,c:d]", "env.agent_id_in_obs=true"])
+    assert parse_variant("separate:policies.x=[x_0],policies.y={a: 1, b: [2,3]}") == (
+        "separate", ["policies.x=[x_0]", "policies.y={a: 1, b: [2,3]}"])
+    assert parse_variant("plain") == ("plain", [])
