@@ -483,6 +483,37 @@ def test_chart_runs_two_learner_pods(helm_bin: str, cluster_root: Path) -> None:
 
 
 @pytest.mark.timeout(420)
+def test_chart_trains_a_policy_map(helm_bin: str, cluster_root: Path) -> None:
+    """The policies values example (simple_adversary, a policy per role) through the rendered RayJob: the run
+    trains both policies with its actors in the worker pods and reports each in its iteration lines and
+    progress.jsonl."""
+    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
+    objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "-f", str(REPO / "tests/deploy/values/policies.yaml"),
+                     "--set", f"metrics.port={metrics}", "--set", "metrics.lingerSeconds=0", "--set",
+                     "totalSteps=4800", "--set", "actors=2", "--set", "envsPerActor=6", "--set", "segmentLength=50",
+                     "--set", "config.ppo.minibatch_size=100", "--set", "config.run.tensorboard=false")
+    spec, config, run_dir, entrypoint = local_job(objects, cluster_root)
+    assert config["policies"] == {"adversary": ["adversary_*"], "agent": ["agent_*"]}
+    local = LocalCluster(cluster_root)
+    try:
+        address, env, _token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash,
+                                                      client, node_ports)
+        done = subprocess.run(["bash", "-c", f"{BIN / 'ray'} job submit --address {address} --submission-id "
+                               f"policies -- {entrypoint}"], env=env, capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr + local.logs()
+        assert "| adversary return=" in done.stdout and "| agent return=" in done.stdout
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["env_steps"] == 4800 and summary["env"] == "mpe2.simple_adversary_v3"
+        last = json.loads((run_dir / "progress.jsonl").read_text().splitlines()[-1])
+        assert {"adversary/episode_return_mean", "agent/episode_return_mean"} <= set(last)
+        workers = spec["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"]
+        assert_actors_on_workers_only(address, env, workers, 2)
+    finally:
+        local.stop()
+
+
+@pytest.mark.timeout(420)
 def test_chart_runs_a_sweep_through_the_rendered_rayjob(helm_bin: str, cluster_root: Path) -> None:
     """sweep.enabled: the rendered entrypoint `dppo sweep` on the ConfigMap's sweep.yaml, in the rendered cluster
     (the worker group sized for two concurrent trials): both trials train in the worker pods, the results land on
