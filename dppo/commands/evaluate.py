@@ -4,6 +4,7 @@ games against a chosen opponent, counted as wins, draws and losses for each seat
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from dppo.cli_args import fail, import_from_cwd
@@ -26,14 +27,10 @@ def make_eval_env(config: Any, video_dir: str | None) -> Any:
     import gymnasium as gym
 
     from dppo.envs.make import make_env
-    from dppo.errors import UsageError
 
     if video_dir is None:
         return make_env(config.env)
-    try:
-        import moviepy  # noqa: F401 - RecordVideo needs it
-    except ImportError:
-        raise UsageError("--video needs moviepy: pip install moviepy") from None
+    require_moviepy()
     env = make_env(config.env, render_mode="rgb_array")
     return gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True, disable_logger=True)
 
@@ -44,24 +41,53 @@ def evaluate_policies(checkpoint: dict[str, Any], episodes: int, seed: int, vide
     ``seed``, ``seed + 1``, ...; per episode the mean return over every agent, and each policy's agents' mean."""
     from dppo.config import validate
     from dppo.envs.make import make_parallel_envs
-    from dppo.errors import UsageError
     from dppo.rl.agent import export_weights
     from dppo.rl.joint import JointPlayers
     from dppo.run.trained import trained_policies
 
     config = validate(checkpoint["config"], warn=False)
-    if video_dir is not None:
-        raise UsageError("--video records one policy's episodes, and this checkpoint holds several policies "
-                         f"({', '.join(config.policies)}); evaluate without --video")
     trained = trained_policies(checkpoint)
-    joint = make_parallel_envs(config, copies=1)
+    if video_dir is not None:
+        require_moviepy()
+    joint = make_parallel_envs(config, copies=1, render_mode=None if video_dir is None else "rgb_array")
     try:
         players = JointPlayers(joint, config)
         for name, part in trained.items():
             players.load(name, export_weights(part.model), 0, part.obs_stats)
-        return players.episodes(episodes, seed, greedy=True)
+        watch = None if video_dir is None else EpisodeVideos(joint.envs[0], Path(video_dir))
+        return players.episodes(episodes, seed, greedy=True, watch=watch)
     finally:
         joint.close()
+
+
+class EpisodeVideos:
+    """One mp4 per episode of one env copy, named as gymnasium's RecordVideo names them (rl-video-episode-N.mp4):
+    the video of a run of several policies, whose episodes are not one gymnasium Env's."""
+
+    def __init__(self, env: Any, directory: Path) -> None:
+        self.env, self.directory = env, directory
+        self.fps = getattr(env, "metadata", {}).get("render_fps", 30)
+        self.frames: list[Any] = []
+
+    def __call__(self, episode: int, done: bool) -> None:
+        self.frames.append(self.env.render())
+        if done:
+            from moviepy.video.io.ImageSequenceClip import ImageSequenceClip
+
+            self.directory.mkdir(parents=True, exist_ok=True)
+            ImageSequenceClip(self.frames, fps=self.fps).write_videofile(
+                str(self.directory / f"rl-video-episode-{episode}.mp4"), logger=None)
+            self.frames = []
+
+
+def require_moviepy() -> None:
+    """--video writes mp4 files with moviepy (gymnasium's RecordVideo does too)."""
+    from dppo.errors import UsageError
+
+    try:
+        import moviepy  # noqa: F401
+    except ImportError:
+        raise UsageError("--video needs moviepy: pip install moviepy") from None
 
 
 def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: str | None = None,

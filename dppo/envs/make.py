@@ -238,18 +238,18 @@ def env_factory(config: Config) -> Callable[[], gym.Env]:
     return make
 
 
-def make_parallel_envs(config: Config, copies: int | None = None) -> ParallelEnvs:
+def make_parallel_envs(config: Config, copies: int | None = None, render_mode: str | None = None) -> ParallelEnvs:
     """env.num_envs / M copies of the Parallel env (M agents; or ``copies``), each agent a column of its policy's
     vector env."""
     env_cfg = config.env
-    first = make_pettingzoo_env(env_cfg)
+    first = make_pettingzoo_env(env_cfg, render_mode)
     if is_turn_based(first):
         raise UsageError(f"env {env_cfg.name!r} is a turn-based game, trained by self-play with one policy against "
                          "its own snapshots; drop policies")
     groups = policy_groups(first, config.policies, env_cfg.name)
     if copies is None:
         copies = check_columns(env_cfg.num_envs, len(first.possible_agents), env_cfg.name)
-    envs = [first, *(make_pettingzoo_env(env_cfg) for _ in range(copies - 1))]
+    envs = [first, *(make_pettingzoo_env(env_cfg, render_mode) for _ in range(copies - 1))]
     return ParallelEnvs(envs, groups, env_cfg.name, env_cfg.agent_id_in_obs, config.model.action_mask_key,
                         env_cfg.global_state)
 

@@ -11,6 +11,7 @@ the env once per step with all their actions. An env that raises restarts every 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import numpy as np
 
@@ -114,15 +115,19 @@ class JointPlayers:
         if obs_stats is not None:
             normalize.stats = obs_stats
 
-    def episodes(self, episodes: int, seed: int, greedy: bool = True) -> tuple[list[float], dict[str, list[float]]]:
+    def episodes(self, episodes: int, seed: int, greedy: bool = True,
+                 watch: Callable[[int, bool], None] | None = None) -> tuple[list[float], dict[str, list[float]]]:
         """Raw returns of ``episodes`` episodes, reset with seeds ``seed``, ``seed + 1``, ...: per episode the mean
-        over every agent (what training reports), and per policy the mean over its agents."""
+        over every agent (what training reports), and per policy the mean over its agents. ``watch(episode,
+        done)`` is called after each reset and step (``dppo eval --video`` renders a frame there)."""
+        watch = watch or (lambda _episode, _done: None)
         views = self.joint.views
         agents = sum(view.num_envs for view in views)
         overall, by_policy = [], {name: [] for name in self.agents}
         for episode in range(episodes):
             self.joint.reset(seed=seed + episode)
             totals, done = [np.zeros(view.num_envs) for view in views], False
+            watch(episode, done)
             while not done:
                 actions = []
                 for g, view in enumerate(views):
@@ -133,6 +138,7 @@ class JointPlayers:
                                                                         strict=True):
                     total += reward
                     done = done or bool((terminated | truncated).any())  # the copy's episode ends for every agent
+                watch(episode, done)
             for view, total in zip(views, totals, strict=True):
                 by_policy[view.group.name].append(float(total.mean()))
             overall.append(float(sum(total.sum() for total in totals)) / agents)

@@ -61,9 +61,13 @@ def test_two_policies_train_evaluate_resume_and_export(ray_address: str, tmp_pat
         1] == 10  # each policy its own network for its own observation
     assert len(adversary["obs_stats"]["mean"]) == 8 and adversary["trainer"] is not None
     assert (run / "checkpoints" / "best.pt").is_file()
-    evaluated = dppo("eval", "--checkpoint", str(run), "--episodes", "2")
+    evaluated = dppo("eval", "--checkpoint", str(run), "--episodes", "2", "--video", str(tmp_path / "videos"))
     assert evaluated.returncode == 0, evaluated.stderr
     assert "policy adversary: mean return" in evaluated.stdout and "policy agent: mean return" in evaluated.stdout
+    videos = sorted((tmp_path / "videos").glob("*.mp4"))  # one per episode of every policy's agents together
+    assert len(videos) == 2 and all(v.read_bytes()[4:8] == b"ftyp" and v.stat().st_size > 1000 for v in videos)
+    again = dppo("eval", "--checkpoint", str(run), "--episodes", "2")
+    assert again.stdout.splitlines()[:3] == evaluated.stdout.splitlines()[:3]  # rendering changes no episode
     exported = dppo("export", "--checkpoint", str(run), "-o", str(tmp_path / "policy.onnx"))
     assert exported.returncode == 0, exported.stderr
     import onnxruntime
