@@ -40,8 +40,8 @@ class Config(Section):
             raise ValueError(f"policies maps the agents of a multi-agent env to policies, and env {self.env.name!r} "
                              "is a single-agent gymnasium env; drop policies, or name a PettingZoo env "
                              f"(env.multiagent), e.g. {POLICIES_EXAMPLE}")
-        if self.run.inference == "server":
-            raise ValueError("run.inference=server serves one policy, and policies names several; set "
+        if self.run.inference == "server" and len(self.policies) > 1:
+            raise ValueError(f"run.inference=server serves one policy, and policies names {len(self.policies)}; set "
                              "run.inference=actor")
         return self
 

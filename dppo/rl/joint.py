@@ -69,7 +69,7 @@ class JointSampler:
         self.env_resets += 1
         self.joint = self._start_joint()
         for sampler in self.samplers:
-            sampler._restart_envs()
+            sampler.restart_envs()
 
     def sample(self) -> list[Segment]:
         """One segment per policy, in map order: T steps of every copy; an env that raises is recreated and the

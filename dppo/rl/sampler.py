@@ -175,7 +175,7 @@ class Sampler:
             self.life_loss = LifeLoss(np.concatenate([np.asarray(part) for part in lives]))
         return halves
 
-    def _restart_envs(self) -> None:
+    def restart_envs(self) -> None:
         """Replace a vector env that raised: a fresh one, differently seeded, episodes restart."""
         for envs in self.halves:
             with contextlib.suppress(Exception):
@@ -220,7 +220,7 @@ class Sampler:
 
     def sample(self) -> Segment:
         """Exactly T steps of every env; an env that raises is recreated and the segment resampled."""
-        return sample_with_retries(self._sample_once, self._restart_envs, self.config, self.actor_id,
+        return sample_with_retries(self._sample_once, self.restart_envs, self.config, self.actor_id,
                                    self.policy.forget)
 
     def _sample_once(self) -> Segment:

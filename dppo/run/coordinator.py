@@ -190,7 +190,8 @@ class Coordinator:
                 return learners.update(segments, refs, self.state.lr_clock)
             except LearnerDied as err:
                 self.learner_restarts.spend(err)
-                self.reporter.message(f"{err}; restarting the {self.config.run.learners} learners")
+                whose = f" of policy {name}" if len(self.learners) > 1 else ""
+                self.reporter.message(f"{err}; restarting the {self.config.run.learners} learners{whose}")
                 intact = self.store.newest_intact()
                 learners.restart(policy_entry(intact[1], name)["trainer"] if intact else learners.fallback_state()[1])
                 self.reporter.learner_restarted()
