@@ -9,6 +9,7 @@ from dppo.bench import (
     env_engines,
     learn,
     node_loss,
+    peer,
     sampling,
     score,
     selfplay,
@@ -21,7 +22,7 @@ from dppo.bench import round as round_  # the module, not the builtin
 
 # In `dppo bench --help` order.
 BENCHMARKS = (sampling, solve, update, learn, variants, sweeps, round_, node_loss, score, driver_scaling, env_engines,
-              selfplay)
+              selfplay, peer)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
