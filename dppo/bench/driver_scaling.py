@@ -111,8 +111,9 @@ def timed_coordinator(config: Config, run_dir: Path, ledger: Ledger,
 
         def start(self) -> None:
             super().start()
-            assert self.learners is not None and self.learners.local is not None
-            trainer = self.learners.local.trainer
+            (learners,) = self.learners.values()  # the benchmark's one policy, its one learner in this process
+            assert learners.local is not None
+            trainer = learners.local.trainer
 
             def train_on(segments: list[Any], lr_clock: float) -> Any:  # Trainer.train_on, its two steps timed
                 with ledger.timing("batch"):

@@ -125,8 +125,9 @@ def test_a_run_of_two_policies_survives_a_lost_actor(ray_address: str, tmp_path:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["actor_restarts"] == 1 and summary["env_steps"] == 9000, summary
+    assert summary["actor_restarts"] == 1 and summary["env_steps"] >= 9000, summary
     records = progress(run)
+    assert records[-1]["env_steps"] == sum(r["env_steps_delta"] for r in records) == summary["env_steps"]
     assert any(r["segments"] == 1 for r in records) and all(r["env_steps_delta"] == r["segments"] * 150
                                                            for r in records)
 
