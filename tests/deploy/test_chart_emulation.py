@@ -247,6 +247,17 @@ def local_job(objects: list[dict[str, Any]], cluster_root: Path) -> tuple[dict[s
     return spec, config, run_dir, spec["entrypoint"].replace(f"{config_mount}/config.yaml", str(config_file))
 
 
+def run_job(local: LocalCluster, spec: dict[str, Any], cluster_root: Path, ports: tuple[int, int, int, list[int]],
+            job_id: str, entrypoint: str) -> tuple[str, dict[str, str], subprocess.CompletedProcess[str]]:
+    """The rendered cluster started, the entrypoint submitted and waited for (it must succeed): the head's address,
+    the environment that reaches it, and what the submission printed."""
+    address, env, _token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, *ports)
+    done = subprocess.run(["bash", "-c", f"{BIN / 'ray'} job submit --address {address} --submission-id {job_id} "
+                           f"-- {entrypoint}"], env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr + local.logs()
+    return address, env, done
+
+
 def ray_list(address: str, env: dict[str, str], what: str) -> list[dict[str, Any]]:
     out = subprocess.run([str(BIN / "ray"), "list", what, "--address", address, "--format", "json", "--detail",
                           "--limit", "1000"], env=env, capture_output=True, text=True, timeout=60, check=False)
@@ -460,12 +471,8 @@ def test_chart_runs_two_learner_pods(helm_bin: str, cluster_root: Path) -> None:
     assert config["run"]["learners"] == 2
     local = LocalCluster(cluster_root)
     try:
-        address, env, _token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash,
-                                                      client, node_ports)
-        done = subprocess.run(["bash", "-c", f"{BIN / 'ray'} job submit --address {address} --submission-id "
-                               f"learners -- {entrypoint}"], env=env, capture_output=True, text=True,
-                              timeout=300, check=False)
-        assert done.returncode == 0, done.stdout + done.stderr + local.logs()
+        address, env, _done = run_job(local, spec, cluster_root, (gcs, dash, client, node_ports), "learners",
+                                     entrypoint)
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["env_steps"] >= 2048 and summary["learner_restarts"] == 0
         nodes = {n["node_id"]: n for n in ray_list(address, env, "nodes")}
@@ -496,12 +503,8 @@ def test_chart_trains_a_policy_map(helm_bin: str, cluster_root: Path) -> None:
     assert config["policies"] == {"adversary": ["adversary_*"], "agent": ["agent_*"]}
     local = LocalCluster(cluster_root)
     try:
-        address, env, _token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash,
-                                                      client, node_ports)
-        done = subprocess.run(["bash", "-c", f"{BIN / 'ray'} job submit --address {address} --submission-id "
-                               f"policies -- {entrypoint}"], env=env, capture_output=True, text=True,
-                              timeout=300, check=False)
-        assert done.returncode == 0, done.stdout + done.stderr + local.logs()
+        address, env, done = run_job(local, spec, cluster_root, (gcs, dash, client, node_ports), "policies",
+                                     entrypoint)
         assert "| adversary return=" in done.stdout and "| agent return=" in done.stdout
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["env_steps"] == 4800 and summary["env"] == "mpe2.simple_adversary_v3"
