@@ -241,6 +241,20 @@ def test_the_sweep_row_has_data_for_a_real_sweep(scraping: tuple[Prometheus, int
     assert {s["metric"]["trial"] for s in returns} == trials
 
 
+def train_scraped(dppo_cmd: list[str], ray_address: str, metrics_port: int, run_dir: Path, *args: str
+                  ) -> tuple[float, float]:
+    """A `dppo train` serving its metrics where the scraping Prometheus looks (and 4 s after, for the last scrape),
+    run to its end; when it started and ended."""
+    start = time.time()
+    train = subprocess.run(
+        [*dppo_cmd, "train", *args, "--run-dir", str(run_dir), "--metrics-port", str(metrics_port), "--address",
+         ray_address, "--no-tensorboard", "--set", "metrics.host=127.0.0.1", "--set", "metrics.linger_s=4"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert train.returncode == 0, train.stderr[-3000:]
+    return start, time.time()
+
+
 @pytest.mark.slow
 def test_the_selfplay_row_has_data_for_a_real_two_player_game(scraping: tuple[Prometheus, int], ray_address: str,
                                                               dppo_cmd: list[str], tmp_path: Path) -> None:
@@ -248,16 +262,9 @@ def test_the_selfplay_row_has_data_for_a_real_two_player_game(scraping: tuple[Pr
     last is the one in progress.jsonl."""
     prom, metrics_port = scraping
     run_dir = tmp_path / "selfplay-run"
-    start = time.time()
-    train = subprocess.run(
-        [*dppo_cmd, "train", "--env", "pettingzoo.classic.tictactoe_v3", "--actors", "1", "--total-steps", "4096",
-         "--envs-per-actor", "16", "--segment-length", "32", "--seed", "1", "--run-dir", str(run_dir),
-         "--metrics-port", str(metrics_port), "--address", ray_address, "--no-tensorboard",
-         "--set", "metrics.host=127.0.0.1", "--set", "metrics.linger_s=4", "--set", "selfplay.snapshot_every=2"],
-        capture_output=True, text=True, timeout=240,
-    )
-    assert train.returncode == 0, train.stderr[-3000:]
-    end = time.time()
+    start, end = train_scraped(dppo_cmd, ray_address, metrics_port, run_dir, "--env", "pettingzoo.classic.tictactoe_v3",
+                               "--actors", "1", "--total-steps", "4096", "--envs-per-actor", "16", "--segment-length",
+                               "32", "--seed", "1", "--set", "selfplay.snapshot_every=2")
     assert_every_panel_has_data(prom, run_dir.name, start, end, rows=("selfplay",))
     last = json.loads((run_dir / "progress.jsonl").read_text().splitlines()[-1])
     assert prom.last("dppo_selfplay_elo") == pytest.approx(last["selfplay_elo"])
@@ -273,18 +280,12 @@ def test_the_policies_row_has_data_for_a_real_run_of_two_policies(scraping: tupl
     pytest.importorskip("mpe2")
     prom, metrics_port = scraping
     run_dir = tmp_path / "policies-run"
-    start = time.time()
-    train = subprocess.run(
-        [*dppo_cmd, "train", "--env", "mpe2.simple_adversary_v3", "--actors", "1", "--total-steps", "6000",
-         "--envs-per-actor", "6", "--segment-length", "25", "--seed", "1", "--run-dir", str(run_dir),
-         "--metrics-port", str(metrics_port), "--address", ray_address, "--no-tensorboard",
-         "--set", "metrics.host=127.0.0.1", "--set", "metrics.linger_s=4", "--set", "env.kwargs.max_cycles=25",
-         "--set", "ppo.minibatch_size=50", "--set", "policies={adversary: [adversary_0], agent: ['agent_*']}",
-         "--set", "run.eval_every=2", "--set", "run.eval_episodes=1", "--set", "env.latency_ms=0.5"],
-        capture_output=True, text=True, timeout=240,
-    )
-    assert train.returncode == 0, train.stderr[-3000:]
-    end = time.time()
+    start, end = train_scraped(
+        dppo_cmd, ray_address, metrics_port, run_dir, "--env", "mpe2.simple_adversary_v3", "--actors", "1",
+        "--total-steps", "6000", "--envs-per-actor", "6", "--segment-length", "25", "--seed", "1", "--set",
+        "env.kwargs.max_cycles=25", "--set", "ppo.minibatch_size=50", "--set",
+        "policies={adversary: [adversary_0], agent: ['agent_*']}", "--set", "run.eval_every=2", "--set",
+        "run.eval_episodes=1", "--set", "env.latency_ms=0.5")
     assert_every_panel_has_data(prom, run_dir.name, start, end, rows=("policies",))
     returns = prom.query_range(panel_queries(run_dir.name, rows=("policies",))[0][1], start, end)
     assert {s["metric"]["policy"] for s in returns} == {"adversary", "agent"}
