@@ -106,13 +106,17 @@ def test_mappos_centralized_critic_trains_evaluates_and_exports(ray_address: str
     assert saved["model"]["value_head.0.weight"].shape[1] == saved["model"]["policy_head.0.weight"].shape[1] + 54
 
 
-def test_the_example_config_trains(ray_address: str, tmp_path: Path) -> None:
-    example = Path(__file__).parents[2] / "examples" / "simple-spread.yaml"
+@pytest.mark.parametrize(("example", "shown"), [
+    ("simple-spread.yaml", "return="),
+    ("simple-adversary.yaml", "| adversary return="),  # a policy per role: each one's fields in the line
+])
+def test_the_example_configs_train(ray_address: str, tmp_path: Path, example: str, shown: str) -> None:
     run = tmp_path / "run"
-    done = dppo("train", "--config", str(example), "--total-steps", "2400", "--no-tensorboard", "--address",
-                ray_address, "--run-dir", str(run))
+    done = dppo("train", "--config", str(Path(__file__).parents[2] / "examples" / example), "--total-steps", "2400",
+                "--no-tensorboard", "--address", ray_address, "--run-dir", str(run))
     assert done.returncode == 0, done.stderr
     assert [r["episodes"] for r in progress(run)] == [96]  # 2 actors x 24 columns x two 25-step episodes
+    assert shown in done.stdout
 
 
 def test_a_users_module_whose_agents_leave_early_trains_with_masks_and_evaluation(

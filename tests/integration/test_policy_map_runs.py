@@ -78,18 +78,6 @@ def test_two_policies_train_evaluate_resume_and_export(ray_address: str, tmp_pat
         assert action.shape == (3,) and ((action >= 0) & (action < 5)).all()
 
 
-def test_the_example_config_trains(ray_address: str, tmp_path: Path) -> None:
-    example = Path(__file__).parents[2] / "examples" / "simple-adversary.yaml"
-    run = tmp_path / "run"
-    done = dppo("train", "--config", str(example), "--total-steps", "2400", "--no-tensorboard", "--address",
-                ray_address, "--run-dir", str(run))
-    assert done.returncode == 0, done.stderr
-    (record,) = progress(run)
-    # 2 actors x 8 copies x two 25-step episodes: 32 adversary and 64 agent episodes
-    assert record["episodes"] == 96 and record["env_steps"] == 2400
-    assert "| adversary return=" in done.stdout and "| agent return=" in done.stdout
-
-
 @pytest.mark.slow
 def test_each_policy_trains_with_two_learners(ray_address: str, tmp_path: Path) -> None:
     run = tmp_path / "run"
