@@ -120,6 +120,31 @@ def test_a_run_of_two_policies_survives_a_lost_actor(ray_address: str, tmp_path:
                                                            for r in records)
 
 
+@pytest.mark.slow
+def test_a_sweep_of_two_policies_exploits_and_finishes(ray_address: str, tmp_path: Path) -> None:
+    """Population-based training over a policy map: its trials continue from checkpoints of two policies (PBT
+    pauses and exploits them) and both finish with each policy's curves."""
+    import yaml
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "base": {"env": "mpe2.simple_adversary_v3"}, "trials": 2, "concurrent": 2, "driver_cpus": 0.25,
+        "set": {"run.total_steps": 3000, "run.actors": 1, "run.actor_cpus": 0.5, "run.tensorboard": False,
+                "env.num_envs": 6, "env.kwargs": {"max_cycles": 25}, "ppo.segment_length": 25,
+                "ppo.minibatch_size": 50, "policies": {"adversary": ["adversary_*"], "agent": ["agent_*"]}},
+        "space": {"ppo.learning_rate": "choice([0.0001, 0.003])"},
+        "scheduler": {"name": "pbt", "perturbation_interval": 4, "quantile": 0.5}}))
+    out = tmp_path / "out"
+    done = dppo("sweep", "--config", str(sweep), "--out-dir", str(out), "--address", ray_address, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "continues from a checkpoint" in done.stderr
+    trials = sorted((out / "trials").iterdir())
+    assert len(trials) == 2
+    for trial in trials:
+        last = progress(trial)[-1]
+        assert last["env_steps"] == 3000 and "adversary/policy_loss" in last and "agent/policy_loss" in last
+
+
 @pytest.mark.parametrize(("sets", "message"), [
     (["policies={adversary: ['adversary_*']}"], "agent 'agent_0' of env 'mpe2.simple_adversary_v3' is mapped to no "
                                                 "policy"),
