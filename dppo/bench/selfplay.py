@@ -49,6 +49,33 @@ def play(run_dir: Path, opponent: str, games: int, seed: int, timeout_s: float, 
             f"{opponent}_win_rate": round(won / games, 3), f"{opponent}_losses": lost}
 
 
+def worst_cases(run_dir: Path, best: bool = False) -> str:
+    """The greedy policy's worst result as the first / the second player over every line any opponent can play
+    (:func:`dppo.envs.minimax.worst_case`): ``draw/draw`` in tic-tac-toe is a player that nobody beats, so its
+    games against minimax are no luck of the draw. Full-depth search: small games only."""
+    from dppo.config import validate
+    from dppo.envs.make import make_env, make_pettingzoo_env
+    from dppo.envs.minimax import worst_case
+    from dppo.rl.agent import Agent, export_weights
+    from dppo.run.checkpoint import load
+    from dppo.run.trained import trained_model
+
+    checkpoint = load(run_dir, best=best)
+    config = validate(checkpoint["config"], warn=False)
+    env = make_env(config.env)
+    trained = trained_model(checkpoint, (env.observation_space, env.action_space))
+    env.close()
+    agent = Agent(env.observation_space, env.action_space, trained.config.model)
+    agent.load(export_weights(trained.model), 0)
+
+    def choose(observation: Any) -> Any:
+        action, _, _ = agent.act(agent.obs_spec.encode_one(observation), greedy=True)
+        return agent.action_spec.to_env(action)[0]
+
+    names = {1.0: "win", 0.0: "draw", -1.0: "loss"}
+    return "/".join(names[worst_case(lambda: make_pettingzoo_env(config.env), choose, seat)] for seat in (0, 1))
+
+
 def elo_figure(runs: dict[int, Path], path: Path, title: str) -> Path:
     """The learner's Elo and its self-play win rate against env steps, one line per seed."""
     import matplotlib
@@ -101,6 +128,7 @@ def cmd_selfplay(args: argparse.Namespace) -> int:
     if not opponents or not all(FIXED_PLAYER.fullmatch(o) for o in opponents):
         raise UsageError(f"--opponents {args.opponents!r}: give {FIXED_PLAYER_HINT}, comma-separated")
     from dppo.config import load_config
+    from dppo.distributed.evaluation import EVAL_SEED_OFFSET
     from dppo.envs.make import is_self_play
 
     if not is_self_play(load_config(config).env):
@@ -119,6 +147,8 @@ def cmd_selfplay(args: argparse.Namespace) -> int:
                         "pool": last["selfplay_pool_size"]}
             for opponent in opponents:
                 row.update(play(run_dir, opponent, args.games, seed, args.timeout, best))
+            if "minimax" in opponents:
+                row["worst_case"] = worst_cases(run_dir, best)
             rows.append(row)
             print(f"seed {seed}: {row}", flush=True)
     figure = elo_figure(runs, Path(args.write_docs).parent / "figures" / f"selfplay-{config.stem}.png",
@@ -126,14 +156,19 @@ def cmd_selfplay(args: argparse.Namespace) -> int:
     columns = ["seed", "weights", "env_steps", "wall_s", "elo", "pool"]
     for opponent in opponents:
         columns += [f"{opponent}_first", f"{opponent}_second", f"{opponent}_win_rate", f"{opponent}_losses"]
+    if "minimax" in opponents:
+        columns.append("worst_case")
     note = (f"Self-play training of `{args.config}` (`dppo train --config {args.config} --seed S`), then "
             f"{args.games} greedy games of the last checkpoint against each opponent, seats alternating "
             f"(`dppo eval --opponent O --episodes {args.games}`; `best.pt` rows: `--best`, the weights the "
-            "evaluation while training rated best against `selfplay.eval_opponent`): `O_first` / `O_second` are "
-            "wins/draws/losses with the policy as the first / second player, `O_win_rate` and `O_losses` over all "
-            "games. `elo`: the "
-            "learner's rating against its own snapshot pool at the end (it starts at 1000; a relative scale). "
-            "`minimax` is a perfect player (negamax over the game, ties broken at random).")
+            "evaluation while training rated best against `selfplay.eval_opponent`, in games of its own seeded from "
+            f"`run.seed` + {EVAL_SEED_OFFSET:,}: model selection on other games than these): `O_first` / "
+            "`O_second` are wins/draws/losses with the policy as the first / second player, `O_win_rate` and "
+            "`O_losses` over all games. `elo`: the learner's rating against its own snapshot pool at the end (it "
+            "starts at 1000; a relative scale). `minimax` is a perfect player (negamax over the game, ties broken at "
+            "random). `worst_case`: the policy's worst result as the first / the second player over every line any "
+            "opponent can play, searched exhaustively (`draw/draw`: no player, minimax with any tie-break included, "
+            "ever beats it).")
     emit(args, rows, columns, args.section or f"selfplay-{config.stem}", f"Self-play: {config.stem}", note, info,
          figure)
     return 0

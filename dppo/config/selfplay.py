@@ -35,6 +35,12 @@ class SelfPlayConfig(Section):
     opponent_epsilon: float = Field(0.0, ge=0, le=1)
     """The share of a snapshot's moves replaced by a uniformly random legal move: lines its own policy would not
     play, so the learner meets (and learns to answer) openings and mistakes its past selves never make."""
+    random_opening: int = Field(0, ge=0)
+    """Each game starts with 0 to this many uniformly random moves (the number drawn per game; both players' moves,
+    before the learner's first), then the learner and its snapshot play on at full strength: the learner meets
+    openings neither would choose, as a perfect opponent may, without the weakened opponents of opponent_epsilon
+    (against those, risky moves that a perfect player refutes pay). A game the random moves end starts again without
+    them."""
     eval_opponent: str = "random"
     """Who the evaluation while training (run.eval_every) plays, seats alternating: random, minimax (a perfect player,
     for games small enough to solve: tic-tac-toe) or minimax:DEPTH; eval_return_mean is then wins minus losses per

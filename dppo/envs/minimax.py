@@ -69,6 +69,42 @@ class Minimax:
         return best if same_mover else -best
 
 
+def worst_case(make_env: Callable[[], Any], choose: Callable[[Any], Any], seat: int, seed: int | None = None) -> float:
+    """The least a deterministic player (``choose``: its move for an observation, e.g. a policy's greedy one) scores
+    in ``seat`` (0: the first player) whatever its opponent plays: win 1, draw 0, loss -1, over every line of the
+    opponent's moves. 0 in tic-tac-toe: no player beats it, minimax with any tie-break included; a sample of games
+    cannot say that. Positions are replayed like :class:`Minimax`'s, so this too is for small games only."""
+    scratch = make_env()
+    scratch.reset(seed=seed)
+    player = scratch.possible_agents[seat]
+    memory: dict[tuple[str, bytes, int], float] = {}
+
+    def replay(moves: list[Any]) -> Any:
+        scratch.reset(seed=seed)
+        for move in moves:
+            scratch.step(move)
+        return scratch
+
+    def value(moves: list[Any]) -> float:
+        env = replay(moves)
+        key = position_key(env, -1)
+        if key not in memory:
+            mover = env.agent_selection
+            actions = [choose(env.observe(mover))] if mover == player else legal_actions(env)
+            scores = []
+            for action in actions:
+                env = replay(moves)
+                env.step(action)
+                if not env.agents or env.terminations.get(player, False) or env.truncations.get(player, False):
+                    scores.append(float(np.sign(env.rewards.get(player, 0.0))))
+                else:
+                    scores.append(value([*moves, action]))
+            memory[key] = min(scores)
+        return memory[key]
+
+    return value([])
+
+
 class MinimaxOpponents:
     """:class:`dppo.envs.selfplay.Opponents` that is the minimax player (one opponent, id 0)."""
 
@@ -76,6 +112,9 @@ class MinimaxOpponents:
         self.search, self.seed, self.rng = Minimax(make_env, depth), seed, np.random.default_rng(seed)
 
     def draw(self, rng: np.random.Generator) -> int:
+        return 0
+
+    def opening(self, rng: np.random.Generator) -> int:
         return 0
 
     def act(self, opponent: int, games: list[Game]) -> list[Any]:

@@ -5,7 +5,8 @@ happen inside ``step``. So the sampler, the update and the masks work as for any
 Who the opponent is, is not this module's business: an :class:`Opponents` draws one per game and acts for it.
 In training they are frozen snapshots of the policy (:mod:`dppo.rl.opponents`, the pool from
 :mod:`dppo.run.league`); before any snapshot arrives, and in ``dppo eval`` unless told otherwise, a uniformly
-random player (:class:`RandomOpponents`). The learner's seat is drawn per game, so it learns both sides.
+random player (:class:`RandomOpponents`). The learner's seat is drawn per game, so it learns both sides, and the
+opponents may have a game begin with a few random moves of both players (selfplay.random_opening).
 
 A game's reward is the learner's: what the env gives it for its own move and for the opponent's reply, summed.
 Each finished game is a result ``(opponent id, score)`` with score 1 for a win, 0.5 for a draw, 0 for a loss (the
@@ -33,10 +34,16 @@ MAX_REPLIES = 1_000  # opponent moves in a row before the game is called broken 
 
 
 class Opponents(Protocol):
-    """Who plays the learner's opponent: drawn per game, acting for a batch of that opponent's games at once."""
+    """Who plays the learner's opponent: drawn per game, acting for a batch of that opponent's games at once; and
+    how each game opens."""
 
     def draw(self, rng: np.random.Generator) -> int:
         """The id of the next game's opponent."""
+        ...
+
+    def opening(self, rng: np.random.Generator) -> int:
+        """How many uniformly random moves the next game starts with (selfplay.random_opening; 0 for a fixed
+        player)."""
         ...
 
     def act(self, opponent: int, games: list[Game]) -> list[Any]:
@@ -65,6 +72,9 @@ class RandomOpponents:
 
     def draw(self, rng: np.random.Generator) -> int:
         return RANDOM
+
+    def opening(self, rng: np.random.Generator) -> int:
+        return 0
 
     def act(self, opponent: int, games: list[Game]) -> list[Any]:
         return [legal_random(game.observe(), self.rng, self.space) for game in games]
@@ -175,7 +185,15 @@ class SelfPlayVectorEnv(VectorEnv):
         self.chosen = opponents
 
     def _start(self, game: Game, seed: int | None) -> None:
-        game.reset(seed, int(self.rng.integers(2)), self.opponents.draw(self.rng))
+        """A new game: the learner's seat and opponent drawn, then the opening's random moves, if any."""
+        seat, opponent = int(self.rng.integers(2)), self.opponents.draw(self.rng)
+        game.reset(seed, seat, opponent)
+        for _ in range(self.opponents.opening(self.rng)):
+            game.play(legal_random(game.observe(), self.rng, self.single_action_space))
+            if game.over:  # the random moves ended it before the learner played: start again without them
+                game.reset(seed, seat, opponent)
+                break
+        game.reward = game.total = 0.0  # the random moves are nobody's: the learner's return starts here
 
     def reset(self, *, seed: int | list[int | None] | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:

@@ -34,8 +34,10 @@ class SnapshotOpponents:
     """:class:`dppo.envs.selfplay.Opponents` from the broadcast pool; the random player until a pool arrives."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int,
-                 epsilon: float = 0.0) -> None:
+                 epsilon: float = 0.0, opening: int = 0) -> None:
+        """``epsilon``: selfplay.opponent_epsilon; ``opening``: selfplay.random_opening (0 outside training)."""
         self.obs_space, self.action_space, self.config, self.epsilon = obs_space, action_space, config, epsilon
+        self.max_opening = opening
         self.rng = np.random.default_rng(seed)
         self.agents: dict[int, Agent] = {}
         self.view = PoolView()
@@ -56,6 +58,10 @@ class SnapshotOpponents:
         if not self.view.ids:
             return RANDOM
         return int(self.view.ids[rng.choice(len(self.view.ids), p=np.asarray(self.view.probs))])
+
+    def opening(self, rng: np.random.Generator) -> int:
+        """0 to selfplay.random_opening random moves (drawn only when it is set: a run without keeps its stream)."""
+        return int(rng.integers(self.max_opening + 1)) if self.max_opening else 0
 
     def act(self, opponent: int, games: list[Game]) -> list[Any]:
         observations = [game.observe() for game in games]

@@ -200,10 +200,10 @@ class Sampler:
         keep their opponent, even one the pool dropped)."""
         games = [envs for envs in self.halves if isinstance(envs, SelfPlayVectorEnv)]
         if self.opponents is None:
-            space = self.halves[0]
+            space, selfplay = self.halves[0], self.config.selfplay
             self.opponents = SnapshotOpponents(space.single_observation_space, space.single_action_space,
                                                self.config.model, self.seed + OPPONENT_SEED_OFFSET,
-                                               self.config.selfplay.opponent_epsilon)
+                                               selfplay.opponent_epsilon, selfplay.random_opening)
         self.opponents.update(view, {game.opponent for envs in games for game in envs.games})
         for envs in games:
             envs.opponents = self.opponents

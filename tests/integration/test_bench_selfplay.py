@@ -33,6 +33,10 @@ def test_bench_selfplay_writes_its_section_and_figure(tmp_path: Path) -> None:
     for seat in cells[6:8] + cells[10:12]:  # random and minimax, as the first and the second player: 2 games each
         assert sum(int(n) for n in seat.split("/")) == 2
     assert int(cells[13]) >= 1  # an untrained policy loses to minimax
+    # and so it can be beaten, searched over every line: as the seat whose games it lost at least
+    worst = dict(zip(("first", "second"), cells[14].split("/"), strict=True))
+    assert set(worst.values()) <= {"win", "draw", "loss"}
+    assert all(worst[seat] == "loss" for seat, cell in zip(worst, cells[10:12], strict=True) if int(cell.split("/")[2]))
 
 
 def test_bad_input_is_one_line(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ the league's pool and Elo, the minimax player, and the opponents `dppo eval` bui
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import ClassVar
 
@@ -13,13 +14,14 @@ from pettingzoo import AECEnv
 
 from dppo.config import load_config
 from dppo.envs.make import is_self_play, make_env, make_vector_env
-from dppo.envs.minimax import Minimax, MinimaxOpponents
+from dppo.envs.minimax import Minimax, MinimaxOpponents, worst_case
 from dppo.envs.selfplay import RANDOM, SelfPlayEnv, SelfPlayVectorEnv
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import UsageError
 from dppo.rl.agent import Agent, export_weights
 from dppo.rl.build import build_model
 from dppo.rl.opponents import PoolView, SnapshotOpponents
+from dppo.rl.sampler import Sampler
 from dppo.run.checkpoint import FORMAT, decode, encode
 from dppo.run.league import START_ELO, League
 from dppo.run.opponent_choice import make_opponents
@@ -83,6 +85,9 @@ class Scripted:
 
     def draw(self, rng: np.random.Generator) -> int:
         return 7
+
+    def opening(self, rng: np.random.Generator) -> int:
+        return 0
 
     def act(self, opponent: int, games: list) -> list[int]:
         self.batches.append((opponent, len(games)))
@@ -178,6 +183,47 @@ def test_a_winning_move_is_worth_one() -> None:
     assert search.values(None, []) == {0: -1.0, 1: 1.0}
 
 
+LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
+
+
+@functools.cache
+def negamax(mine: frozenset, theirs: frozenset) -> tuple[int, int]:
+    """Tic-tac-toe solved from the mover's side, apart from the code under test: (value, the lowest best move)."""
+    best = (-2, -1)
+    for move in sorted(set(range(9)) - mine - theirs):
+        if any(set(line) <= mine | {move} for line in LINES):
+            value = 1
+        else:
+            value = 0 if len(mine) + len(theirs) == 8 else -negamax(theirs, mine | {move})[0]
+        best = max(best, (value, -move))
+    return best[0], -best[1]
+
+
+def perfect(observation: dict) -> int:
+    mine, theirs = (frozenset(np.flatnonzero(plane).tolist()) for plane in observation["observation"].reshape(9, 2).T)
+    return negamax(mine, theirs)[1]
+
+
+def test_worst_case_searches_every_line_an_opponent_can_play() -> None:
+    assert worst_case(FirstMoveWins, lambda obs: 1, seat=0) == 1.0  # its winning move: nothing to answer
+    assert worst_case(FirstMoveWins, lambda obs: 0, seat=0) == -1.0  # the pass loses to any reply
+    assert worst_case(FirstMoveWins, lambda obs: 1, seat=1) == -1.0  # the first player can win at once
+    assert [worst_case(tictactoe, perfect, seat) for seat in (0, 1)] == [0.0, 0.0]  # perfect play: never beaten
+
+    def lowest(obs: dict) -> int:  # the lowest legal square: wins against many lines, beaten by some
+        return int(np.flatnonzero(obs["action_mask"])[0])
+
+    assert [worst_case(tictactoe, lowest, seat) for seat in (0, 1)] == [-1.0, -1.0]
+
+    def perfect_but_one(obs: dict) -> int:  # perfect, except one reply deep in one line: found, a loss
+        planes = obs["observation"].reshape(9, 2)
+        if planes[:, 1].tolist() == [0, 0, 0, 0, 0, 1, 0, 0, 0] and not planes[:, 0].any():
+            return 6  # after the edge opening 5, the far corner loses
+        return perfect(obs)
+
+    assert [worst_case(tictactoe, perfect_but_one, seat) for seat in (0, 1)] == [0.0, -1.0]
+
+
 def test_snapshot_opponents_act_with_the_broadcast_weights() -> None:
     env = make_env(load_config(None, {"env.id": TICTACTOE}).env)
     spaces = (env.observation_space, env.action_space)
@@ -236,6 +282,51 @@ def test_opponent_epsilon_replaces_that_share_of_a_snapshots_moves_by_random_leg
     assert (moves[0.0] == 4).all()
     off_centre = (moves[0.5] != 4).mean()  # half random, of which 8 in 9 leave the centre: 4/9
     assert 0.35 < off_centre < 0.55 and set(moves[0.5].tolist()) == set(range(9))
+
+
+class Opening(Scripted):
+    """Scripted opponents whose games start with ``plies`` random moves."""
+
+    def __init__(self, move: int, plies: int) -> None:
+        super().__init__(move)
+        self.plies = plies
+
+    def opening(self, rng: np.random.Generator) -> int:
+        return self.plies
+
+
+def test_a_random_opening_is_played_before_the_learners_first_move() -> None:
+    vec = SelfPlayVectorEnv([tictactoe() for _ in range(32)], "ttt", Opening(move=-1, plies=2))
+    vec.opponents.act = lambda opponent, games: [int(np.flatnonzero(g.observe()["action_mask"])[0]) for g in games]
+    obs, _ = vec.reset(seed=0)
+    # two random moves (X and O), then X: the learner as X moves third, as O after the opponent's X, fourth
+    assert [len(g.history) for g in vec.games] == [2 if g.learner == "player_1" else 3 for g in vec.games]
+    assert len({tuple(g.history[:2]) for g in vec.games}) > 8  # random openings, not one line
+    assert (obs["action_mask"].sum(axis=1) == 9 - np.array([len(g.history) for g in vec.games])).all()
+    assert all(g.total == 0.0 and not g.over for g in vec.games)
+
+
+def test_a_random_opening_that_ends_the_game_is_not_played() -> None:
+    vec = SelfPlayVectorEnv([FirstMoveWins() for _ in range(64)], "first", Opening(move=0, plies=1))
+    vec.reset(seed=1)  # p0's random 1 would win before the learner plays: those games start again, no opening
+    openings = [g.history[:1] for g in vec.games]
+    assert [1] not in openings and [0] in openings  # p0's random pass kept
+    assert [] in openings  # the 1s undone (each game's opening is 1 in 2)
+
+
+def test_the_samplers_snapshot_opponents_open_games_with_the_configured_random_moves() -> None:
+    config = load_config(None, {"env.id": TICTACTOE, "env.num_envs": 4},
+                         ["selfplay.random_opening=2", "ppo.minibatch_size=16"])
+    league = League(config.selfplay)
+    league.add({"w": np.zeros(1, np.float32)}, 0)
+    sampler = Sampler(config)
+    sampler.set_opponents(league.view())
+    rng = np.random.default_rng(0)
+    assert {sampler.opponents.opening(rng) for _ in range(100)} == {0, 1, 2}
+    env = make_env(config.env)
+    unopened = SnapshotOpponents(env.observation_space, env.action_space, config.model, seed=0)  # dppo eval's
+    assert unopened.opening(rng := np.random.default_rng(0)) == 0
+    assert rng.bit_generator.state == np.random.default_rng(0).bit_generator.state  # no draw: streams unchanged
 
 
 @pytest.mark.parametrize(("spec", "message"), [
