@@ -5,6 +5,7 @@ The figures of the learner-kill drill (steps of work lost per kill) are printed;
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -48,11 +49,13 @@ def wait_for_iterations(run_dir: Path, count: int, proc: subprocess.Popen, timeo
 
 
 def rollout_workers() -> list[psutil.Process]:
+    """The actor processes of this session's Ray cluster (started by this process: its workers are our
+    descendants), never another's on the machine."""
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if cmdline.startswith("ray::Actor"):
-            found.append(proc)
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if " ".join(proc.cmdline()).startswith("ray::Actor"):
+                found.append(proc)
     return found
 
 
