@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import ray
 
 from dppo.config import Config
-from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts
+from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, fetch_new_snapshots
 from dppo.distributed.inference import ServedBroadcast, ServiceClient
 from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import UsageError, first_line
@@ -38,7 +38,8 @@ def load_broadcast(sampler: Sampler, broadcast: Broadcast) -> None:
     """This round's weights, normalizer statistics and (self-play) opponents into one policy's sampler."""
     sampler.set_weights(broadcast.weights, broadcast.version, broadcast.obs_stats, broadcast.return_stats)
     if broadcast.opponents is not None:
-        sampler.set_opponents(broadcast.opponents)
+        known = sampler.opponents.agents if sampler.opponents is not None else ()
+        sampler.set_opponents(fetch_new_snapshots(broadcast.opponents, known))
 
 
 def remote_policy(config: Config, seed: int) -> RemotePolicy | None:

@@ -1,8 +1,10 @@
-"""The broadcast: what every actor gets from the driver once per iteration, and how it travels."""
+"""The broadcast: what every actor gets from the driver once per iteration, and how it travels; and how the
+self-play pool's snapshots travel (each once)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,3 +65,31 @@ def broadcast_arg(broadcast: Broadcast | PolicyBroadcasts) -> Broadcast | Policy
 def copied(broadcast: Broadcast) -> Broadcast:
     """The broadcast with its own copy of the weights."""
     return dataclasses.replace(broadcast, weights={k: np.array(v) for k, v in broadcast.weights.items()})
+
+
+class SnapshotRefs:
+    """The self-play pool's snapshots in the object store, each put once, when it joins the pool: a round's
+    broadcast carries their refs (a pool of 30 Connect Four snapshots is 21 MB, which used to be put again every
+    round and, with the inference service, sent inside every actor's call), and an actor fetches only those it
+    lacks (:func:`fetch_new_snapshots`). A snapshot the pool drops loses its ref here."""
+
+    def __init__(self) -> None:
+        self.refs: dict[int, ray.ObjectRef] = {}
+
+    def view(self, pool: PoolView) -> PoolView:
+        """``pool`` with each snapshot's weights replaced by its ref."""
+        self.refs = {i: self.refs[i] if i in self.refs else ray.put(w) for i, w in zip(pool.ids, pool.weights,
+                                                                                         strict=True)}
+        return dataclasses.replace(pool, weights=[self.refs[i] for i in pool.ids])
+
+
+def fetch_new_snapshots(pool: PoolView, known: Collection[int]) -> PoolView:
+    """In an actor: ``pool`` with the weights of the snapshots it does not hold yet (``known``) fetched, in one
+    ``ray.get``; the others stay refs, which the actor never reads."""
+    missing = [k for k, i in enumerate(pool.ids) if i not in known and isinstance(pool.weights[k], ray.ObjectRef)]
+    if not missing:
+        return pool
+    weights = list(pool.weights)
+    for k, fetched in zip(missing, ray.get([weights[k] for k in missing]), strict=True):
+        weights[k] = fetched
+    return dataclasses.replace(pool, weights=weights)

@@ -20,7 +20,7 @@ import torch
 
 from dppo.config import Config
 from dppo.distributed.actor_pool import ActorPool, Gathered, Round, Stop
-from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, broadcast_arg
+from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, SnapshotRefs, broadcast_arg
 from dppo.distributed.evaluation import EvalResult, Evaluation, EvaluationStopped
 from dppo.distributed.inference import Inference, likely_device, lost_service, resolve_inference
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
@@ -78,6 +78,7 @@ class Coordinator:
         self.pool = ActorPool(config, self.reporter, lambda: self.signals.received is not None)
         self.learners: dict[str, LearnerGroup] = {}  # each policy's
         self.inference: Inference | None = None  # the policy-inference service (run.inference=server)
+        self.snapshot_refs = SnapshotRefs()  # self-play: each snapshot in the object store once
         self.evaluation = Evaluation(config)
         faults = config.faults
         self.learner_restarts = RestartBudget("learner", faults.max_learner_restarts, faults.restart_window_s)
@@ -155,8 +156,8 @@ class Coordinator:
         weights = {name: learners.weights() for name, learners in self.learners.items()}
         if league is not None and league.due(self.state.counters.iteration):
             league.add(next(iter(weights.values())), self.state.counters.iteration)  # self-play: one policy
-        broadcasts = {name: Broadcast(weights[name], version, stats.obs_stats, stats.return_stats,
-                                      league.view() if league is not None else None)
+        pool = self.snapshot_refs.view(league.view()) if league is not None else None
+        broadcasts = {name: Broadcast(weights[name], version, stats.obs_stats, stats.return_stats, pool)
                       for name, stats in self.state.policies.items()}
         return broadcasts if len(broadcasts) > 1 else next(iter(broadcasts.values()))
 

@@ -41,3 +41,25 @@ def test_small_broadcasts_go_by_value_large_ones_through_the_object_store(ray_ad
             ray.kill(actor, no_restart=True)
         assert segment.policy_version == broadcast.version  # the actor acted with the weights it was handed
         assert segment.num_steps == 2 * 4
+
+
+def test_each_selfplay_snapshot_is_put_once_and_an_actor_fetches_only_those_it_lacks(ray_address: str) -> None:
+    from dppo.config import SelfPlayConfig
+    from dppo.distributed.broadcast import SnapshotRefs, fetch_new_snapshots
+    from dppo.run.league import League
+
+    large, _config = broadcast_for([1024, 1024], 0)  # a snapshot of 4 MB
+    league = League(SelfPlayConfig(pool_size=2))
+    refs = SnapshotRefs()
+    league.add(large.weights, 0)
+    first = refs.view(league.view())
+    league.add(large.weights, 10)
+    second = refs.view(league.view())
+    assert second.weights[0] is first.weights[0]  # the snapshot already in the store is not put again
+    round_ = Broadcast(large.weights, 1, None, None, second)
+    assert payload_bytes(round_.opponents) == 0 and payload_bytes(Broadcast({}, 1, None, None, second)) == 0
+    fetched = fetch_new_snapshots(second, known={0})
+    assert fetched.weights[0] is second.weights[0]  # held already: left a ref, never read
+    assert all((fetched.weights[1][k] == large.weights[k]).all() for k in large.weights)
+    league.add(large.weights, 20)  # the pool of 2 drops snapshot 0: so does the store's list
+    assert set(refs.view(league.view()).ids) == set(refs.refs) == {1, 2}
