@@ -148,7 +148,8 @@ class Metrics(Exporter):
             "dppo_learner_restarts", "Learner groups restarted after a learner died.", registry=r
         )
         self.actor_segments = Counter(
-            "dppo_actor_segments", "Segments received from each actor.", ["actor"], registry=r
+            "dppo_actor_segments", "Segments received from each actor (several policies' together: one).", ["actor"],
+            registry=r
         )
         self.actor_sample_seconds = Counter(
             "dppo_actor_sample_seconds", "Seconds each actor spent sampling.", ["actor"], registry=r

@@ -127,8 +127,11 @@ class Reporter:
         record = strict_json(record)
         self.run_dir.append_progress(record)
         self.metrics.record_iteration(record, new_returns, phases)
+        sampled: dict[int, float] = {}  # per actor: its seconds sampling (several policies' segments: one stretch)
         for seg in segments:
-            self.metrics.record_actor(seg.actor_id, seg.sample_seconds)
+            sampled[seg.actor_id] = max(sampled.get(seg.actor_id, 0.0), seg.sample_seconds)
+        for actor_id, seconds in sampled.items():
+            self.metrics.record_actor(actor_id, seconds)
         self.actors.iteration()
         if self.tensorboard is not None:
             self.tensorboard.record(record)

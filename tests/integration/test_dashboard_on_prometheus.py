@@ -292,3 +292,4 @@ def test_the_policies_row_has_data_for_a_real_run_of_two_policies(scraping: tupl
     last = json.loads((run_dir / "progress.jsonl").read_text().splitlines()[-1])
     assert prom.last('dppo_per_policy_episode_return_mean{policy="agent"}') == pytest.approx(
         last["agent/episode_return_mean"])
+    assert prom.last("dppo_actor_segments_total") == last["iteration"]  # one actor: one delivery of both a round
