@@ -133,7 +133,7 @@ def check_multiagent(config: Config, num_agents: int) -> None:
     check_columns(config.env.num_envs, num_agents, config.env.name)
     if config.model.recurrent != "none":
         raise EnvLoadError(f"model.recurrent {config.model.recurrent!r} with the multi-agent env {config.env.name!r} "
-                           "is not supported yet (issue 36): evaluation plays the agents in turns through one memory; "
+                           "is not supported yet: evaluation plays the agents in turns through one memory; "
                            "set model.recurrent: none (env.agent_id_in_obs tells agents apart)")
 
 

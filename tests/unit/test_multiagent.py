@@ -244,7 +244,7 @@ def test_the_start_check_and_the_model_spaces_come_from_one_agent() -> None:
 
 
 def test_a_recurrent_policy_is_refused_for_now() -> None:
-    with pytest.raises(EnvLoadError, match=r"model.recurrent 'lstm' .* not supported yet \(issue 36\)"):
+    with pytest.raises(EnvLoadError, match=r"model.recurrent 'lstm' .* not supported yet: evaluation plays"):
         check_env(config("model.recurrent=lstm", "ppo.minibatch_size=8"))
 
 
