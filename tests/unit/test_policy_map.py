@@ -21,6 +21,7 @@ from dppo.errors import UsageError
 from dppo.rl.agent import export_weights
 from dppo.rl.joint import JointPlayers, JointSampler
 from dppo.rl.ppo import TrainStats
+from dppo.rl.sampler import Sampler
 from dppo.run.checkpoint import CheckpointError, compose, decode, encode, policy_entry
 from dppo.run.logs import text_line
 from dppo.run.reporting import policy_columns
@@ -229,3 +230,21 @@ def test_state_checkpoint_and_records_are_kept_per_policy() -> None:
     line = text_line({"iteration": 1, "env_steps": 96, "episodes": 12, **columns})
     assert "| guard return=4.000 pi_loss=0.1000" in line and "| thief return=20.00" in line
     assert tag("thief/value_loss") == "losses/thief/value_loss"
+
+
+def test_the_joint_sampler_with_one_policy_samples_exactly_what_the_plain_sampler_does() -> None:
+    """The joint path (one env stepped with every policy's actions, Sampler.steps driven from outside) against the
+    plain Sampler on the same env, seeds and weights: the same segments, field by field, two segments running."""
+    pytest.importorskip("mpe2")
+    base = ["env.kwargs.max_cycles=10", "ppo.segment_length=32", "ppo.minibatch_size=16"]
+    plain = load_config(None, {"env.id": "mpe2.simple_spread_v3", "env.num_envs": 6}, base)
+    mapped = load_config(None, {"env.id": "mpe2.simple_spread_v3", "env.num_envs": 6},
+                         [*base, "policies={all: ['agent_*']}"])
+    ours, theirs = JointSampler(mapped), Sampler(plain)
+    ours.samplers[0].set_weights(export_weights(theirs.agent.model), 0)
+    for _ in range(2):
+        (mine,), reference = ours.sample(), theirs.sample()
+        for field in ("actions", "log_probs", "values", "rewards", "terminated", "truncated", "final_values",
+                      "last_values", "episode_returns", "episode_lengths"):
+            assert np.array_equal(getattr(mine, field), getattr(reference, field)), field
+        assert np.array_equal(mine.obs.vector, reference.obs.vector) and mine.policy_name == "all"
