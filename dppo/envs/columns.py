@@ -12,9 +12,11 @@ policy the view steps the copies itself (:class:`ParallelVectorEnv`); with sever
 Agents that leave early (killed, finished) follow "black death", as MAPPO (Yu et al. 2022) and SuperSuit's
 ``black_death`` do: from the step an agent leaves until its env copy's episode ends, its column sees a padding
 observation (zeros, the action mask allowing every action, its agent id when added) and reward 0, and its
-actions are dropped. Each column's episode is its env copy's episode: it ends, with the agent's own terminated or
-truncated, when the last agent of the copy (of any policy) leaves, and the copy resets. So there is one episode per
-agent per env episode, its return the agent's own and its length the env episode's.
+actions are dropped. Each view's ``info["active"]`` (after every reset and step) is False where the column's agent
+has left, so the sampler can keep those steps out of the losses. Each column's episode is its env copy's episode:
+it ends, with the agent's own terminated or truncated, when the last agent of the copy (of any policy) leaves, and
+the copy resets. So there is one episode per agent per env episode, its return the agent's own and its length the
+env episode's.
 
 Our own adapter, not SuperSuit's ``pettingzoo_env_to_vec_env_v1``: that one keeps an episode's last observation
 only under ``info["terminal_observation"]`` as Stable-Baselines3 reads it, returns infos as a list, and needs
@@ -66,6 +68,7 @@ class ParallelEnvs:
         for copy, (env, copy_seed) in enumerate(zip(self.envs, seed, strict=True)):
             obs, info = env.reset(seed=copy_seed, options=options)
             self._start_episode(copy, obs, info, infos)
+        self._add_active(infos)
         self.reset_infos = infos
         return infos
 
@@ -88,7 +91,16 @@ class ParallelEnvs:
         infos: list[dict[str, Any]] = [{} for _ in self.groups]
         for copy, env in enumerate(self.envs):
             self._step_copy(copy, env, per_column, rewards, terminated, truncated, infos)
+        self._add_active(infos)
         return [(self.batch(g), rewards[g], terminated[g], truncated[g], infos[g]) for g in range(len(self.groups))]
+
+    def _add_active(self, infos: list[dict[str, Any]]) -> None:
+        """``info["active"]`` of every policy: its columns whose agent acts at the next step (False: it has left
+        its copy's episode, or is absent from it, and its column sees padding until the copy resets)."""
+        acting = [set(env.agents).difference(left) for env, left in zip(self.envs, self._left, strict=True)]
+        for g, group in enumerate(self.groups):
+            active = np.array([agent in live for live in acting for agent in group.agents], bool)
+            infos[g]["active"], infos[g]["_active"] = active, np.ones_like(active)
 
     def _columns(self, copy: int) -> list[tuple[int, int, int, str]]:
         """(policy, index among its agents, column, agent) of every agent of one copy."""

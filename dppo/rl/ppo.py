@@ -30,6 +30,7 @@ class LossTerms(NamedTuple):
     entropy: torch.Tensor
     approx_kl: float
     clip_fraction: float
+    rows: float = 1.0  # the rows of the global minibatch that count (with an active mask: the live ones)
 
 
 @dataclass
@@ -52,7 +53,9 @@ class TrainStats:
 
 
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
-    """1 - Var[target - predicted] / Var[target]; NaN when the target is constant."""
+    """1 - Var[target - predicted] / Var[target]; NaN when the target is constant (or there is none)."""
+    if target.size == 0:
+        return float("nan")
     var = float(np.var(target))
     return float("nan") if var == 0 else 1.0 - float(np.var(target - predicted)) / var
 
@@ -74,14 +77,36 @@ class LocalReducer:
         return tensor
 
 
-def normalized_advantages(advantages: torch.Tensor, reducer: Reducer) -> torch.Tensor:
-    """Normalize with the mean and (unbiased) std of the global minibatch, whichever learner holds which rows."""
-    count = reducer.sum(torch.tensor(float(advantages.numel()), dtype=advantages.dtype, device=advantages.device))
+def normalized_advantages(advantages: torch.Tensor, reducer: Reducer, weight: torch.Tensor | None = None
+                          ) -> torch.Tensor:
+    """Normalize with the mean and (unbiased) std of the global minibatch, whichever learner holds which rows
+    (``weight``: 1 for the rows that count, 0 for padding; None: every row counts)."""
+    if weight is None:
+        count = reducer.sum(torch.tensor(float(advantages.numel()), dtype=advantages.dtype, device=advantages.device))
+        if count <= 1:
+            return advantages
+        mean = reducer.sum(advantages.sum()) / count
+        var = reducer.sum(((advantages - mean) ** 2).sum()) / (count - 1)
+        return (advantages - mean) / (var.sqrt() + 1e-8)
+    count = reducer.sum(weight.sum())
     if count <= 1:
         return advantages
-    mean = reducer.sum(advantages.sum()) / count
-    var = reducer.sum(((advantages - mean) ** 2).sum()) / (count - 1)
+    mean = reducer.sum((advantages * weight).sum()) / count
+    var = reducer.sum((((advantages - mean) ** 2) * weight).sum()) / (count - 1)
     return (advantages - mean) / (var.sqrt() + 1e-8)
+
+
+class MaskedMean:
+    """The mean over a minibatch's live rows (many agents: the padding steps of agents that left count for
+    nothing), scaled so that averaging the learners' shard gradients gives the global minibatch's mean."""
+
+    def __init__(self, active: torch.Tensor, reducer: Reducer) -> None:
+        self.weight = active.to(torch.float32)
+        self.rows = float(reducer.sum(self.weight.sum()))
+        self.share = max(self.rows, 1.0) / reducer.world  # the live rows per learner, on average
+
+    def __call__(self, values: torch.Tensor) -> torch.Tensor:
+        return (values * self.weight).sum() / self.share
 
 
 def ppo_loss(
@@ -94,26 +119,31 @@ def ppo_loss(
     entropy: torch.Tensor,
     config: PPOConfig,
     reducer: Reducer | None = None,
+    active: torch.Tensor | None = None,
 ) -> LossTerms:
     """Clipped surrogate, (clipped) value loss and entropy of one minibatch (or of this learner's shard of it,
-    with ``reducer`` the group: advantages are normalized over the whole minibatch); no side effects."""
+    with ``reducer`` the group: advantages are normalized over the whole minibatch); no side effects. ``active``:
+    the rows that count (the padding of agents that left does not); None: all of them."""
     reducer = reducer or LocalReducer()
+    masked = None if active is None else MaskedMean(active, reducer)
+    mean = torch.mean if masked is None else masked
     if config.normalize_advantages:
-        advantages = normalized_advantages(advantages, reducer)
+        advantages = normalized_advantages(advantages, reducer, None if masked is None else masked.weight)
     log_ratio = new_log_probs - old_log_probs
     ratio = log_ratio.exp()
     clip = config.clip_coef
-    policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip)).mean()
+    policy_loss = mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip)))
     if config.clip_value_loss:
         value_clip = config.value_clip_range
         clipped = old_values + (new_values - old_values).clamp(-value_clip, value_clip)
-        value_loss = 0.5 * torch.max((new_values - returns) ** 2, (clipped - returns) ** 2).mean()
+        value_loss = 0.5 * mean(torch.max((new_values - returns) ** 2, (clipped - returns) ** 2))
     else:
-        value_loss = 0.5 * ((new_values - returns) ** 2).mean()
+        value_loss = 0.5 * mean((new_values - returns) ** 2)
     with torch.no_grad():  # means over the whole minibatch (shards are equal in size)
-        approx_kl = float(reducer.sum(((ratio - 1) - log_ratio).mean())) / reducer.world  # k3 (Schulman 2020)
-        clip_fraction = float(reducer.sum(((ratio - 1).abs() > clip).float().mean())) / reducer.world
-    return LossTerms(policy_loss, value_loss, entropy.mean(), approx_kl, clip_fraction)
+        approx_kl = float(reducer.sum(mean((ratio - 1) - log_ratio))) / reducer.world  # k3 (Schulman 2020)
+        clip_fraction = float(reducer.sum(mean(((ratio - 1).abs() > clip).float()))) / reducer.world
+    rows = float(len(ratio) * reducer.world) if masked is None else masked.rows
+    return LossTerms(policy_loss, value_loss, mean(entropy), approx_kl, clip_fraction, rows)
 
 
 class Trainer:
@@ -163,7 +193,10 @@ class Trainer:
             for idx in self._minibatches(batch):
                 new_logp, entropy, new_values = self._evaluate(batch, idx)
                 terms = ppo_loss(new_logp, batch.log_probs[idx], batch.advantages[idx], new_values,
-                                 old_values[idx], returns[idx], entropy, cfg, self.reducer)
+                                 old_values[idx], returns[idx], entropy, cfg, self.reducer,
+                                 None if batch.active is None else batch.active[idx])
+                if terms.rows == 0:  # padding only (every agent of these rows had left): nothing to learn
+                    continue
                 loss = terms.policy_loss - cfg.entropy_coef * terms.entropy + cfg.value_coef * terms.value_loss
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -188,7 +221,8 @@ class Trainer:
         if self.reducer.world > 1:  # each learner saw its shard: report the group's mean
             for key in ("policy_loss", "value_loss", "entropy"):
                 means[key] = float(self.reducer.sum(torch.tensor(means[key], dtype=torch.float64))) / self.reducer.world
-        ev = explained_variance(batch.values.cpu().numpy(), batch.returns.cpu().numpy())
+        live = slice(None) if batch.active is None else batch.active
+        ev = explained_variance(batch.values[live].cpu().numpy(), batch.returns[live].cpu().numpy())
         return TrainStats(**means, explained_variance=ev, learning_rate=lr, epochs_run=epochs_run,
                           skipped_minibatches=skipped)
 
@@ -197,7 +231,7 @@ class Trainer:
         standardized by the return statistics with this batch's returns merged in (rl_games' order)."""
         if self.value_normalizer is None:
             return batch.values, batch.returns
-        self.value_normalizer.update(batch.returns.cpu().numpy())
+        self.value_normalizer.update(batch.returns[slice(None) if batch.active is None else batch.active].cpu().numpy())
         return self.value_normalizer.normalize(batch.values), self.value_normalizer.normalize(batch.returns)
 
     def _minibatches(self, batch: Batch) -> Iterator[torch.Tensor]:

@@ -144,7 +144,7 @@ class Sampler:
 
     def _start_envs(self) -> list[VectorEnv]:
         seed = self.seed + 1_000 * self.env_resets
-        halves, self.half_obs, lives = [], [], []
+        halves, self.half_obs, self.half_active, lives = [], [], [], []
         for rows in self.rows:
             config = self.config
             if len(self.rows) > 1:
@@ -165,6 +165,7 @@ class Sampler:
                         made.close(terminate=True)  # an async vector env's half-done reset cannot be waited for
                 raise old from None
             self.half_obs.append(obs)
+            self.half_active.append(info.get("active"))
             lives.append(info.get("lives"))
             envs.action_space.seed(seed + rows.start)
         self.life_loss = None
@@ -244,6 +245,9 @@ class Sampler:
         logp_buf, value_buf, reward_buf = (np.empty((steps, num_envs), np.float32) for _ in range(3))
         term_buf, trunc_buf = np.empty((steps, num_envs), bool), np.empty((steps, num_envs), bool)
         final_value_buf = np.zeros((steps, num_envs), np.float32)
+        active_buf = np.ones((steps + 1, num_envs), bool)  # obs_t is a live agent's (multi-agent: not padding)
+        for rows, active in zip(self.rows, self.half_active, strict=True):
+            active_buf[0, rows] = True if active is None else active
         for transform in (self.normalize_obs, self.learning_reward):
             transform.start(steps, num_envs)
         self.episodes.start()
@@ -283,7 +287,9 @@ class Sampler:
                 done[rows] = terminated | truncated
                 if done.any():
                     policy.end_episodes(done)
-                self.half_obs[h] = next_obs
+                self.half_obs[h], self.half_active[h] = next_obs, info.get("active")
+                if self.half_active[h] is not None:
+                    active_buf[t + 1, rows] = self.half_active[h]
                 if t + 1 < steps and h + 1 < len(self.rows):  # ask now, while the next half steps
                     self._send(self.normalize_obs(encoded[rows].map(np.copy)), rows, memory, t + 1)
                 stepped.append((reward, terminated, truncated, info))
@@ -306,6 +312,7 @@ class Sampler:
             sample_seconds=ended - start, env_seconds=env_s, policy_seconds=policy_s + ended - asked,
             obs_stats=self.normalize_obs.summary(), return_stats=self.learning_reward.summary(),
             nonfinite=nonfinite, match_results=self._match_results(), **(memory or {}),
+            active=None if active_buf.all() else active_buf,
         )
 
     def _send(self, obs: Obs, rows: slice, memory: dict[str, np.ndarray] | None, t: int) -> None:

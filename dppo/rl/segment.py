@@ -42,6 +42,9 @@ class Segment:
     starts: np.ndarray | None = None  # recurrent policies: (T, E) bool, obs_t starts an episode (memory zeroed)
     match_results: np.ndarray | None = None  # self-play: (games, 2) float64, each finished game's opponent id, score
     policy_name: str = DEFAULT_POLICY  # the policy of the run's policy map that sampled it (and trains on it)
+    # many agents: (T + 1, E) bool, obs_t is a live agent's (row T: the bootstrap's); False where the agent had left
+    # and its column saw padding, a step the losses skip. None: every step live (every single-agent segment)
+    active: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 import ray
 import torch
+from conftest import CROWD
 
 from dppo.config import load_config
 from dppo.distributed.learner_group import LearnerGroup
@@ -25,14 +27,22 @@ def config(learners: int, **extra: object):
                                   "ppo.learning_rate": 0.003, "run.actors": 2, **extra})
 
 
+# agents that leave early: their padding steps are masked out of each learner's shard of the losses
+CROWD_RUN = {"env.entry_point": "crowd:parallel_env", "env.multiagent": True, "env.num_envs": 6}
+
+
 @pytest.mark.slow
-def test_two_learners_make_the_same_first_updates_as_one(ray_address: str) -> None:
-    one = config(1)
+@pytest.mark.parametrize("env", [{}, CROWD_RUN], ids=["cartpole", "agents-leaving-early"])
+def test_two_learners_make_the_same_first_updates_as_one(ray_address: str, env: dict, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "crowd.py").write_text(textwrap.dedent(CROWD))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    one = config(1, **env)
     obs_space, action_space = env_spaces(one)
     torch.manual_seed(0)
     model = ActorCritic(obs_space, action_space, one.model)
     trainer = Trainer(model, one.ppo, one.num_iterations, one.run.seed, torch.device("cpu"))
-    group = LearnerGroup(config(2), obs_space, action_space, model, trainer.state_dict())
+    group = LearnerGroup(config(2, **env), obs_space, action_space, model, trainer.state_dict())
     try:
         samplers = [Sampler(one, actor_id=i) for i in range(2)]
         for iteration in range(3):
@@ -40,6 +50,7 @@ def test_two_learners_make_the_same_first_updates_as_one(ray_address: str) -> No
             for sampler in samplers:
                 sampler.set_weights(weights, iteration)
             segments = [s.sample() for s in samplers]
+            assert (segments[0].active is not None) == bool(env)
             expected = trainer.train_on(segments, iteration)
             got = group.update(segments, [ray.put(s) for s in segments], iteration)
             for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"):

@@ -11,60 +11,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import CROWD, without_timings
 from conftest import progress_records as progress
 from conftest import run_dppo as dppo
-from conftest import without_timings
 
 SPREAD = ["--env", "mpe2.simple_spread_v3", "--envs-per-actor", "6", "--segment-length", "25", "--no-tensorboard",
           "--set", "env.kwargs.max_cycles=25", "--set", "ppo.minibatch_size=150"]  # 2 copies x 3 agents
-
-CROWD = '''
-import gymnasium as gym
-import numpy as np
-from pettingzoo import ParallelEnv
-
-
-class Crowd(ParallelEnv):
-    """Three agents; agent i leaves (terminated) after 3 + 2i steps; each may only press the button its mask allows,
-    and earns 1 for pressing it."""
-
-    metadata = {"name": "crowd_v0"}
-
-    def __init__(self, render_mode=None):
-        self.possible_agents = ["a0", "a1", "a2"]
-        self.render_mode = render_mode
-
-    def observation_space(self, agent):
-        return gym.spaces.Dict({"t": gym.spaces.Box(0, 100, (1,), np.float32),
-                                "action_mask": gym.spaces.MultiBinary(3)})
-
-    def action_space(self, agent):
-        return gym.spaces.Discrete(3)
-
-    def _obs(self, agent):
-        mask = np.zeros(3, np.int8)
-        mask[self.possible_agents.index(agent)] = 1
-        return {"t": np.array([self.t], np.float32), "action_mask": mask}
-
-    def reset(self, seed=None, options=None):
-        self.agents, self.t = list(self.possible_agents), 0
-        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
-
-    def step(self, actions):
-        self.t += 1
-        for agent, action in actions.items():
-            assert action == self.possible_agents.index(agent), "a masked action was taken"
-        rewards = {a: 1.0 for a in self.agents}
-        term = {a: self.t >= 3 + 2 * self.possible_agents.index(a) for a in self.agents}
-        obs = {a: self._obs(a) for a in self.agents}
-        trunc = {a: False for a in self.agents}
-        self.agents = [a for a in self.agents if not term[a]]
-        return obs, rewards, term, trunc, {a: {} for a in actions}
-
-
-def parallel_env(render_mode=None):
-    return Crowd(render_mode)
-'''
 
 
 def test_a_seeded_simple_spread_run_reproduces_itself(ray_address: str, tmp_path: Path) -> None:

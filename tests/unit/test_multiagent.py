@@ -10,6 +10,7 @@ from typing import ClassVar
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from pettingzoo import ParallelEnv
 
 from dppo.config import ConfigError, load_config
@@ -20,6 +21,7 @@ from dppo.envs.multiagent import AgentTurns, check_columns
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import UsageError
 from dppo.rl.agent import export_weights
+from dppo.rl.batch import build_batch
 from dppo.rl.sampler import Sampler
 
 MASKS = {"runner": np.array([1, 1, 0], np.int8), "scout": np.array([0, 1, 1], np.int8)}
@@ -142,10 +144,11 @@ def test_each_agent_of_each_copy_is_a_column_with_its_own_reward_and_mask() -> N
 def test_an_agent_that_leaves_is_padded_until_the_copy_ends_then_ends_with_its_own_cause() -> None:
     env = Relay(steps=4, scout_steps=2)
     vec = ParallelVectorEnv([env], "relay", mask_key="action_mask")
-    vec.reset(seed=0)
+    assert vec.reset(seed=0)[1]["active"].tolist() == [True, True]
     step(vec)
-    obs, reward, terminated, truncated, _ = step(vec)  # the scout leaves: its reward counts, its episode goes on
+    obs, reward, terminated, truncated, info = step(vec)  # the scout leaves: its reward counts, its episode goes on
     assert reward.tolist() == [1.0, 10.0] and not terminated.any() and not truncated.any()
+    assert info["active"].tolist() == [True, False]  # from here the scout's column is padding
     assert obs["state"][1].tolist() == [0, 0, 0] and obs["action_mask"][1].tolist() == [1, 1, 1]  # black death
     assert obs["state"][0, 1] == 2  # the runner plays on
     obs, reward, terminated, truncated, info = step(vec)
@@ -158,6 +161,7 @@ def test_an_agent_that_leaves_is_padded_until_the_copy_ends_then_ends_with_its_o
     assert info["final_obs"][1]["state"].tolist() == [0, 0, 0]  # the scout's padding
     assert info["final_info"]["t"].tolist() == [4, 0] and info["final_info"]["_t"].tolist() == [True, False]
     assert obs["state"][:, 1].tolist() == [0, 0] and obs["state"][:, 0].tolist() == [1, 2]  # the next episode
+    assert info["active"].tolist() == [True, True]
     assert "start" in info  # the reset's info, as gymnasium's vector envs give it
 
 
@@ -218,6 +222,24 @@ def test_a_sampler_counts_one_episode_per_agent_per_env_episode() -> None:
     sampler.close()
 
 
+def test_the_steps_of_an_agent_that_left_are_kept_out_of_training() -> None:
+    """The scout leaves after 2 of each 4-step episode: its next 2 steps are padding. The segment marks them, the
+    batch gives them no value (the scout's last step bootstraps from nothing, as its termination should) and keeps
+    them out of the losses."""
+    segment = Sampler(config("ppo.segment_length=9", "ppo.minibatch_size=18")).sample()
+    scout = segment.active[:, 1]  # column 1: copy 0's scout, its obs t = 0 .. 9 (9: the bootstrap's)
+    assert scout.tolist() == [True, True, False, False] * 2 + [True, True]
+    assert segment.active[:, [0, 2]].all() and (segment.active[:, 3] == scout).all()
+    batch = build_batch([segment], 0.9, 1.0, torch.device("cpu"))
+    rows = batch.returns.reshape(9, 4)  # time-major rows: step t of column c is row t * 4 + c
+    assert batch.active.reshape(9, 4)[:, 1].tolist() == scout[:-1].tolist()
+    assert rows[1, 1] == segment.rewards[1, 1]  # its leaving step: its own reward and nothing after
+    assert not batch.values.reshape(9, 4)[~scout[:-1], 1].any()
+    assert rows[0, 1] == pytest.approx(segment.rewards[0, 1] + 0.9 * segment.rewards[1, 1])
+    runner = rows[:, 0]  # the runner's return after step 0 of an episode bootstraps at its time limit (step 3)
+    assert runner[0] != pytest.approx(1 + 0.9 + 0.81 + 0.729)
+
+
 def test_a_one_agent_parallel_env_samples_exactly_as_its_gymnasium_env() -> None:
     """Same seeds, same actions, same segments: episodes ending by termination and by time limit, final values
     bootstrapped from the final observation, autoreset, episode statistics."""
@@ -233,6 +255,7 @@ def test_a_one_agent_parallel_env_samples_exactly_as_its_gymnasium_env() -> None
     for field in ("actions", "rewards", "terminated", "truncated", "final_values", "values", "last_values",
                   "episode_returns", "episode_lengths"):
         assert np.array_equal(getattr(ours, field), getattr(theirs, field)), field
+    assert ours.active is None and theirs.active is None  # an agent that never leaves early is never padding
     assert np.array_equal(ours.obs.vector, theirs.obs.vector)
 
 

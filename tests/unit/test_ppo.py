@@ -110,3 +110,48 @@ def test_nonfinite_loss_skips_the_step() -> None:
     assert stats.skipped_minibatches > 0
     for old, new in zip(before, trainer.model.parameters(), strict=True):
         assert torch.equal(old, new)
+
+
+def _loss_and_grads(active: torch.Tensor | None, advantages: torch.Tensor, returns: torch.Tensor,
+                    new_values: torch.Tensor) -> tuple[list[float], list[torch.Tensor]]:
+    """The loss terms of one minibatch and their gradients with respect to the new log-probs and values."""
+    generator = torch.Generator().manual_seed(3)
+    new_logp = (torch.randn(8, generator=generator) * 0.3).requires_grad_()
+    old_logp, old_values = torch.zeros(8), torch.zeros(8)
+    new_values = new_values.clone().requires_grad_()
+    entropy = torch.rand(8, generator=generator)
+    terms = ppo_loss(new_logp, old_logp, advantages, new_values, old_values, returns, entropy,
+                     PPOConfig(clip_value_loss=True), active=active)
+    (terms.policy_loss + terms.value_loss).backward()
+    values = [float(terms.policy_loss.detach()), float(terms.value_loss.detach()), float(terms.entropy),
+              terms.approx_kl, terms.clip_fraction]
+    return values, [new_logp.grad, new_values.grad]
+
+
+def test_padding_rows_of_agents_that_left_change_nothing_in_the_loss() -> None:
+    """Rows masked off (black death) may hold anything: the losses, diagnostics and gradients are those of the live
+    rows alone, their advantages normalized among themselves; an all-live mask is the plain loss."""
+    generator = torch.Generator().manual_seed(0)
+    advantages, returns, values = (torch.randn(8, generator=generator) for _ in range(3))
+    active = torch.tensor([True, True, False, True, False, True, True, False])
+    first, first_grads = _loss_and_grads(active, advantages, returns, values)
+    noise = torch.where(active, 0.0, 100.0)
+    second, second_grads = _loss_and_grads(active, advantages + noise, returns - noise, values + noise)
+    assert second == pytest.approx(first, rel=1e-6, abs=1e-7)
+    for a, b in zip(first_grads, second_grads, strict=True):
+        torch.testing.assert_close(a, b)
+        assert not a[~active].any()  # padding rows get no gradient
+    unmasked, unmasked_grads = _loss_and_grads(None, advantages, returns, values)
+    live, live_grads = _loss_and_grads(torch.ones(8, dtype=torch.bool), advantages, returns, values)
+    assert live == pytest.approx(unmasked, rel=1e-6, abs=1e-7)
+    for a, b in zip(unmasked_grads, live_grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_minibatch_of_padding_only_takes_no_step() -> None:
+    trainer, batch = _trainer()
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    stats = trainer.update(batch._replace(active=torch.zeros(len(batch.actions), dtype=torch.bool)), 0)
+    assert stats.skipped_minibatches == 0 and math.isnan(stats.policy_loss)  # nothing ran, nothing went wrong
+    for old, new in zip(before, trainer.model.parameters(), strict=True):
+        assert torch.equal(old, new)
