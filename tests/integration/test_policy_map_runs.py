@@ -127,11 +127,13 @@ def test_a_sweep_of_two_policies_exploits_and_finishes(ray_address: str, tmp_pat
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(yaml.safe_dump({
         "base": {"env": "mpe2.simple_adversary_v3"}, "trials": 2, "concurrent": 2, "driver_cpus": 0.25,
-        "set": {"run.total_steps": 3000, "run.actors": 1, "run.actor_cpus": 0.5, "run.tensorboard": False,
+        "set": {"run.total_steps": 4500, "run.actors": 1, "run.actor_cpus": 0.5, "run.tensorboard": False,
                 "env.num_envs": 6, "env.kwargs": {"max_cycles": 25}, "ppo.segment_length": 25,
                 "ppo.minibatch_size": 50, "policies": {"adversary": ["adversary_*"], "agent": ["agent_*"]}},
         "space": {"ppo.learning_rate": "choice([0.0001, 0.003])"},
-        "scheduler": {"name": "pbt", "perturbation_interval": 4, "quantile": 0.5}}))
+        # 30 iterations, a perturbation every 2: PBT exploits only while both trials run (a finished trial is out of
+        # its population), so the trials need many chances to meet, even when one starts late on a loaded machine
+        "scheduler": {"name": "pbt", "perturbation_interval": 2, "quantile": 0.5}}))
     out = tmp_path / "out"
     done = dppo("sweep", "--config", str(sweep), "--out-dir", str(out), "--address", ray_address, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -140,7 +142,7 @@ def test_a_sweep_of_two_policies_exploits_and_finishes(ray_address: str, tmp_pat
     assert len(trials) == 2
     for trial in trials:
         last = progress(trial)[-1]
-        assert last["env_steps"] == 3000 and "adversary/policy_loss" in last and "agent/policy_loss" in last
+        assert last["env_steps"] == 4500 and "adversary/policy_loss" in last and "agent/policy_loss" in last
 
 
 @pytest.mark.parametrize(("sets", "message"), [
