@@ -83,16 +83,16 @@ def normalized_advantages(advantages: torch.Tensor, reducer: Reducer, weight: to
     (``weight``: 1 for the rows that count, 0 for padding; None: every row counts)."""
     if weight is None:
         count = reducer.sum(torch.tensor(float(advantages.numel()), dtype=advantages.dtype, device=advantages.device))
-        if count <= 1:
-            return advantages
-        mean = reducer.sum(advantages.sum()) / count
-        var = reducer.sum(((advantages - mean) ** 2).sum()) / (count - 1)
-        return (advantages - mean) / (var.sqrt() + 1e-8)
-    count = reducer.sum(weight.sum())
+    else:
+        count = reducer.sum(weight.sum())
     if count <= 1:
         return advantages
-    mean = reducer.sum((advantages * weight).sum()) / count
-    var = reducer.sum((((advantages - mean) ** 2) * weight).sum()) / (count - 1)
+
+    def weighted(rows: torch.Tensor) -> torch.Tensor:
+        return rows if weight is None else rows * weight
+
+    mean = reducer.sum(weighted(advantages).sum()) / count
+    var = reducer.sum(weighted((advantages - mean) ** 2).sum()) / (count - 1)
     return (advantages - mean) / (var.sqrt() + 1e-8)
 
 
