@@ -45,6 +45,7 @@ def build_batch(segments: list[Segment], gamma: float, lam: float, device: torch
     """GAE per segment (each has its own time axis), then flatten and concatenate. ``value_normalizer``: the values
     the actors recorded are the head's normalized outputs; GAE and the batch get them in the returns' scale."""
     recurrent = segments[0].starts is not None
+    padded = any(seg.active is not None for seg in segments)  # some agent left: every segment gets a mask
 
     def rows_of(array: np.ndarray) -> np.ndarray:  # (T, E, ...) -> (T * E, ...), time- or column-major
         array = array.swapaxes(0, 1) if recurrent else array
@@ -58,23 +59,22 @@ def build_batch(segments: list[Segment], gamma: float, lam: float, device: torch
             values, final_values, last_values = (value_normalizer.to_returns(v, seg.policy_version)
                                                  for v in (values, final_values, last_values))
         active = seg.active
-        if active is None:
-            active = np.ones((seg.rewards.shape[0] + 1, seg.rewards.shape[1]), bool)
-        else:  # padding is worth nothing
+        if active is not None:  # padding is worth nothing
             values, final_values = values * active[:-1], final_values * active[:-1]
             last_values = last_values * active[-1]
+        elif padded:
+            active = np.ones((seg.rewards.shape[0] + 1, seg.rewards.shape[1]), bool)
         advantages, returns = gae(seg.rewards, values, seg.terminated, seg.truncated, final_values, last_values,
                                   gamma, lam)
         for name, part in seg.obs.parts().items():
             obs_parts.setdefault(name, []).append(rows_of(part))
         for name, array in (("actions", seg.actions), ("log_probs", seg.log_probs), ("values", values),
                             ("advantages", advantages), ("returns", returns), ("starts", seg.starts),
-                            ("active", active[:-1])):
+                            ("active", None if active is None else active[:-1])):
             if array is not None:
                 parts[name].append(rows_of(array))
     obs = Obs(**{name: torch.as_tensor(np.concatenate(p), device=device) for name, p in obs_parts.items()})
     samples = (torch.as_tensor(np.concatenate(parts[k]), device=device) for k in SAMPLE_FIELDS)
-    padded = any(seg.active is not None for seg in segments)
     active = torch.as_tensor(np.concatenate(parts["active"]), device=device) if padded else None
     if not recurrent:
         return Batch(obs, *samples, active=active)

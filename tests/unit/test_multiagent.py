@@ -4,6 +4,7 @@ agent, agent ids, the one-env view that eval plays, and naming PettingZoo envs i
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import ClassVar
 
@@ -238,6 +239,8 @@ def test_the_steps_of_an_agent_that_left_are_kept_out_of_training() -> None:
     assert rows[0, 1] == pytest.approx(segment.rewards[0, 1] + 0.9 * segment.rewards[1, 1])
     runner = rows[:, 0]  # the runner's return after step 0 of an episode bootstraps at its time limit (step 3)
     assert runner[0] != pytest.approx(1 + 0.9 + 0.81 + 0.729)
+    both = build_batch([segment, dataclasses.replace(segment, active=None)], 0.9, 1.0, torch.device("cpu"))
+    assert both.active[:36].tolist() == batch.active.tolist() and both.active[36:].all()  # no mask: every row live
 
 
 def test_a_one_agent_parallel_env_samples_exactly_as_its_gymnasium_env() -> None:
