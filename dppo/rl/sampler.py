@@ -302,6 +302,7 @@ class Sampler:
         asked = clock()
         last_values = policy.value(last)
         ended = clock()
+        padded = None if active_buf.all() else active_buf  # many agents, some of whom left: their steps are padding
         return Segment(
             obs=obs_buf, actions=act_buf, log_probs=logp_buf, values=value_buf, rewards=reward_buf,
             terminated=term_buf, truncated=trunc_buf, final_values=final_value_buf,
@@ -310,9 +311,10 @@ class Sampler:
             episode_lengths=np.asarray(self.episodes.lengths, np.int64),
             policy_version=policy.version, actor_id=self.actor_id, policy_name=self.policy_name,
             sample_seconds=ended - start, env_seconds=env_s, policy_seconds=policy_s + ended - asked,
-            obs_stats=self.normalize_obs.summary(), return_stats=self.learning_reward.summary(),
+            obs_stats=self.normalize_obs.summary(None if padded is None else padded[1:]),
+            return_stats=self.learning_reward.summary(),
             nonfinite=nonfinite, match_results=self._match_results(), **(memory or {}),
-            active=None if active_buf.all() else active_buf,
+            active=padded,
         )
 
     def _send(self, obs: Obs, rows: slice, memory: dict[str, np.ndarray] | None, t: int) -> None:

@@ -52,9 +52,14 @@ class ObsNormalizer:
         if self._raw is not None:
             self._raw[t] = obs.vector
 
-    def summary(self) -> RunningStats | None:
-        """What this segment's observations add to the global statistics."""
-        return None if self._raw is None else RunningStats.of(self._raw.reshape(-1, self._raw.shape[-1]))
+    def summary(self, live: np.ndarray | None = None) -> RunningStats | None:
+        """What this segment's observations add to the global statistics. ``live``: (T, E) bool, the steps whose
+        recorded observation is a live agent's (many agents: the padding of one that left adds nothing)."""
+        if self._raw is None:
+            return None
+        raw = self._raw if live is None else self._raw[live]
+        raw = raw.reshape(-1, raw.shape[-1])
+        return RunningStats.of(raw) if len(raw) else RunningStats.empty(raw.shape[1:])
 
 
 class LearningReward:

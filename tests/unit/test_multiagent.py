@@ -226,11 +226,12 @@ def test_a_sampler_counts_one_episode_per_agent_per_env_episode() -> None:
 def test_the_steps_of_an_agent_that_left_are_kept_out_of_training() -> None:
     """The scout leaves after 2 of each 4-step episode: its next 2 steps are padding. The segment marks them, the
     batch gives them no value (the scout's last step bootstraps from nothing, as its termination should) and keeps
-    them out of the losses."""
-    segment = Sampler(config("ppo.segment_length=9", "ppo.minibatch_size=18")).sample()
+    them out of the losses and the observation statistics."""
+    segment = Sampler(config("ppo.segment_length=9", "ppo.minibatch_size=18", "env.normalize_obs=true")).sample()
     scout = segment.active[:, 1]  # column 1: copy 0's scout, its obs t = 0 .. 9 (9: the bootstrap's)
     assert scout.tolist() == [True, True, False, False] * 2 + [True, True]
     assert segment.active[:, [0, 2]].all() and (segment.active[:, 3] == scout).all()
+    assert segment.obs_stats.count == segment.active[1:].sum()  # the observation statistics skip padding
     batch = build_batch([segment], 0.9, 1.0, torch.device("cpu"))
     rows = batch.returns.reshape(9, 4)  # time-major rows: step t of column c is row t * 4 + c
     assert batch.active.reshape(9, 4)[:, 1].tolist() == scout[:-1].tolist()
