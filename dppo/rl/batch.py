@@ -39,6 +39,10 @@ class Batch(NamedTuple):
     steps: int = 0  # T: the length of a column
     active: torch.Tensor | None = None  # (rows,) bool: a live agent's step; None: every row is
 
+    def live(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` (one per batch row) of the live agents' steps only: all of them without a mask."""
+        return rows if self.active is None else rows[self.active]
+
 
 def build_batch(segments: list[Segment], gamma: float, lam: float, device: torch.device,
                 value_normalizer: ValueNormalizer | None = None) -> Batch:

@@ -77,25 +77,6 @@ class LocalReducer:
         return tensor
 
 
-def normalized_advantages(advantages: torch.Tensor, reducer: Reducer, weight: torch.Tensor | None = None
-                          ) -> torch.Tensor:
-    """Normalize with the mean and (unbiased) std of the global minibatch, whichever learner holds which rows
-    (``weight``: 1 for the rows that count, 0 for padding; None: every row counts)."""
-    if weight is None:
-        count = reducer.sum(torch.tensor(float(advantages.numel()), dtype=advantages.dtype, device=advantages.device))
-    else:
-        count = reducer.sum(weight.sum())
-    if count <= 1:
-        return advantages
-
-    def weighted(rows: torch.Tensor) -> torch.Tensor:
-        return rows if weight is None else rows * weight
-
-    mean = reducer.sum(weighted(advantages).sum()) / count
-    var = reducer.sum(weighted((advantages - mean) ** 2).sum()) / (count - 1)
-    return (advantages - mean) / (var.sqrt() + 1e-8)
-
-
 class MaskedMean:
     """The mean over a minibatch's live rows (many agents: the padding steps of agents that left count for
     nothing), scaled so that averaging the learners' shard gradients gives the global minibatch's mean."""
@@ -107,6 +88,25 @@ class MaskedMean:
 
     def __call__(self, values: torch.Tensor) -> torch.Tensor:
         return (values * self.weight).sum() / self.share
+
+
+def normalized_advantages(advantages: torch.Tensor, reducer: Reducer, live: MaskedMean | None = None
+                          ) -> torch.Tensor:
+    """Normalize with the mean and (unbiased) std of the global minibatch, whichever learner holds which rows
+    (``live``: the minibatch's live rows when some are padding; None: every row counts)."""
+    if live is None:
+        count = reducer.sum(torch.tensor(float(advantages.numel()), dtype=advantages.dtype, device=advantages.device))
+    else:
+        count = live.rows  # already summed over the learners
+    if count <= 1:
+        return advantages
+
+    def weighted(rows: torch.Tensor) -> torch.Tensor:
+        return rows if live is None else rows * live.weight
+
+    mean = reducer.sum(weighted(advantages).sum()) / count
+    var = reducer.sum(weighted((advantages - mean) ** 2).sum()) / (count - 1)
+    return (advantages - mean) / (var.sqrt() + 1e-8)
 
 
 def ppo_loss(
@@ -128,7 +128,7 @@ def ppo_loss(
     masked = None if active is None else MaskedMean(active, reducer)
     mean = torch.mean if masked is None else masked
     if config.normalize_advantages:
-        advantages = normalized_advantages(advantages, reducer, None if masked is None else masked.weight)
+        advantages = normalized_advantages(advantages, reducer, masked)
     log_ratio = new_log_probs - old_log_probs
     ratio = log_ratio.exp()
     clip = config.clip_coef
@@ -221,8 +221,7 @@ class Trainer:
         if self.reducer.world > 1:  # each learner saw its shard: report the group's mean
             for key in ("policy_loss", "value_loss", "entropy"):
                 means[key] = float(self.reducer.sum(torch.tensor(means[key], dtype=torch.float64))) / self.reducer.world
-        live = slice(None) if batch.active is None else batch.active
-        ev = explained_variance(batch.values[live].cpu().numpy(), batch.returns[live].cpu().numpy())
+        ev = explained_variance(batch.live(batch.values).cpu().numpy(), batch.live(batch.returns).cpu().numpy())
         return TrainStats(**means, explained_variance=ev, learning_rate=lr, epochs_run=epochs_run,
                           skipped_minibatches=skipped)
 
@@ -231,7 +230,7 @@ class Trainer:
         standardized by the return statistics with this batch's returns merged in (rl_games' order)."""
         if self.value_normalizer is None:
             return batch.values, batch.returns
-        self.value_normalizer.update(batch.returns[slice(None) if batch.active is None else batch.active].cpu().numpy())
+        self.value_normalizer.update(batch.live(batch.returns).cpu().numpy())
         return self.value_normalizer.normalize(batch.values), self.value_normalizer.normalize(batch.returns)
 
     def _minibatches(self, batch: Batch) -> Iterator[torch.Tensor]:

@@ -247,7 +247,8 @@ class Sampler:
         final_value_buf = np.zeros((steps, num_envs), np.float32)
         active_buf = np.ones((steps + 1, num_envs), bool)  # obs_t is a live agent's (multi-agent: not padding)
         for rows, active in zip(self.rows, self.half_active, strict=True):
-            active_buf[0, rows] = True if active is None else active
+            if active is not None:
+                active_buf[0, rows] = active
         for transform in (self.normalize_obs, self.learning_reward):
             transform.start(steps, num_envs)
         self.episodes.start()
@@ -287,9 +288,10 @@ class Sampler:
                 done[rows] = terminated | truncated
                 if done.any():
                     policy.end_episodes(done)
-                self.half_obs[h], self.half_active[h] = next_obs, info.get("active")
-                if self.half_active[h] is not None:
-                    active_buf[t + 1, rows] = self.half_active[h]
+                self.half_obs[h] = next_obs
+                self.half_active[h] = active = info.get("active")
+                if active is not None:
+                    active_buf[t + 1, rows] = active
                 if t + 1 < steps and h + 1 < len(self.rows):  # ask now, while the next half steps
                     self._send(self.normalize_obs(encoded[rows].map(np.copy)), rows, memory, t + 1)
                 stepped.append((reward, terminated, truncated, info))
