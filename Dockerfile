@@ -22,7 +22,7 @@ ARG RAY_VERSION
 ARG VARIANT
 ARG TORCH_VERSION=2.13.0
 # Empty: the CPU wheel index for VARIANT=cpu (a plain torch wheel would pull a multi-GB CUDA build),
-# PyPI's CUDA build for VARIANT=gpu.
+# PyPI's CUDA build for VARIANT=gpu: the Makefile's TORCH_INDEX_cpu and TORCH_INDEX_cuda.
 ARG TORCH_INDEX_URL=""
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1

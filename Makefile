@@ -1,17 +1,32 @@
-# Every target does its own set-up on a fresh machine: a venv in .venv, CPU torch 2.13.0 first (a plain
-# torch requirement would pull a multi-GB CUDA build), then the package with its extras.
+# Every target does its own set-up on a fresh machine: a venv in .venv, torch 2.13.0 first, from an index picked
+# on purpose (a plain `pip install torch` on Linux pulls the multi-GB CUDA build), then the package with its extras.
+#   TORCH=cpu   PyTorch's CPU index (TORCH_INDEX_cpu); the default unless `nvidia-smi -L` lists a GPU
+#   TORCH=cuda  PyPI's CUDA build (TORCH_INDEX_cuda); the default where `nvidia-smi -L` lists a GPU
+#   TORCH_INDEX=URL takes torch from another index; TORCH_INDEX= (empty) leaves the choice to pip's own config.
+# Where pip's config already offers the CPU wheel offline (a find-links directory holding it, as on machines with
+# a local wheel cache), that wheel is installed and no index is asked.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TOOLS := .tools/bin
+TORCH_VERSION := 2.13.0
+TORCH_INDEX_cpu := https://download.pytorch.org/whl/cpu
+TORCH_INDEX_cuda := https://pypi.org/simple
+TORCH ?= $(if $(shell nvidia-smi -L 2>/dev/null | grep '^GPU '),cuda,cpu)
+TORCH_INDEX ?= $(TORCH_INDEX_$(TORCH))
+# Lazy (=): pip is asked only when the venv recipe is expanded.
+TORCH_OFFLINE = $(if $(filter cpu,$(TORCH)),$(shell $(PYTHON) -m pip install -q --dry-run --no-deps --no-index \
+	--ignore-installed "torch==$(TORCH_VERSION)+cpu" >/dev/null 2>&1 && echo yes))
+TORCH_PIP_ARGS = $(if $(filter cpu cuda,$(TORCH)),,$(error TORCH=$(TORCH): use TORCH=cpu or TORCH=cuda))$(if \
+	$(TORCH_OFFLINE),"torch==$(TORCH_VERSION)+cpu",$(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) )"torch==$(TORCH_VERSION)")
 
 .PHONY: demo test test-fast lint tools image image-gpu manifests clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q $(TORCH_PIP_ARGS)
 	$(BIN)/python -m pip install -q -e ".[dev,box2d,mujoco]"
 	touch $(STAMP)
 
