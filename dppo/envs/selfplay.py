@@ -104,11 +104,16 @@ class Game:
         self.learner, self.opponent, self.reward, self.total = self.players[0], RANDOM, 0.0, 0.0
         self.seed: int | None = None
         self.history: list[Any] = []  # the moves since the reset: a search replays them (the env has no copy)
+        self.opening = 0  # the random moves this game opened with (selfplay.random_opening)
 
     def reset(self, seed: int | None, seat: int, opponent: int) -> None:
         self.env.reset(seed=seed)
         self.learner, self.opponent, self.reward, self.total = self.players[seat], opponent, 0.0, 0.0
-        self.seed, self.history = seed, []
+        self.seed, self.history, self.opening = seed, [], 0
+
+    def restart(self) -> None:
+        """The same game (seed, seat, opponent) from its first move, without an opening."""
+        self.reset(self.seed, self.players.index(self.learner), self.opponent)
 
     @property
     def over(self) -> bool:
@@ -190,10 +195,22 @@ class SelfPlayVectorEnv(VectorEnv):
         game.reset(seed, seat, opponent)
         for _ in range(self.opponents.opening(self.rng)):
             game.play(legal_random(game.observe(), self.rng, self.single_action_space))
+            game.opening += 1
             if game.over:  # the random moves ended it before the learner played: start again without them
-                game.reset(seed, seat, opponent)
+                game.restart()
                 break
         game.reward = game.total = 0.0  # the random moves are nobody's: the learner's return starts here
+
+    def _settle_new(self, games: Sequence[Game]) -> None:
+        """The opponents' replies in games that just started. A reply can end a game that its opening left one move
+        from the end, before the learner has moved (tic-tac-toe after 4 random moves): that game is nobody's, so it
+        starts again without the opening (no result is recorded, and the learner never plays into a finished
+        game)."""
+        settle(games, self.opponents)
+        decided = [game for game in games if game.over and game.opening]
+        for game in decided:
+            game.restart()
+        settle(decided, self.opponents)
 
     def reset(self, *, seed: int | list[int | None] | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
@@ -202,7 +219,7 @@ class SelfPlayVectorEnv(VectorEnv):
         seeds = seed if isinstance(seed, list) else [None if seed is None else seed + i for i in range(self.num_envs)]
         for game, game_seed in zip(self.games, seeds, strict=True):
             self._start(game, game_seed)
-        settle(self.games, self.opponents)
+        self._settle_new(self.games)
         return self._batch([game.observe() for game in self.games]), {}
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -219,7 +236,7 @@ class SelfPlayVectorEnv(VectorEnv):
             infos = self._add_info(infos, {"final_obs": game.observe(), "final_info": {"score": game.score}}, i)
             self.results.append((game.opponent, game.score))
             self._start(game, None)
-        settle([self.games[i] for i in finished], self.opponents)
+        self._settle_new([self.games[i] for i in finished])
         return self._batch([game.observe() for game in self.games]), rewards, terminated, truncated, infos
 
     def take_results(self) -> list[tuple[int, float]]:

@@ -10,6 +10,7 @@ from typing import ClassVar
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from pettingzoo import AECEnv
 
 from dppo.config import load_config
@@ -312,6 +313,33 @@ def test_a_random_opening_that_ends_the_game_is_not_played() -> None:
     openings = [g.history[:1] for g in vec.games]
     assert [1] not in openings and [0] in openings  # p0's random pass kept
     assert [] in openings  # the 1s undone (each game's opening is 1 in 2)
+
+
+def test_an_opening_whose_reply_ends_the_game_is_not_played() -> None:
+    """p0's random pass hands p1 the win: where p1 is the opponent its reply would end the game before the learner's
+    first move (the learner then played into a finished game); such games start again without the opening."""
+    vec = SelfPlayVectorEnv([FirstMoveWins() for _ in range(64)], "first", Opening(move=0, plies=1))
+    vec.reset(seed=1)
+    assert not any(g.over for g in vec.games)
+    learner_first = [g for g in vec.games if g.learner == "p0"]
+    assert learner_first and all(g.history == [] and g.total == 0.0 for g in learner_first)
+    for _ in range(5):  # every game ends at the learner's move: p1 wins, p0's pass hands p1 the win
+        vec.step(np.zeros(64, np.int64))
+    assert len(vec.take_results()) == 5 * 64
+
+
+def test_tictactoe_with_four_random_opening_moves_plays_on() -> None:
+    config = load_config(None, {"env.id": TICTACTOE, "env.num_envs": 16},
+                         ["selfplay.random_opening=4", "ppo.minibatch_size=16", "ppo.segment_length=64"])
+    league = League(config.selfplay)
+    env = make_env(config.env)
+    torch.manual_seed(0)  # the snapshot's weights: the same games whatever ran before
+    league.add(export_weights(build_model(env.observation_space, env.action_space, config.model)), 0)
+    sampler = Sampler(config)
+    sampler.set_opponents(league.view())
+    for _ in range(3):  # 3 x 64 steps x 16 games: many openings of 4 leave a winning reply (10 of 64 did)
+        segment = sampler.sample()
+    assert sampler.env_resets == 0 and len(segment.episode_returns) > 0
 
 
 def test_the_samplers_snapshot_opponents_open_games_with_the_configured_random_moves() -> None:
