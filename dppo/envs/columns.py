@@ -16,7 +16,10 @@ actions are dropped. Each view's ``info["active"]`` (after every reset and step)
 has left, so the sampler can keep those steps out of the losses. Each column's episode is its env copy's episode:
 it ends, with the agent's own terminated or truncated, when the last agent of the copy (of any policy) leaves, and
 the copy resets. So there is one episode per agent per env episode, its return the agent's own and its length the
-env episode's.
+env episode's. An agent truncated by its own time limit while its copy goes on is a cut, not a death: that step's
+``info["agent_truncated"]`` is True and ``info["final_obs"]`` holds its last observation, so the sampler bootstraps
+its last live step from V(final observation) (the time-limit rule of :mod:`dppo.rl.advantages`) while its episode
+still ends with the copy's.
 
 Our own adapter, not SuperSuit's ``pettingzoo_env_to_vec_env_v1``: that one keeps an episode's last observation
 only under ``info["terminal_observation"]`` as Stable-Baselines3 reads it, returns infos as a list, and needs
@@ -125,6 +128,9 @@ class ParallelEnvs:
         for g, i, column, agent in columns:
             view = self.views[g]
             if not over:
+                if agent in acting and left.get(agent) == (False, True):  # its own time limit: bootstrap from here
+                    cut = {"final_obs": self._obs[g][column], "agent_truncated": True}
+                    infos[g] = view._add_info(infos[g], cut, column)
                 if agent in left:  # black death until the copy's episode ends
                     self._obs[g][column] = self.observations[g].padding(i, state)
                 infos[g] = view._add_info(infos[g], info.get(agent, {}), column)

@@ -49,6 +49,14 @@ def last_frame(err: BaseException) -> str:
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "unknown place"
 
 
+def agent_cut(info: dict[str, Any], width: int) -> np.ndarray:
+    """Many agents: the columns whose agent reached its own time limit while its env copy goes on
+    (:mod:`dppo.envs.columns`). For learning a time-limit cut (bootstrapped from V(final obs)); the column's episode
+    goes on with its copy's."""
+    cut = info.get("agent_truncated")
+    return np.zeros(width, bool) if cut is None else np.asarray(cut, bool)
+
+
 OPPONENT_SEED_OFFSET = 500_009  # self-play opponents' stream: apart from every env's and half's seed
 
 
@@ -276,7 +284,7 @@ class Sampler:
                 policy_s += acted - asked
                 env_s += stepped_at - acted
                 nonfinite |= self._encode(next_obs, encoded[rows])
-                cut = truncated & ~terminated
+                cut = (truncated | agent_cut(info, len(terminated))) & ~terminated
                 if cut.any():  # a time limit, not a terminal state: bootstrap from V(final obs)
                     final = spec.encode_rows(info["final_obs"], np.flatnonzero(cut))
                     scrub_nonfinite(final.vector)
@@ -331,13 +339,14 @@ class Sampler:
         reward = np.concatenate([np.array(part[0], np.float64) for part in stepped])
         terminated = np.concatenate([part[1] for part in stepped])
         truncated = np.concatenate([part[2] for part in stepped])
+        own_cut = np.concatenate([agent_cut(part[3], len(part[1])) for part in stepped])
         nonfinite = scrub_nonfinite(reward)
         done = terminated | truncated
         self.episodes.step(reward)
         if self.life_loss is not None:
             lives = np.concatenate([np.asarray(part[3]["lives"]) for part in stepped])
             terminated = self.life_loss(terminated, done, {"lives": lives})
-        reward_buf[t], term_buf[t], trunc_buf[t] = self.learning_reward(t, reward), terminated, truncated
+        reward_buf[t], term_buf[t], trunc_buf[t] = self.learning_reward(t, reward), terminated, truncated | own_cut
         if done.any():
             self.episodes.end_episodes(done)
             self.learning_reward.end_episodes(done)

@@ -35,9 +35,11 @@ class Relay(ParallelEnv):
 
     metadata: ClassVar[dict] = {"name": "relay_v0", "render_fps": 5}
 
-    def __init__(self, steps: int = 4, scout_steps: int = 2, render_mode: str | None = None) -> None:
+    def __init__(self, steps: int = 4, scout_steps: int = 2, render_mode: str | None = None,
+                 scout_cut: bool = False) -> None:
         self.possible_agents = ["runner", "scout"]
         self.steps, self.scout_steps, self.render_mode = steps, scout_steps, render_mode
+        self.scout_cut = scout_cut  # the scout leaves by its own time limit (truncated), not terminated
         self.rng = np.random.default_rng()
         self.actions_seen: list[dict] = []
 
@@ -62,8 +64,9 @@ class Relay(ParallelEnv):
         self.actions_seen.append(dict(actions))
         self.t += 1
         rewards = {a: 10.0 if a == "scout" else 1.0 for a in self.agents}
-        term = {a: a == "scout" and self.t >= self.scout_steps for a in self.agents}
-        trunc = {a: self.t >= self.steps for a in self.agents}
+        scout_leaves = {a: a == "scout" and self.t >= self.scout_steps for a in self.agents}
+        term = {a: scout_leaves[a] and not self.scout_cut for a in self.agents}
+        trunc = {a: self.t >= self.steps or (scout_leaves[a] and self.scout_cut) for a in self.agents}
         obs = {a: self._obs(a) for a in self.agents}
         infos = {a: {"t": self.t} for a in self.agents}
         self.agents = [a for a in self.agents if not (term[a] or trunc[a])]
@@ -164,6 +167,36 @@ def test_an_agent_that_leaves_is_padded_until_the_copy_ends_then_ends_with_its_o
     assert obs["state"][:, 1].tolist() == [0, 0] and obs["state"][:, 0].tolist() == [1, 2]  # the next episode
     assert info["active"].tolist() == [True, True]
     assert "start" in info  # the reset's info, as gymnasium's vector envs give it
+
+
+def cut_relay_env(**kwargs) -> Relay:
+    return Relay(scout_cut=True, **kwargs)
+
+
+def test_an_agent_cut_by_its_own_time_limit_is_bootstrapped_while_its_copy_goes_on() -> None:
+    """The scout's own time limit (truncated at step 2 of 4) is a cut, not a death: the view hands its last real
+    observation to the sampler, which bootstraps its last live step from V(final obs); its episode still ends with
+    the copy's, its return and length as before."""
+    env = Relay(steps=4, scout_steps=2, scout_cut=True)
+    vec = ParallelVectorEnv([env], "relay")
+    start = vec.reset(seed=0)[0]["state"][1, 2]
+    step(vec)
+    _, _, terminated, truncated, info = step(vec)
+    assert not terminated.any() and not truncated.any() and info["active"].tolist() == [True, False]
+    assert info["agent_truncated"].tolist() == [False, True] and info["_final_obs"].tolist() == [False, True]
+    assert info["final_obs"][1]["state"].tolist() == [2, 2, start]  # its real last observation, not the padding
+    sampler = Sampler(config("env.entry_point=test_multiagent:cut_relay_env"))
+    segment = sampler.sample()
+    scout = segment.active[:-1, 1]
+    assert segment.truncated[:, 1].tolist() == [False, True, False, True] * 2  # its cut, then the copy's end
+    assert (segment.final_values[1::4, 1] != 0).all()  # bootstrapped where it was cut
+    assert sorted(segment.episode_returns.tolist()) == [4.0] * 4 + [20.0] * 4  # episodes as before
+    assert segment.episode_lengths.tolist() == [4] * 8
+    batch = build_batch([segment], 0.9, 1.0, torch.device("cpu"))
+    returns = batch.returns.reshape(8, 4)[:, 1]
+    assert returns[1] == pytest.approx(segment.rewards[1, 1] + 0.9 * segment.final_values[1, 1])
+    assert scout.tolist() == [True, True, False, False] * 2
+    sampler.close()
 
 
 def test_a_seeded_reset_repeats_its_episodes() -> None:
