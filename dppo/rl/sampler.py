@@ -322,7 +322,7 @@ class Sampler:
             policy_version=policy.version, actor_id=self.actor_id, policy_name=self.policy_name,
             sample_seconds=ended - start, env_seconds=env_s, policy_seconds=policy_s + ended - asked,
             obs_stats=self.normalize_obs.summary(None if padded is None else padded[1:]),
-            return_stats=self.learning_reward.summary(),
+            return_stats=self.learning_reward.summary(None if padded is None else padded[:-1]),
             nonfinite=nonfinite, match_results=self._match_results(), **(memory or {}),
             active=padded,
         )

@@ -92,8 +92,13 @@ class LearningReward:
     def end_episodes(self, done: np.ndarray) -> None:
         self.discounted_return[done] = 0
 
-    def summary(self) -> RunningStats | None:
-        return None if self._returns is None else RunningStats.of(self._returns.reshape(-1))
+    def summary(self, live: np.ndarray | None = None) -> RunningStats | None:
+        """What this segment's discounted returns add to the global statistics. ``live``: (T, E) bool, the steps
+        a live agent acted in (many agents: the padding steps of one that left add nothing)."""
+        if self._returns is None:
+            return None
+        returns = self._returns if live is None else self._returns[live]
+        return RunningStats.of(returns.reshape(-1)) if returns.size else RunningStats.empty()
 
 
 class LifeLoss:

@@ -277,6 +277,18 @@ def test_the_steps_of_an_agent_that_left_are_kept_out_of_training() -> None:
     assert both.active[:36].tolist() == batch.active.tolist() and both.active[36:].all()  # no mask: every row live
 
 
+def test_the_reward_scale_statistics_skip_the_padding_of_an_agent_that_left() -> None:
+    """Padding steps' rewards are 0 but the discounted return they leave behind is not: they must not enter the
+    statistics the reward scale divides by. The scout's live steps see returns 10 and 10 + 0.9 x 10 = 19 in each
+    episode; the runner's 1, 1.9, 2.71, 3.439."""
+    segment = Sampler(config("env.normalize_reward=true", "ppo.gamma=0.9")).sample()
+    live = segment.active[:-1]
+    assert segment.return_stats.count == live.sum() == 8 * 4 - 8  # 2 copies x 2 episodes x 2 padding steps
+    expected = [10.0, 19.0] * 4 + [1.0, 1.9, 2.71, 3.439] * 4
+    assert float(segment.return_stats.mean) == pytest.approx(np.mean(expected))
+    assert float(segment.return_stats.var) == pytest.approx(np.var(expected))
+
+
 def test_a_one_agent_parallel_env_samples_exactly_as_its_gymnasium_env() -> None:
     """Same seeds, same actions, same segments: episodes ending by termination and by time limit, final values
     bootstrapped from the final observation, autoreset, episode statistics."""
