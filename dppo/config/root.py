@@ -106,6 +106,25 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _actor_policy(self) -> Config:
+        """run.actor_halves=2 and run.actor_gpus run one policy in the actor (dppo.rl.overlap)."""
+        run, num_envs = self.run, self.env.num_envs
+        if run.actor_gpus > 1 and not run.actor_gpus.is_integer():
+            raise ValueError(f"run.actor_gpus above 1 must be a whole number of GPUs (Ray's rule), not "
+                             f"{run.actor_gpus:g}; use a share below 1 or {int(run.actor_gpus)}")
+        if run.inference == "server" and (run.actor_gpus > 0 or run.actor_halves == 2):
+            raise ValueError("run.actor_gpus and run.actor_halves set how the actors run their own policy, and "
+                             "run.inference=server computes it in the inference service; set run.inference=actor "
+                             "or drop them")
+        if run.actor_halves == 2 and num_envs % 2:
+            raise ValueError(f"run.actor_halves=2 steps each actor's envs in two halves, so env.num_envs must be "
+                             f"even, not {num_envs}; set env.num_envs={num_envs + 1} or run.actor_halves=1")
+        if (run.actor_halves == 2 or run.actor_gpus > 0) and len(self.policies) > 1:
+            raise ValueError(f"run.actor_halves=2 and run.actor_gpus run one policy in each actor, and policies "
+                             f"names {len(self.policies)}; drop them or map every agent to one policy")
+        return self
+
+    @model_validator(mode="after")
     def _minibatch_fits(self) -> Config:
         if self.ppo.minibatch_size is not None and self.ppo.minibatch_size > self.batch_size:
             raise ValueError(

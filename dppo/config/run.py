@@ -54,6 +54,16 @@ class RunConfig(Section):
     actor_threads: int = Field(1, ge=1)
     """torch threads in each actor, for image policies (formerly run.torch_threads; one is fastest for small
     batches)."""
+    actor_gpus: float = Field(0.0, ge=0)
+    """GPUs each actor asks Ray for (a share: 0.25 places four actors on one GPU; above 1 a whole number, Ray's
+    rule); an actor given one runs its own policy there (cuda) with run.inference=actor. With many envs
+    (env.num_envs) in ale-py's vector env (run.actor_cpus threads) and run.actor_halves=2 this is EnvPool's pattern
+    in one actor. 0: the actors' policy runs on their CPU."""
+    actor_halves: Literal[1, 2] = 1
+    """How each actor steps its envs with its own policy (run.inference=actor). 2: in two halves of env.num_envs/2
+    (so it must be even), one half stepping while the other's forward pass runs on a worker thread (on the actor's
+    GPU share with run.actor_gpus); actions are still drawn with the actor's seeded stream, so a greedy policy acts
+    as with 1. 1: every env steps, then the policy acts on all of them."""
     learner_threads: int = Field(1, ge=1)
     """torch CPU threads of each learner's update: 1 is fastest for small MLPs and keeps a shared machine
     from thrashing; raise it for large networks on a CPU learner."""

@@ -14,6 +14,7 @@ from dppo.distributed.inference import ServedBroadcast, ServiceClient
 from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import UsageError, first_line
 from dppo.rl.agent import Agent
+from dppo.rl.overlap import OverlappedPolicy
 from dppo.rl.policy import RemotePolicy
 from dppo.rl.segment import Segment
 
@@ -23,15 +24,16 @@ if TYPE_CHECKING:
 
 
 def make_sampler(config: Config, actor_id: int, seed: int) -> Sampler | JointSampler:
-    """The actor's sampler: its policies in the actor (:func:`dppo.rl.joint.make_sampler`), or the one policy's
-    served by the inference service (run.inference=server)."""
+    """The actor's sampler: its policies in the actor (:func:`dppo.rl.joint.make_sampler`), the one policy's
+    served by the inference service (run.inference=server), or computed on a worker thread of the actor, in two
+    halves or on its GPU share (run.actor_halves, run.actor_gpus)."""
     from dppo.rl import joint
     from dppo.rl.sampler import Sampler
 
-    served = remote_policy(config, seed)
-    if served is None:
+    policy = remote_policy(config, seed) or overlapped_policy(config, seed)
+    if policy is None:
         return joint.make_sampler(config, actor_id, seed)
-    return Sampler(config, actor_id, seed=seed, policy=served, policy_name=config.policy_names[0])
+    return Sampler(config, actor_id, seed=seed, policy=policy, policy_name=config.policy_names[0])
 
 
 def load_broadcast(sampler: Sampler, broadcast: Broadcast) -> None:
@@ -51,6 +53,25 @@ def remote_policy(config: Config, seed: int) -> RemotePolicy | None:
     return RemotePolicy(*env_spaces(config), config.model, seed, config.env.num_envs)
 
 
+def overlapped_policy(config: Config, seed: int) -> OverlappedPolicy | None:
+    """With run.actor_halves=2 or run.actor_gpus the actor's own policy on a worker thread, on cuda when the actor
+    holds a GPU share (seeded like the Agent it replaces); else None (the Agent, on this thread)."""
+    run = config.run
+    if run.inference == "server" or (run.actor_halves == 1 and run.actor_gpus == 0):
+        return None
+    from dppo.envs.make import env_spaces
+
+    device = "cpu"
+    if run.actor_gpus > 0:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"run.actor_gpus={run.actor_gpus:g} gave this actor a GPU share, but its torch sees no "
+                             "CUDA device; install a CUDA build of torch on the actors' nodes or set run.actor_gpus=0")
+        device = "cuda"
+    return OverlappedPolicy(*env_spaces(config), config.model, seed, config.env.num_envs, run.actor_halves, device)
+
+
 class Actor:
     """What runs in an actor's process (tests and benchmarks use it directly, without Ray)."""
 
@@ -67,7 +88,7 @@ class Actor:
                 f"env {config.env.name!r} raised {type(err).__name__} while starting: {first_line(err)}")
             self.problem = f"{what} [{where}]"  # reported by ready(): bad input, before anything is written
             return
-        if any(isinstance(s.policy, Agent) and not s.policy.fast for s in self.samplers):
+        if any(not agent.fast for agent in map(own_agent, self.samplers) if agent is not None):
             # image policies act with torch; MLP actors, and those the inference service serves, never import it
             import torch
 
@@ -105,5 +126,22 @@ RemoteActor = ray.remote(Actor)
 
 def start_actor(config: Config, actor_id: int, seed: int) -> ray.actor.ActorHandle:
     """One actor with its CPU reservation; restarts are the actor pool's job (it resends the weights)."""
-    return RemoteActor.options(num_cpus=config.run.actor_cpus, max_restarts=0, name=None).remote(
-        config, actor_id, seed, driver_import_paths())
+    return RemoteActor.options(num_cpus=config.run.actor_cpus, num_gpus=config.run.actor_gpus, max_restarts=0,
+                               name=None).remote(config, actor_id, seed, driver_import_paths())
+
+
+def own_agent(sampler: Sampler) -> Agent | None:
+    """The networks a sampler acts with in this process (None: the inference service's)."""
+    policy = sampler.policy
+    return policy.agent if isinstance(policy, OverlappedPolicy) else policy if isinstance(policy, Agent) else None
+
+
+def gpu_shortage(share: float, nodes: list[dict]) -> str | None:
+    """One line when no alive node of the cluster (``ray.nodes()``) holds an actor's GPU ``share``, else None."""
+    most = max((node["Resources"].get("GPU", 0.0) for node in nodes if node["Alive"]), default=0.0)
+    if share <= most:
+        return None
+    return (f"run.actor_gpus={share:g} asks Ray for a GPU share per actor, and no node of the Ray cluster has "
+            f"{share:g} GPU{'' if share <= 1 else 's'} (the most on one node: {most:g}); set run.actor_gpus=0 "
+            "(the actors' policy on their CPUs) or start the run where a node has one (on an autoscaling cluster, "
+            "once a GPU node is up)")

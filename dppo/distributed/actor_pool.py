@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 import ray
 
 from dppo.config import Config
+from dppo.distributed.actor import gpu_shortage
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts
 from dppo.distributed.membership import POLL_S, Membership, PoolEvents, Stop
 from dppo.distributed.ray_calls import RayCalls
-from dppo.errors import RunFailure, first_line
+from dppo.errors import RunFailure, UsageError, first_line
 from dppo.rl.sampler import EnvFailure
 from dppo.rl.segment import Segment
 
@@ -60,7 +61,10 @@ class ActorPool:
         self.returns = len(config.policy_names)  # segments per sample call: one per policy
 
     def start(self) -> None:
-        """Every actor spawned and ready (see Membership.start): bad input is found before anything is written."""
+        """Every actor spawned and ready (see Membership.start): bad input is found before anything is written,
+        actors asking a GPU share that no node has included (they would wait for ever)."""
+        if self.config.run.actor_gpus > 0 and (short := gpu_shortage(self.config.run.actor_gpus, ray.nodes())):
+            raise UsageError(short)
         self.members.start()
 
     @property
