@@ -70,17 +70,18 @@ def _in_process(config: Config, iterations: int, raw: bool) -> float:
         return iterations * steps * config.env.num_envs / elapsed
 
 
-def _ray_sampling(config: Config, actors: int, iterations: int, inference: str = "actor"
+def _ray_sampling(config: Config, actors: int, iterations: int, inference: str = "actor", cpus: float | None = None
                   ) -> tuple[float, dict[str, float]]:
     """Steps/s of ``actors`` Ray actors sampling one broadcast per round, and the tree memory meanwhile;
-    ``inference`` server: their policy computed by the inference service (on the GPU when there is one)."""
+    ``inference`` server: their policy computed by the inference service (on the GPU when there is one);
+    ``cpus``: Ray CPUs (and ale-py threads) per actor (default one, or a share of a smaller cluster)."""
     import ray
 
     from dppo.envs.make import make_env
     from dppo.rl.build import build_model
 
     config.run.actors = actors
-    config.run.actor_cpus = actor_cpus(actors)
+    config.run.actor_cpus = cpus or actor_cpus(actors)
     config.run.inference = inference
     env = make_env(config.env)
     model = build_model(env.observation_space, env.action_space, config.model)
@@ -137,13 +138,15 @@ def sampling_limit(actors: int, envs: int, latency_ms: float, vectorization: str
 def bench_sampling(actor_counts: list[int], env_id: str = "CartPole-v1", envs_per_actor: int = 8,
                    segment_length: int | None = None, latency_ms: float = 0.0, iterations: int = 10,
                    vectorization: str = "sync", address: str | None = None, raw_baseline: bool = True,
-                   inference: tuple[str, ...] = ("actor",)) -> list[Row]:
+                   inference: tuple[str, ...] = ("actor",), actor_halves: int = 1,
+                   cpus_per_actor: float | None = None) -> list[Row]:
     """Rows: the raw loop and the in-process Sampler (actors 0), then one row per actor count.
 
     ``efficiency`` is steps/s over the in-process Sampler baseline (the one-core ceiling; it can pass 1
     with more cores or with latency-bound envs); ``of_limit`` is steps/s over the latency-bound ceiling.
     """
     config = bench_config(env_id, envs_per_actor, segment_length, latency_ms, vectorization)
+    config.run.actor_halves = actor_halves  # the actors' own policy in two halves (run.actor_halves)
     base_iterations = iterations if latency_ms <= 0 else max(1, iterations // 2)
     rows: list[Row] = []
 
@@ -162,7 +165,8 @@ def bench_sampling(actor_counts: list[int], env_id: str = "CartPole-v1", envs_pe
     with ray_session(address, max(actor_counts)):
         for count in actor_counts:
             for mode in inference:
-                steps_per_s, memory = _ray_sampling(config.model_copy(deep=True), count, iterations, mode)
+                steps_per_s, memory = _ray_sampling(config.model_copy(deep=True), count, iterations, mode,
+                                                    cpus_per_actor)
                 rows.append(row("ray", count, steps_per_s, inference=mode, **memory))
     for r in rows:
         r["efficiency"] = round(r["steps_per_s"] / baseline, 3)
@@ -187,6 +191,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     sampling.add_argument("--inference", default="actor",
                           help="comma-separated: actor (each actor's own forward pass), server (the inference "
                                "service batching every actor's; run.inference) (default actor)")
+    sampling.add_argument("--actor-halves", type=int, choices=[1, 2], default=1,
+                          help="run.actor_halves of the actors running their own policy: 2 steps one half of their "
+                               "envs while the other's forward pass runs (default 1)")
+    sampling.add_argument("--actor-cpus", type=positive(float, "--actor-cpus"),
+                          help="run.actor_cpus: Ray CPUs per actor, also ale-py's threads (default 1 per actor)")
     add_common_args(sampling)
     sampling.set_defaults(func=cmd_sampling)
 
@@ -199,9 +208,13 @@ def cmd_sampling(args: argparse.Namespace) -> int:
     if "server" in modes and args.envs_per_actor > 1 and args.envs_per_actor % 2:
         fail(f"--inference server steps each actor's envs in two halves: --envs-per-actor must be even or 1, "
              f"not {args.envs_per_actor}")
+    if args.actor_halves == 2 and (args.envs_per_actor % 2 or "server" in modes):
+        fail(f"--actor-halves 2 splits the envs of actors running their own policy: it needs an even "
+             f"--envs-per-actor (not {args.envs_per_actor}) and --inference actor")
     info = machine()
     rows = bench_sampling(counts, check_env_id(args.env), args.envs_per_actor, args.segment_length,
-                          args.env_latency_ms, args.iterations, args.vectorization, args.address, inference=modes)
+                          args.env_latency_ms, args.iterations, args.vectorization, args.address, inference=modes,
+                          actor_halves=args.actor_halves, cpus_per_actor=args.actor_cpus)
     latency = args.env_latency_ms
     key = "sampling" + (f"-latency-{latency:g}ms" if latency else "")
     key = args.section or key + (f"-{args.vectorization}" if args.vectorization != "sync" else "")
@@ -221,5 +234,8 @@ def cmd_sampling(args: argparse.Namespace) -> int:
     columns = ["mode", *served, "actors", "envs_per_actor", "segment_length", "env_latency_ms", "steps_per_s",
                "efficiency", "limit_steps_per_s", "of_limit", "processes", "rss_mib", "pss_mib"]
     shape = f"E = {rows[0]['envs_per_actor']}, T = {rows[0]['segment_length']}"
+    if args.actor_halves != 1 or args.actor_cpus:  # the actor that steps many envs on its threads (issue 42)
+        shape += f", {args.actor_halves} halves, {args.actor_cpus or 1:g} CPUs per actor"
+        key = args.section or f"{key}-E{args.envs_per_actor}-halves{args.actor_halves}-cpus{args.actor_cpus or 1:g}"
     emit(args, rows, columns, key, f"Sampling, {args.env}, {bound}, {shape}", note, info)
     return 0
