@@ -638,7 +638,7 @@ def test_network_policy_covers_every_pod_and_opens_only_the_needed_ports(helm_bi
     for labels in template_labels:
         assert own.items() <= labels.items()
     ingress_ports = [{p["port"] for p in rule.get("ports", [])} for rule in spec["ingress"]]
-    assert ingress_ports == [set(), {8265}, {8000, 8080}]
+    assert ingress_ports == [set(), {8265}, {8000, 8080}, {8000}]  # the last: `dppo status` (statusPeers)
     assert spec["ingress"][0]["from"] == [{"podSelector": {"matchLabels": own}}]
     assert spec["ingress"][1]["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "kuberay-operator"}
     egress_ports = [{p["port"] for p in rule.get("ports", [])} for rule in spec["egress"]]
@@ -646,6 +646,76 @@ def test_network_policy_covers_every_pod_and_opens_only_the_needed_ports(helm_bi
     assert spec["policyTypes"] == ["Ingress", "Egress"]
 
     assert not by_kind(render(helm_bin, "-f", str(VALUES_DIR / "netpol-off.yaml")), "NetworkPolicy")
+
+
+def download_egress(objects: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The egress rule of the <release>-dppo-downloads policy (None when the chart renders none)."""
+    policies = {p["metadata"]["name"]: p["spec"] for p in by_kind(objects, "NetworkPolicy")}
+    if "r-dppo-downloads" not in policies:
+        return None
+    spec = policies["r-dppo-downloads"]
+    assert spec["policyTypes"] == ["Egress"] and spec["podSelector"] == policies["r-dppo"]["podSelector"]
+    (rule,) = spec["egress"]
+    return rule
+
+
+@pytest.mark.parametrize(("args", "ports"), [
+    (["-f", str(VALUES_DIR / "runtime-env.yaml")], {443}),  # an https working_dir and pip
+    (["--set", "runtimeEnv.working_dir=https://bucket.s3.amazonaws.com/custom-env.zip"], {443}),
+    (["--set", "runtimeEnv.working_dir=http://10.0.0.5:8080/env.zip"], {8080}),
+    (["--set-json", 'runtimeEnv.py_modules=["s3://b/m.zip","http://files.local/n.zip","gs://b/o.zip"]'], {443, 80}),
+    (["--set-json", 'runtimeEnv.pip=["minigrid"]'], {443}),
+    (["--set", "runtimeEnv.conda=myenv"], {443}),
+])
+def test_runtime_env_downloads_get_their_egress(helm_bin: str, args: list[str], ports: set[int]) -> None:
+    """The README's runtimeEnv.working_dir URL and runtimeEnv.pip: the default policy refused both; the chart now
+    opens the ports they need (the URL's, else the scheme's) from the run's pods to networkPolicy.downloadPeers."""
+    rule = download_egress(render(helm_bin, *args))
+    assert rule is not None
+    assert rule["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}]
+    assert {p["port"] for p in rule["ports"]} == ports and {p["protocol"] for p in rule["ports"]} == {"TCP"}
+    narrowed = download_egress(render(helm_bin, *args, "--set-json",
+                                      'networkPolicy.downloadPeers=[{"ipBlock":{"cidr":"10.1.0.0/16"}}]'))
+    assert narrowed is not None and narrowed["to"] == [{"ipBlock": {"cidr": "10.1.0.0/16"}}]
+
+
+def test_no_downloads_no_download_egress(helm_bin: str) -> None:
+    assert download_egress(render(helm_bin)) is None
+    assert download_egress(render(helm_bin, "--set-string", "runtimeEnv.env_vars.OMP_NUM_THREADS=1")) is None
+    assert not by_kind(render(helm_bin, "-f", str(VALUES_DIR / "runtime-env.yaml"), "--set",
+                              "networkPolicy.enabled=false"), "NetworkPolicy")
+
+
+def test_downloads_without_peers_fail_with_the_line_to_add(helm_bin: str) -> None:
+    args = ["-f", str(VALUES_DIR / "runtime-env.yaml"), "--set-json", "networkPolicy.downloadPeers=[]"]
+    out = helm(helm_bin, "template", "r", str(CHART), *args)
+    assert out.returncode != 0
+    assert ("runtimeEnv downloads at start (TCP port 443) but networkPolicy.downloadPeers is empty" in out.stderr
+            and """--set-json 'networkPolicy.downloadPeers=[{"ipBlock":{"cidr":"0.0.0.0/0"}}]'""" in out.stderr)
+    # A user who opens the way in extraEgress is trusted to have done so.
+    rule = {"to": [{"ipBlock": {"cidr": "10.2.0.0/16"}}], "ports": [{"port": 443}]}
+    objects = render(helm_bin, *args, "--set-json", f"networkPolicy.extraEgress=[{json.dumps(rule)}]")
+    assert download_egress(objects) is None
+    assert one([o for o in objects if o["metadata"]["name"] == "r-dppo"], "NetworkPolicy")["spec"]["egress"][-1] == rule
+
+
+def test_dppo_status_reads_the_metrics_port_through_the_api_server(helm_bin: str) -> None:
+    """`dppo status` goes through the API server's service proxy, which connects from the control plane: admitted on
+    the metrics port only (any address by default, networkPolicy.statusPeers narrows or removes it)."""
+    ingress = one(render(helm_bin, "--set", "metrics.port=9100"), "NetworkPolicy")["spec"]["ingress"]
+    assert ingress[-1] == {"from": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"port": 9100, "protocol": "TCP"}]}
+    closed = one(render(helm_bin, "--set-json", "networkPolicy.statusPeers=[]"), "NetworkPolicy")["spec"]["ingress"]
+    assert len(closed) == len(ingress) - 1 and all(r["from"] != [{"ipBlock": {"cidr": "0.0.0.0/0"}}] for r in closed)
+
+
+def test_helm_prints_no_symlink_warning(helm_bin: str) -> None:
+    """presets/ was a link to dppo/presets, and every helm call printed `found symbolic link in path`; the chart
+    carries presets.yaml instead (helm/values_schema.py writes it)."""
+    assert not [p for p in CHART.rglob("*") if p.is_symlink()]
+    out = helm(helm_bin, "template", "r", str(CHART), "--set", "env=LunarLander-v3")
+    assert out.returncode == 0 and "symbolic link" not in out.stderr, out.stderr
+    assert training_config([d for d in yaml.safe_load_all(out.stdout) if d])["ppo"]["gae_lambda"] == yaml.safe_load(
+        (REPO / "dppo" / "presets" / "lunarlander.yaml").read_text())["ppo"]["gae_lambda"]
 
 
 BAD_VALUES = [
@@ -838,6 +908,15 @@ def test_notes_list_the_commands_for_the_values_in_use(helm_bin: str) -> None:
     assert "RAY_AUTH_TOKEN" not in text
 
 
+def test_notes_say_what_the_network_policy_allows(helm_bin: str) -> None:
+    text = notes(helm_bin)
+    assert "any address on port 8000 (`dppo status`" in text
+    assert "egress goes to the run's own pods and DNS only." in text
+    text = notes(helm_bin, "-f", str(VALUES_DIR / "runtime-env.yaml"), "--set-json", "networkPolicy.statusPeers=[]")
+    assert "r-dppo-downloads opens\nTCP 443 to any address" in text and "use the port-forward in step 3" in text
+    assert "Network:" not in notes(helm_bin, "--set", "networkPolicy.enabled=false")
+
+
 def test_notes_on_autoscaling(helm_bin: str) -> None:
     assert "Autoscaling is on" not in notes(helm_bin)
     text = notes(helm_bin, "-f", str(VALUES_DIR / "autoscaling.yaml"))
@@ -923,7 +1002,7 @@ def test_image_tag_matches_the_chart() -> None:
 
 
 def test_packaged_chart_carries_presets_and_dashboard(helm_bin: str, tmp_path: Path) -> None:
-    """presets/ is a link to dppo/presets; `helm package` must copy the files in."""
+    """presets.yaml (dppo's presets) and the dashboard are files of the chart: `helm package` carries them."""
     out = helm(helm_bin, "package", str(CHART), "--destination", str(tmp_path))
     assert out.returncode == 0, out.stderr
     (package,) = tmp_path.glob("dppo-*.tgz")

@@ -174,8 +174,8 @@ a typo fails here, in one line with the ids that start like it, instead of in th
 {{- end }}
 {{- define "dppo.config" -}}
 {{- $preset := dict }}
-{{- range $path, $_ := .Files.Glob "presets/*.yaml" }}
-{{- $data := $.Files.Get $path | fromYaml }}
+{{- range $name, $text := (.Files.Get "presets.yaml" | fromYaml) }}
+{{- $data := $text | fromYaml }}
 {{- if eq ((($data.env | default dict)).id | default "") $.Values.env }}
 {{- $preset = $data }}
 {{- end }}
@@ -231,4 +231,30 @@ a typo fails here, in one line with the ids that start like it, instead of in th
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
+{{- end }}
+
+{{/* The TCP ports runtimeEnv downloads from when the run starts, as a JSON list (empty: it downloads nothing):
+working_dir and py_modules URIs (the URL's port, else 443 for https, s3 and gs, 80 for http), and 443 for pip, uv
+and conda (their package index). The NetworkPolicy opens them to networkPolicy.downloadPeers. */}}
+{{- define "dppo.downloadPorts" -}}
+{{- $env := .Values.runtimeEnv | default dict }}
+{{- $uris := list }}
+{{- with $env.working_dir }}{{ $uris = append $uris (toString .) }}{{ end }}
+{{- if kindIs "slice" $env.py_modules }}{{ range $env.py_modules }}{{ $uris = append $uris (toString .) }}{{ end }}{{ end }}
+{{- $ports := list }}
+{{- range $uris }}
+{{- $url := urlParse . }}
+{{- $port := regexFind "[0-9]+$" (regexFind ":[0-9]+$" $url.host) }}
+{{- if not $port }}{{ $port = get (dict "https" "443" "s3" "443" "gs" "443" "http" "80") (lower $url.scheme) }}{{ end }}
+{{- if $port }}{{ $ports = append $ports (int $port) }}{{ end }}
+{{- end }}
+{{- if or $env.pip $env.uv $env.conda }}{{ $ports = append $ports 443 }}{{ end }}
+{{- $ports | uniq | toJson }}
+{{- end }}
+
+{{/* NetworkPolicyPeer objects in words, for NOTES.txt: "any address" for 0.0.0.0/0, else their CIDRs or "N peer(s)". */}}
+{{- define "dppo.peers" -}}
+{{- $cidrs := list }}
+{{- range . }}{{ with .ipBlock }}{{ $cidrs = append $cidrs .cidr }}{{ end }}{{ end }}
+{{- if has "0.0.0.0/0" $cidrs }}any address{{ else if eq (len $cidrs) (len .) }}{{ join ", " $cidrs }}{{ else }}{{ len . }} peer(s) (networkPolicy values){{ end }}
 {{- end }}
