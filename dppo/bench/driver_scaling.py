@@ -119,7 +119,7 @@ def timed_coordinator(config: Config, run_dir: Path, ledger: Ledger,
                 with ledger.timing("batch"):
                     batch = build_batch(segments, trainer.config.gamma, trainer.config.gae_lambda, trainer.device)
                 with ledger.timing("sgd"):
-                    return trainer.update(batch, lr_clock)
+                    return trainer.update(batch, lr_clock, int(lr_clock) + 1)
 
             trainer.train_on = train_on  # type: ignore[method-assign]
 
@@ -146,7 +146,7 @@ def driver_config(env_id: str, actors: int, envs_per_actor: int, segment_length:
             # every round with all N actors, however slow they start (one node starts a few worker processes at once)
             f"faults.actor_start_timeout_s={START_TIMEOUT_S}"]
     return resolve_inference(bench_config(env_id, envs_per_actor, segment_length, 0.0, "sync", actors=actors,
-                                          sets=sets), False, "cpu")
+                                          sets=sets))
 
 
 def actor_pids(handles: list[Any]) -> list[int]:

@@ -80,7 +80,7 @@ def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: s
                 with torch_threads(threads):
                     for i in range(iterations + 1):
                         start = time.perf_counter()
-                        trainer.train_on(segments, i)
+                        trainer.train_on(segments, i, i + 1)
                         seconds.append(time.perf_counter() - start)
                 rows.append(_learners_row(shape, 1, threads, seconds[1:]))  # the first update warms up
             for learners in (n for n in learner_counts if n > 1):
@@ -91,7 +91,7 @@ def bench_learners(models: list[list[int]], learner_counts: list[int], env_id: s
                     seconds, shares = [], []
                     for i in range(iterations + 1):
                         start = time.perf_counter()
-                        group.update(segments, refs, i)
+                        group.update(segments, refs, i, i + 1)
                         seconds.append(time.perf_counter() - start)
                         shares.append(max(r / u for u, r in group.timings))  # the slowest-waiting learner
                 finally:

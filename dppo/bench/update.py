@@ -109,7 +109,7 @@ def _update_row(config: Config, hidden: list[int], actors: int, iterations: int,
                 segments = sample_round(handles, model, version)
                 moved.append(sum(payload_bytes(seg) for seg in segments))
                 t_update = time.perf_counter()  # the batch's copy to the device counts as update time
-                trainer.train_on(segments, version)
+                trainer.train_on(segments, version, version)
                 if learner_device.type == "cuda":
                     torch.cuda.synchronize()
                 now = time.perf_counter()

@@ -71,13 +71,14 @@ class Learner:
         if trainer_state is not None:
             self.trainer.load_state_dict(trainer_state)
 
-    def update(self, lr_clock: float, *segments: Segment) -> tuple[TrainStats, float, float]:
-        """The update's statistics, its seconds, and the seconds of those spent in all-reduce. Segments are
-        separate arguments so that Ray resolves each one (zero-copy from the object store) for a remote learner."""
+    def update(self, lr_clock: float, version: int, *segments: Segment) -> tuple[TrainStats, float, float]:
+        """The statistics of the update that makes policy ``version``, its seconds, and the seconds of those spent
+        in all-reduce. Segments are separate arguments so that Ray resolves each one (zero-copy from the object
+        store) for a remote learner."""
         start = time.perf_counter()
         if self.reducer is not None:
             self.reducer.seconds = 0.0
-        stats = self.trainer.train_on(list(segments), lr_clock)
+        stats = self.trainer.train_on(list(segments), lr_clock, version)
         reduce_s = self.reducer.seconds if self.reducer is not None else 0.0
         return stats, time.perf_counter() - start, reduce_s
 

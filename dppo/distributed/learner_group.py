@@ -104,14 +104,16 @@ class LearnerGroup:
         model_ref, trainer_ref = ray.put(model_state), ray.put(trainer_state)  # one copy, read by every learner
         ray.get([learner.load.remote(model_ref, trainer_ref) for learner in self.remote])
 
-    def update(self, segments: list[Segment], refs: list[ray.ObjectRef], lr_clock: float) -> TrainStats:
-        """Every learner updates (remote ones read ``refs``); they agree, so learner 0's statistics are the
-        group's. A learner that dies stops the update: LearnerDied (restart the group and retry)."""
+    def update(self, segments: list[Segment], refs: list[ray.ObjectRef], lr_clock: float, version: int
+               ) -> TrainStats:
+        """Every learner updates to policy ``version`` (remote ones read ``refs``); they agree, so learner 0's
+        statistics are the group's. A learner that dies stops the update: LearnerDied (restart the group and
+        retry)."""
         if self.local is not None:
-            stats, update_s, reduce_s = self.local.update(lr_clock, *segments)
+            stats, update_s, reduce_s = self.local.update(lr_clock, version, *segments)
             self.timings = [(update_s, reduce_s)]
             return stats
-        calls = [learner.update.remote(lr_clock, *refs) for learner in self.remote]
+        calls = [learner.update.remote(lr_clock, version, *refs) for learner in self.remote]
         pending, rank = list(calls), 0  # rank: the learner whose answer is being read
         try:
             while pending:  # ray.wait, not ray.get in order: survivors block in the all-reduce of a dead peer

@@ -69,14 +69,16 @@ class ValueNormalizer:
     mean and std of every return the learner has trained on, so its targets stay near unit scale whatever the
     rewards. Actors record the head's output as is; the learner turns it back into returns for GAE with the
     statistics that the weights which sampled it were trained against: those of that policy version, kept for the
-    last few versions (with run.overlap_sampling a round samples with the weights before the last update). A
-    version no longer kept (a learner restored from an older checkpoint) falls back to the current statistics."""
+    last few versions (with run.overlap_sampling a round samples with the weights before the last update). The
+    statistics are keyed by the run's policy version, not by this object's own count of updates: a learner group
+    restarted with an older checkpoint's trainer state beside newer weights finds the versions it makes from then on.
+    A version no longer kept (or made before such a restart) falls back to the current statistics."""
 
     KEEP = 4  # versions whose statistics stay: overlap needs the previous one, the rest is margin
 
     def __init__(self) -> None:
         self.stats = RunningStats.empty()
-        self.version = 0  # updates so far: the policy version of the weights they made
+        self.version = 0  # the policy version of the weights the last update made
         self.history = {0: self.stats.copy()}
 
     def to_returns(self, values: np.ndarray, version: int) -> np.ndarray:
@@ -84,10 +86,10 @@ class ValueNormalizer:
         stats = self.history.get(version, self.stats)
         return (values * np.sqrt(stats.var + 1e-8) + stats.mean).astype(np.float32)
 
-    def update(self, returns: np.ndarray) -> None:
-        """Merge one update's returns in: the statistics of the weights this update makes (the next version)."""
+    def update(self, returns: np.ndarray, version: int) -> None:
+        """Merge one update's returns in: the statistics of the weights this update makes, policy ``version``."""
         self.stats.update(np.asarray(returns, np.float64).reshape(-1))
-        self.version += 1
+        self.version = version
         self.history[self.version] = self.stats.copy()
         for old in [v for v in self.history if v <= self.version - self.KEEP]:
             del self.history[old]

@@ -171,21 +171,23 @@ class Trainer:
         frac = 1.0 - min(lr_clock, self.num_iterations - 1) / self.num_iterations
         return frac * self.config.learning_rate
 
-    def train_on(self, segments: list[Segment], lr_clock: float) -> TrainStats:
-        """The update on one iteration's segments (GAE and flattening first, :mod:`dppo.rl.batch`)."""
+    def train_on(self, segments: list[Segment], lr_clock: float, version: int) -> TrainStats:
+        """The update on one iteration's segments (GAE and flattening first, :mod:`dppo.rl.batch`); ``version``: the
+        policy version of the weights it makes."""
         return self.update(build_batch(segments, self.config.gamma, self.config.gae_lambda, self.device,
-                                       self.value_normalizer), lr_clock)
+                                       self.value_normalizer), lr_clock, version)
 
-    def update(self, batch: Batch, lr_clock: float) -> TrainStats:
-        """K epochs of minibatch SGD over the batch (see :meth:`learning_rate` for ``lr_clock``). A batch smaller
-        than usual (a round that lost actors) gives fewer minibatches of the same size."""
+    def update(self, batch: Batch, lr_clock: float, version: int) -> TrainStats:
+        """K epochs of minibatch SGD over the batch (see :meth:`learning_rate` for ``lr_clock``), making policy
+        ``version``. A batch smaller than usual (a round that lost actors) gives fewer minibatches of the same
+        size."""
         cfg = self.config
         lr = self.learning_rate(lr_clock)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         sums = dict.fromkeys(("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"), 0.0)
         steps = skipped = epochs_run = 0
-        old_values, returns = self._value_targets(batch)
+        old_values, returns = self._value_targets(batch, version)
         self.model.train()
         for _epoch in range(cfg.epochs):
             epochs_run += 1
@@ -225,12 +227,12 @@ class Trainer:
         return TrainStats(**means, explained_variance=ev, learning_rate=lr, epochs_run=epochs_run,
                           skipped_minibatches=skipped)
 
-    def _value_targets(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _value_targets(self, batch: Batch, version: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The old values and the returns in the value head's scale: as they are, or, with ppo.normalize_value,
         standardized by the return statistics with this batch's returns merged in (rl_games' order)."""
         if self.value_normalizer is None:
             return batch.values, batch.returns
-        self.value_normalizer.update(batch.live(batch.returns).cpu().numpy())
+        self.value_normalizer.update(batch.live(batch.returns).cpu().numpy(), version)
         return self.value_normalizer.normalize(batch.values), self.value_normalizer.normalize(batch.returns)
 
     def _minibatches(self, batch: Batch) -> Iterator[torch.Tensor]:

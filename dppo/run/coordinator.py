@@ -22,7 +22,7 @@ from dppo.config import Config
 from dppo.distributed.actor_pool import ActorPool, Gathered, Round, Stop
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, SnapshotRefs, broadcast_arg
 from dppo.distributed.evaluation import EvalResult, Evaluation, EvaluationStopped
-from dppo.distributed.inference import Inference, likely_device, lost_service, resolve_inference
+from dppo.distributed.inference import Inference, lost_service, resolve_inference
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.make import check_self_play, is_self_play, policy_spaces
@@ -56,8 +56,7 @@ class Coordinator:
         np.random.seed(config.run.seed)
         self.spaces = policy_spaces(config)  # each policy's (one without a policy map)
         self.models = {name: build_model(*spaces, config.model) for name, spaces in self.spaces.items()}
-        has_image = any(model.obs_spec.has_image for model in self.models.values())
-        config = self.config = resolve_inference(config, has_image, likely_device(config))
+        config = self.config = resolve_inference(config)
         self.state = RunState(config, {name: model.obs_spec.vector_dim for name, model in self.models.items()})
         if is_self_play(config.env):
             check_self_play(config)
@@ -188,7 +187,7 @@ class Coordinator:
         retried on the same segments, with the optimizer state of the last checkpoint."""
         while True:
             try:
-                return learners.update(segments, refs, self.state.lr_clock)
+                return learners.update(segments, refs, self.state.lr_clock, self.state.counters.policy_version + 1)
             except LearnerDied as err:
                 self.learner_restarts.spend(err)
                 whose = f" of policy {name}" if len(self.learners) > 1 else ""

@@ -51,8 +51,8 @@ def test_two_learners_make_the_same_first_updates_as_one(ray_address: str, env: 
                 sampler.set_weights(weights, iteration)
             segments = [s.sample() for s in samplers]
             assert (segments[0].active is not None) == bool(env)
-            expected = trainer.train_on(segments, iteration)
-            got = group.update(segments, [ray.put(s) for s in segments], iteration)
+            expected = trainer.train_on(segments, iteration, iteration + 1)
+            got = group.update(segments, [ray.put(s) for s in segments], iteration, iteration + 1)
             for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"):
                 assert getattr(got, key) == pytest.approx(getattr(expected, key), rel=1e-4, abs=1e-6), key
             assert got.epochs_run == expected.epochs_run

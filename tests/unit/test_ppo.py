@@ -76,7 +76,7 @@ def _trainer(**ppo: object) -> tuple[Trainer, Batch]:
 
 def test_update_reports_every_diagnostic_and_anneals() -> None:
     trainer, batch = _trainer(epochs=2, learning_rate=1e-3, anneal_lr=True)
-    stats = trainer.update(batch, 5)  # the learning-rate clock at iteration 5 of 10
+    stats = trainer.update(batch, 5, 6)  # the learning-rate clock at iteration 5 of 10
     assert stats.learning_rate == pytest.approx(1e-3 * 0.5)
     assert stats.epochs_run == 2 and stats.skipped_minibatches == 0
     for value in (stats.policy_loss, stats.value_loss, stats.entropy, stats.approx_kl, stats.clip_fraction,
@@ -91,7 +91,7 @@ def test_update_reports_the_clip_fraction_and_kl_of_the_ratios_it_saw() -> None:
     trainer.config = trainer.config.model_copy(update={"learning_rate": 0.0})  # past validation: weights stay put
     pattern = [0.5, 0.75, 0.95, 1.0, 1.15, 1.3, 1.0, 0.85]  # |r - 1| > 0.2: 0.5, 0.75 and 1.3
     ratios = torch.tensor(pattern * (len(batch.actions) // len(pattern)))
-    stats = trainer.update(batch._replace(log_probs=batch.log_probs - ratios.log()), 0)
+    stats = trainer.update(batch._replace(log_probs=batch.log_probs - ratios.log()), 0, 1)
     assert stats.epochs_run == 2 and stats.learning_rate == 0.0
     assert stats.clip_fraction == pytest.approx(3 / 8, abs=1e-6)
     assert stats.approx_kl == pytest.approx(sum((r - 1) - math.log(r) for r in pattern) / len(pattern), rel=1e-4)
@@ -99,14 +99,14 @@ def test_update_reports_the_clip_fraction_and_kl_of_the_ratios_it_saw() -> None:
 
 def test_target_kl_stops_epochs_early() -> None:
     trainer, batch = _trainer(epochs=10, learning_rate=0.05, target_kl=1e-6, anneal_lr=False)
-    assert trainer.update(batch, 0).epochs_run == 1
+    assert trainer.update(batch, 0, 1).epochs_run == 1
 
 
 def test_nonfinite_loss_skips_the_step() -> None:
     trainer, batch = _trainer()
     before = [p.detach().clone() for p in trainer.model.parameters()]
     bad = batch._replace(returns=torch.full_like(batch.returns, float("nan")))
-    stats = trainer.update(bad, 0)
+    stats = trainer.update(bad, 0, 1)
     assert stats.skipped_minibatches > 0
     for old, new in zip(before, trainer.model.parameters(), strict=True):
         assert torch.equal(old, new)
@@ -151,7 +151,7 @@ def test_padding_rows_of_agents_that_left_change_nothing_in_the_loss() -> None:
 def test_a_minibatch_of_padding_only_takes_no_step() -> None:
     trainer, batch = _trainer()
     before = [p.detach().clone() for p in trainer.model.parameters()]
-    stats = trainer.update(batch._replace(active=torch.zeros(len(batch.actions), dtype=torch.bool)), 0)
+    stats = trainer.update(batch._replace(active=torch.zeros(len(batch.actions), dtype=torch.bool)), 0, 1)
     assert stats.skipped_minibatches == 0 and math.isnan(stats.policy_loss)  # nothing ran, nothing went wrong
     for old, new in zip(before, trainer.model.parameters(), strict=True):
         assert torch.equal(old, new)

@@ -53,7 +53,7 @@ def test_the_first_epoch_replays_exactly_the_actors_log_probs_and_values(env_id:
     trainer.config = trainer.config.model_copy(update={"learning_rate": 0.0})
     pattern = [0.7, 1.0, 1.15, 0.95]  # |r - 1| > 0.2: only 0.7
     ratios = torch.tensor(pattern * (len(batch.actions) // len(pattern)))
-    stats = trainer.update(batch._replace(log_probs=batch.log_probs - ratios.log()), 0)
+    stats = trainer.update(batch._replace(log_probs=batch.log_probs - ratios.log()), 0, 1)
     assert stats.epochs_run == sampler.config.ppo.epochs
     assert stats.clip_fraction == pytest.approx(1 / 4, abs=1e-6)
     assert stats.approx_kl == pytest.approx(sum((r - 1) - math.log(r) for r in pattern) / len(pattern), rel=1e-4)

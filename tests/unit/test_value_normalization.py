@@ -3,6 +3,7 @@ right scale. The math against hand-computed numbers; a short in-process CartPole
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 
@@ -40,15 +41,15 @@ def segment(version: int) -> Segment:
 def test_statistics_standardize_and_turn_back_by_version() -> None:
     norm = ValueNormalizer()
     np.testing.assert_allclose(norm.to_returns(np.array([1.5]), 0), [1.5], rtol=1e-6)  # before any update: as is
-    norm.update(np.array([0.0, 4.0]))
+    norm.update(np.array([0.0, 4.0]), 1)
     assert norm.version == 1 and float(norm.stats.mean) == 2.0 and float(norm.stats.var) == 4.0
     assert float(norm.normalize(torch.tensor(5.0))) == pytest.approx(1.5)
     np.testing.assert_allclose(norm.to_returns(np.array([1.5, -1.0]), 1), [5.0, 0.0], rtol=1e-6, atol=1e-6)
-    norm.update(np.array([10.0, 10.0]))  # version 2: {0, 4, 10, 10}, mean 6, variance (36 + 4 + 16 + 16) / 4 = 18
+    norm.update(np.array([10.0, 10.0]), 2)  # version 2: {0, 4, 10, 10}, mean 6, variance (36 + 4 + 16 + 16) / 4 = 18
     np.testing.assert_allclose(norm.to_returns(np.array([1.5]), 1), [5.0], rtol=1e-6)  # version 1's own statistics
     np.testing.assert_allclose(norm.to_returns(np.array([1.5]), 2), [6 + 1.5 * math.sqrt(18)], rtol=1e-6)
-    for _ in range(ValueNormalizer.KEEP):
-        norm.update(np.array([6.0]))
+    for version in range(3, 3 + ValueNormalizer.KEEP):
+        norm.update(np.array([6.0]), version)
     assert 1 not in norm.history  # too old: the current statistics stand in
     np.testing.assert_allclose(norm.to_returns(np.array([1.5]), 1), norm.to_returns(np.array([1.5]), norm.version))
 
@@ -58,8 +59,8 @@ def test_gae_runs_on_values_in_the_returns_scale() -> None:
     value 2 + 2 x 1 = 4. gamma 0.5, lambda 1: A_1 = 1 + 0.5 x 2.5 - 1 = 1.25; column 0: A_0 = 1 + 0.5 x 1 - 3 +
     0.5 x 1.25 = -0.875; column 1 (cut at t=0): A_0 = 1 + 0.5 x 4 - 3 = 0. Returns = A + V."""
     norm = ValueNormalizer()
-    norm.update(np.array([0.0, 4.0]))
-    norm.update(np.array([50.0, 70.0]))  # the learner has moved on: the segment's version 1 still decides
+    norm.update(np.array([0.0, 4.0]), 1)
+    norm.update(np.array([50.0, 70.0]), 2)  # the learner has moved on: the segment's version 1 still decides
     batch = build_batch([segment(version=1)], 0.5, 1.0, torch.device("cpu"), norm)
     rows = [(0, 0), (0, 1), (1, 0), (1, 1)]  # (t, column): time-major rows of a feed-forward batch
     advantages = {(0, 0): -0.875, (0, 1): 0.0, (1, 0): 1.25, (1, 1): 1.25}
@@ -85,8 +86,8 @@ def _trainer(normalize_value: bool) -> Trainer:
 def test_the_update_merges_its_returns_and_reports_in_the_returns_scale() -> None:
     trainer = _trainer(normalize_value=True)
     assert trainer.value_normalizer is not None
-    trainer.value_normalizer.update(np.array([0.0, 4.0]))
-    stats = trainer.train_on([segment(version=1)], 0)
+    trainer.value_normalizer.update(np.array([0.0, 4.0]), 1)
+    stats = trainer.train_on([segment(version=1)], 0, 2)
     returns = [2.125, 3.0, 2.25, 2.25]  # A + V of the hand-computed case above
     assert trainer.value_normalizer.version == 2
     assert float(trainer.value_normalizer.stats.mean) == pytest.approx(np.mean([0.0, 4.0, *returns]))
@@ -98,8 +99,8 @@ def test_the_update_merges_its_returns_and_reports_in_the_returns_scale() -> Non
 
 def test_statistics_live_in_the_trainer_state_and_an_older_state_loads() -> None:
     trainer = _trainer(normalize_value=True)
-    trainer.train_on([segment(version=0)], 0)
-    trainer.train_on([segment(version=1)], 1)
+    trainer.train_on([segment(version=0)], 0, 1)
+    trainer.train_on([segment(version=1)], 1, 2)
     buffer = io.BytesIO()
     torch.save(trainer.state_dict(), buffer)
     buffer.seek(0)
@@ -116,6 +117,25 @@ def test_statistics_live_in_the_trainer_state_and_an_older_state_loads() -> None
     assert "value_normalizer" not in _trainer(normalize_value=False).state_dict()  # off: the format is unchanged
 
 
+def test_after_a_restart_from_an_older_trainer_state_the_statistics_follow_the_policy_version() -> None:
+    """A learner group restarted with the last checkpoint's trainer state (made version 1) beside newer weights
+    (version 5) makes version 6 next; the round sampled with version 6 must be turned back with version 6's
+    statistics, not fall back to whatever is current."""
+    trainer = _trainer(normalize_value=True)
+    trainer.train_on([segment(version=0)], 0, 1)
+    checkpoint = trainer.state_dict()
+    restarted = _trainer(normalize_value=True)
+    restarted.load_state_dict(checkpoint)
+    restarted.train_on([segment(version=5)], 5, 6)
+    norm = restarted.value_normalizer
+    assert norm is not None and norm.version == 6 and 6 in norm.history
+    made_6 = norm.history[6].copy()
+    restarted.train_on([dataclasses.replace(segment(version=6), rewards=np.full((2, 2), 40.0, np.float32))], 6, 7)
+    assert float(norm.stats.mean) != pytest.approx(float(made_6.mean))  # the current statistics moved on
+    np.testing.assert_allclose(norm.to_returns(np.array([1.5]), 6), [1.5 * math.sqrt(made_6.var + 1e-8) + made_6.mean],
+                               rtol=1e-6)
+
+
 def test_a_short_cartpole_run_with_value_normalization_learns() -> None:
     """Actor and learner in one process, 12 iterations of 512 steps: the losses stay finite and the critic
     explains most of the returns' variance (with the values turned back by version, as a real run does)."""
@@ -128,7 +148,7 @@ def test_a_short_cartpole_run_with_value_normalization_learns() -> None:
     try:
         for version in range(12):
             sampler.set_weights(export_weights(model), version)
-            stats = trainer.train_on([sampler.sample()], version)
+            stats = trainer.train_on([sampler.sample()], version, version + 1)
             assert all(math.isfinite(v) for v in (stats.policy_loss, stats.value_loss, stats.entropy)), stats
             evs.append(stats.explained_variance)
     finally:
