@@ -1,5 +1,5 @@
 """The documentation site (mkdocs.yml, docs/): MkDocs with Material builds it in strict mode, where a link to a
-missing page or a missing anchor fails the build, so a stale reference fails CI."""
+missing page or a missing anchor fails the build, so a stale reference fails CI; and the README starts with use."""
 
 from __future__ import annotations
 
@@ -67,3 +67,23 @@ def test_the_presets_page_names_every_preset() -> None:
     assert len(presets) >= 11
     page = (REPO / "docs" / "configuration.md").read_text()
     assert {p for p in presets if f"`{p}`" not in page} == set()
+    readme = (REPO / "README.md").read_text()
+    for path in (REPO / "dppo" / "presets").glob("*.yaml"):
+        env_id = yaml.safe_load(path.read_text())["env"]["id"]
+        assert f"`{env_id}`" in readme, f"the README's presets line misses {env_id}"
+
+
+def test_the_readme_starts_with_use() -> None:
+    """What dppo is, install (make demo and make test), train, the chart with how to get helm, a figure; then
+    pointers to the docs pages, every one of which exists."""
+    readme = (REPO / "README.md").read_text()
+    headings = re.findall(r"^## (.+)$", readme, re.M)
+    assert headings[:3] == ["Install", "Train", "On Kubernetes"]
+    install = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert "make demo" in install and "make test" in install and "apt-get" not in install
+    assert "make tools" in readme.split("## On Kubernetes", 1)[1].split("\n## ", 1)[0]
+    figure = re.search(r"!\[[^\]]*\]\((docs/[^)]+\.png)\)", readme)
+    assert figure and (REPO / figure.group(1)).is_file()
+    for target in re.findall(r"\]\((docs/[^)#]+)", readme):
+        assert (REPO / target).is_file(), target
+    assert len(readme.splitlines()) < 150

@@ -1,4 +1,5 @@
-"""The README's examples run as written: the command is read from the README itself, so the two cannot drift."""
+"""The user docs' examples run as written: the command is read from the page itself (docs/environments.md,
+docs/sweeps.md, moved there from the README), so the two cannot drift."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import pytest
 from conftest import REPO
 
-README = (REPO / "README.md").read_text()
+README = "\n".join((REPO / path).read_text() for path in ("README.md", "docs/environments.md", "docs/sweeps.md"))
 
 
 def readme_command(marker: str) -> list[str]:
@@ -20,7 +21,7 @@ def readme_command(marker: str) -> list[str]:
         for line in block.splitlines():
             if line.startswith("dppo ") and marker in line:
                 return shlex.split(line.split("#")[0])
-    raise AssertionError(f"no `dppo` command mentioning {marker!r} in README.md")
+    raise AssertionError(f"no `dppo` command mentioning {marker!r} in README.md or its docs pages")
 
 
 @pytest.mark.slow
