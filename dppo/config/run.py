@@ -37,9 +37,10 @@ class RunConfig(Section):
     """Where the policy's forward pass runs while sampling. actor: in each actor's process (numpy for MLPs, torch on
     its CPU for CNN and LSTM). server: one inference service beside the learner on run.device batches every
     actor's observations into one forward pass (each actor steps its envs in two halves, one while the other's
-    actions are computed, so env.num_envs must be even or 1); actors still draw their actions with their own
-    seeded streams. auto: server for a CNN policy when the learner is on a GPU (where one batched forward pass
-    beats N small ones on CPUs), else actor (a small MLP costs less in the actor than a round trip)."""
+    actions are computed, so env.num_envs must be even or 1); actors on the service's node reach it through
+    shared memory, others by Ray calls; actors still draw their actions with their own seeded streams. auto:
+    actor, the mode no measurement has found slower (on one H100 the service sampled Breakout at 0.46x of the
+    actors, with a Ray call per step: issue 42); auto will pick the service only where it is measured faster."""
     learners: int = Field(1, ge=1, le=64)
     """L: data-parallel learner processes (torch.distributed through Ray). 1: the update runs in the driver.
     With L > 1 each global minibatch is split evenly, so ppo.minibatch_size must be a multiple of L."""

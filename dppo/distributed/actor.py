@@ -10,7 +10,7 @@ import ray
 
 from dppo.config import Config
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, fetch_new_snapshots
-from dppo.distributed.inference import ServedBroadcast, ServiceClient
+from dppo.distributed.inference_client import ServedBroadcast, service_client
 from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import UsageError, first_line
 from dppo.rl.agent import Agent
@@ -109,7 +109,7 @@ class Actor:
                 load_broadcast(sampler, broadcast[sampler.policy_name])
             return tuple(self.sampler.sample())
         if isinstance(broadcast, ServedBroadcast):  # the service named in each round: a replacement's too
-            self.sampler.policy.client = ServiceClient(broadcast.service)
+            self.sampler.policy.client = service_client(broadcast, self.sampler.policy)
         load_broadcast(self.sampler, broadcast)
         return self.sampler.sample()
 

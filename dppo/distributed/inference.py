@@ -11,9 +11,11 @@ version and the reply is stamped with it.
 
 Three layers: :class:`Batcher` (when to run a batch), :class:`BatchStats` (what each batch held and cost) and
 :class:`InferenceServer` (the versions and the batched forward pass) are plain classes tested without Ray;
-:class:`InferenceService` is the asyncio Ray actor around them; :class:`Inference` is the driver's side (start,
-ready, load each broadcast, replace a lost one, read the batch figures), a group of one actor on the shared lifecycle
-(:class:`~dppo.distributed.lifecycle.ActorGroup`) like the sampling actors.
+:class:`InferenceService` is the asyncio Ray actor around them, reached by actors on its node through shared memory
+(:mod:`dppo.distributed.shm_endpoint`) and by others with a Ray call per request
+(:mod:`dppo.distributed.inference_client`), all in the same batches; :class:`Inference` is the driver's side (start,
+ready, load each broadcast, replace a lost one, read the batch figures, close), a group of one actor on the shared
+lifecycle (:class:`~dppo.distributed.lifecycle.ActorGroup`) like the sampling actors.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -32,13 +33,16 @@ import ray
 
 from dppo.config import Config, ModelConfig
 from dppo.distributed.broadcast import Broadcast
+from dppo.distributed.inference_client import ServedBroadcast
 from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.ray_calls import RayCalls
 from dppo.distributed.restarts import RestartBudget
+from dppo.distributed.shm_endpoint import Answer, ShmEndpoint
+from dppo.distributed.shm_transport import Endpoint, Layout
 from dppo.errors import RunFailure, UsageError, first_line
 from dppo.rl.agent import Agent, Heads, Weights
 from dppo.rl.policy import InferenceLost, Reply, Request
-from dppo.rl.spaces import Obs
+from dppo.rl.spaces import Obs, check_spaces
 
 BATCH_WAIT_S = 0.002  # how long a batch waits for the rest of the actors' requests after its first one
 KEEP_VERSIONS = 2  # the weights sampled with and, with run.overlap_sampling, the ones sampled with meanwhile
@@ -46,27 +50,16 @@ STATS_KEPT = 4096  # batches whose figures are kept for the medians between two 
 STATS_TIMEOUT_S = 10.0  # a service too busy to answer within it reports no figures rather than stall the driver
 
 
-def resolve_inference(config: Config, has_image: bool, device: str) -> Config:
-    """The config with run.inference decided: ``auto`` is the server where the forward pass is worth batching on
-    an accelerator (a CNN, ``device`` a GPU), else the actors; an odd E above 1 cannot be split into halves."""
-    mode = config.run.inference
-    if mode == "auto":
-        batched = has_image and device.startswith("cuda") and len(config.policy_names) == 1  # serves one policy
-        mode = "server" if batched else "actor"
+def resolve_inference(config: Config) -> Config:
+    """The config with run.inference decided: ``auto`` is the actors, the mode no measurement has found slower
+    (on one H100 the service sampled Breakout at 0.46x of them with Ray calls; issue 42); an odd E above 1 cannot
+    be split into halves."""
+    mode = "actor" if config.run.inference == "auto" else config.run.inference
     num_envs = config.env.num_envs
     if mode == "server" and num_envs > 1 and num_envs % 2:
         raise UsageError(f"run.inference=server steps each actor's envs in two halves, so env.num_envs must be even "
                          f"(or 1), not {num_envs}; set env.num_envs={num_envs + 1} or run.inference=actor")
     return config.model_copy(update={"run": config.run.model_copy(update={"inference": mode})})
-
-
-def likely_device(config: Config) -> str:
-    """Where the learner will be, as far as the driver can tell before Ray is up (for run.inference=auto)."""
-    import torch
-
-    if config.run.device == "cuda" or (config.run.device == "auto" and torch.cuda.is_available()):
-        return "cuda"
-    return "cpu"
 
 
 class Batcher:
@@ -130,7 +123,9 @@ class BatchStats:
 
 
 def _join(parts: list[np.ndarray | None], axis: int = 0) -> np.ndarray | None:
-    return None if parts[0] is None else np.concatenate(parts, axis=axis)
+    if parts[0] is None or len(parts) == 1:  # one request: its own arrays
+        return parts[0]
+    return np.concatenate(parts, axis=axis)
 
 
 def _split(heads: Heads, sizes: list[int]) -> list[Heads]:
@@ -181,7 +176,8 @@ class InferenceServer:
 
 
 class InferenceService:
-    """The Ray actor (asyncio): requests wait in a Batcher; a full or due batch runs as one forward pass."""
+    """The Ray actor (asyncio): requests, by Ray call or shared memory, wait in a Batcher; a full or due batch runs
+    as one forward pass."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, device: str,
                  expected: int, threads: int) -> None:
@@ -190,18 +186,27 @@ class InferenceService:
         torch.set_num_threads(threads)
         self.server = InferenceServer(obs_space, action_space, config, device)
         self.batcher = Batcher(expected)
-        self.batches = 0  # forward passes run (ready() reports it)
         self.figures = BatchStats()  # read and reset by stats()
+        self.transport = ShmEndpoint(self._layout, self._enqueue)
+
+    def _layout(self, rows: int, slots: int) -> Layout:
+        """A same-node actor's slots, for ``rows`` envs."""
+        server = self.server
+        return Layout(*check_spaces(server.obs_space, server.action_space, server.config), server.config, rows, slots)
 
     async def act(self, request: Request) -> Reply:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self.batcher.add((request, future), time.monotonic())
+        """A request by Ray call (an actor on another node)."""
+        future = asyncio.get_running_loop().create_future()
+        self._enqueue(request, lambda answer: future.set_exception(answer) if isinstance(answer, Exception)
+                      else future.set_result(answer))
+        return await future
+
+    def _enqueue(self, request: Request, answer: Answer) -> None:
+        self.batcher.add((request, answer), time.monotonic())
         if self.batcher.full:
             self._run()
         elif len(self.batcher.items) == 1:
-            loop.call_later(self.batcher.wait_s, self._run_when_due)
-        return await future
+            asyncio.get_running_loop().call_later(self.batcher.wait_s, self._run_when_due)
 
     def _run_when_due(self) -> None:
         now = time.monotonic()
@@ -213,24 +218,33 @@ class InferenceService:
     def _run(self) -> None:
         queue_s = time.monotonic() - self.batcher.first_at
         items = self.batcher.take()
-        self.batches += 1
         started = time.perf_counter()
         try:
             replies = self.server.forward([request for request, _ in items])
         except Exception as err:
-            for _, future in items:
-                future.set_exception(err)
+            for _, answer in items:
+                answer(err)
             return
         self.figures.add(sum(len(request.obs) for request, _ in items), time.perf_counter() - started, queue_s)
-        for (_, future), reply in zip(items, replies, strict=True):
-            future.set_result(reply)
+        for (_, answer), reply in zip(items, replies, strict=True):
+            answer(reply)
 
     async def load(self, weights: Weights, version: int) -> list[int]:
         self.server.load(weights, version)
         return self.server.versions
 
-    async def ready(self) -> int:
-        return self.batches
+    async def ready(self) -> Endpoint | None:
+        """Where actors on this node reach it through shared memory (None where no Unix socket can be opened: they
+        all use Ray calls then)."""
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        try:
+            return self.transport.open(asyncio.get_running_loop(), node)
+        except OSError:
+            return None
+
+    async def close(self) -> None:
+        """The shared-memory peers let go and their segments removed (before the run ends it)."""
+        self.transport.close()
 
     async def stats(self) -> dict[str, float]:
         """The batches' figures since the last call (:meth:`BatchStats.take`)."""
@@ -238,31 +252,6 @@ class InferenceService:
 
 
 RemoteService = ray.remote(InferenceService)
-
-
-@dataclass
-class ServedBroadcast(Broadcast):
-    """What the actors get when the service computes their policy: the version, the normalizer statistics and the
-    service to ask, without the weights (the service holds them)."""
-
-    service: Any = None
-    generation: int = 0  # which service it names: the driver's count of services started
-
-
-class ServiceClient:
-    """An actor's calls to the service: few, large ones (one per half of its envs per step)."""
-
-    def __init__(self, service: ray.actor.ActorHandle) -> None:
-        self.service = service
-
-    def submit(self, request: Request) -> ray.ObjectRef:
-        return self.service.act.remote(request)
-
-    def result(self, ticket: ray.ObjectRef) -> Reply:
-        try:
-            return ray.get(ticket)
-        except ray.exceptions.RayActorError as err:
-            raise InferenceLost(first_line(err)) from None
 
 
 def start_service(config: Config, obs_space: gym.Space, action_space: gym.Space, device: str
@@ -291,6 +280,7 @@ class Inference:
         self.start_timeout_s = config.faults.actor_start_timeout_s
         self.calls = calls or RayCalls(lambda index, seed: start_service(config, obs_space, action_space, device))
         self.held: dict[int, Weights] = {}  # the versions the service holds, to load into a replacement
+        self.endpoint: Endpoint | None = None  # where the current service takes shared-memory actors
         faults = config.faults  # a service that keeps crashing spends the actors' crash-loop budget
         crashes = RestartBudget("actor", faults.max_actor_restarts, faults.restart_window_s, clock=self.calls.now)
         # the n-th service started gets seed n (its generation: a round names the one it was sent to)
@@ -325,9 +315,10 @@ class Inference:
                              f"{'half a GPU' if self.device.startswith('cuda') else 'no reserved resources'}); "
                              "free a GPU beside the learner or set run.inference=actor")
         try:
-            self.calls.get(ready)
+            endpoint = self.calls.get(ready)
         except ray.exceptions.RayActorError as err:
             raise RunFailure(f"the inference service failed to start: {first_line(err)}") from err
+        self.endpoint = endpoint if isinstance(endpoint, Endpoint) else None
         self.group.mark_ready(0, None)  # its node, asked of Ray when it is lost
         for version, weights in sorted(self.held.items()):
             self.calls.get(self.handle.load.remote(weights, version))
@@ -348,7 +339,7 @@ class Inference:
         """``broadcast`` for the actors, naming the current service (a round sent again after a replacement)."""
         return ServedBroadcast(weights={}, version=broadcast.version, obs_stats=broadcast.obs_stats,
                                return_stats=broadcast.return_stats, opponents=broadcast.opponents,
-                               service=self.handle, generation=self.generation)
+                               service=self.handle, generation=self.generation, endpoint=self.endpoint)
 
     def recover(self, broadcast: ServedBroadcast, err: Exception) -> ServedBroadcast:
         """A round that failed because its service was lost: the service replaced (unless that was done since the
@@ -375,5 +366,8 @@ class Inference:
             return {}
 
     def shutdown(self) -> None:
+        """The service closed (its shared memory removed: a killed actor runs no cleanup), then killed."""
+        if self.handle is not None:
+            self.calls.wait([self.handle.close.remote()], 1, STATS_TIMEOUT_S)
         self.group.shutdown()
 

@@ -55,6 +55,11 @@ class InferenceLost(RuntimeError):
     """The inference service went away mid-segment: the segment is lost, the driver replaces the service."""
 
 
+class InferenceError(RuntimeError):
+    """The inference service answered wrongly (another weights version, a message that breaks the transport's
+    protocol) or refused a request: a fault of the service or its transport, not of the env, so no env retry."""
+
+
 @dataclass
 class Request:
     """One batch of an actor's observations for the service: rows (n, ...) of one half, or a value query."""
@@ -74,7 +79,8 @@ class Reply:
 
 
 class InferenceClient(Protocol):
-    """How a RemotePolicy reaches the service (a Ray actor handle's calls, or a plain server in tests)."""
+    """How a RemotePolicy reaches the service (shared memory on its node, Ray calls from another, or a plain server in
+    tests)."""
 
     def submit(self, request: Request) -> Any:
         """Send ``request``; returns a ticket for ``result``."""
@@ -89,6 +95,7 @@ class RemotePolicy:
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int,
                  num_envs: int) -> None:
         self.obs_spec, self.action_spec = check_spaces(obs_space, action_space, config)
+        self.config, self.num_envs = config, num_envs  # what a shared-memory transport's layout is sized from
         self.recurrent = config.recurrent == "lstm"
         self.halves = 2 if num_envs % 2 == 0 else 1
         self.rng = np.random.default_rng(seed)
@@ -112,8 +119,8 @@ class RemotePolicy:
         assert self.client is not None
         reply = self.client.result(ticket)
         if reply.version != self.version:
-            raise RuntimeError(f"the inference service answered with weights version {reply.version}, "
-                               f"not the {self.version} asked for")
+            raise InferenceError(f"the inference service answered with weights version {reply.version}, "
+                                 f"not the {self.version} asked for")
         return reply.heads
 
     def send(self, obs: Obs, rows: slice) -> None:

@@ -28,7 +28,7 @@ from dppo.rl.actions import NoLegalAction
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.opponents import PoolView, SnapshotOpponents
-from dppo.rl.policy import InferenceLost, Policy
+from dppo.rl.policy import InferenceError, InferenceLost, Policy
 from dppo.rl.segment import Segment
 from dppo.rl.spaces import Obs
 from dppo.rl.transforms import EpisodeStats, LearningReward, LifeLoss, ObsNormalizer, scrub_nonfinite
@@ -81,6 +81,8 @@ def sample_with_retries(sample_once: Callable[[], Sampled], restart: Callable[[]
         except InferenceLost:  # the envs stepped past what the segment kept: start them afresh
             forget()
             restart()
+            raise
+        except InferenceError:  # the inference service's answer, not the env: no retry helps
             raise
         except NoLegalAction as err:  # the env's mask, not a passing fault: no retry helps
             raise EnvFailure(f"env {config.env.name} in actor {actor_id} returned an action mask that allows no "

@@ -1,9 +1,11 @@
-"""The inference service on real Ray: served greedy actions equal the in-actor ones (MLP and CNN), replies carry
-the version asked for with two versions live, a seeded run through the service reproduces itself and the in-actor
-run, and a service killed mid-run is replaced while the run finishes."""
+"""The inference service on real Ray: served greedy actions equal the in-actor ones (MLP, CNN and LSTM, by Ray calls
+and through shared memory), replies carry the version asked for with two versions live, a seeded run through the
+service reproduces itself and the in-actor run, and an actor or the service killed mid-run is replaced while the run
+finishes, leaving no shared memory behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,10 +23,14 @@ import torch
 
 import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import load_config
-from dppo.distributed.inference import ServiceClient, start_service
+from dppo.distributed.inference import start_service
+from dppo.distributed.inference_client import ServedBroadcast, ServiceClient, service_client
+from dppo.distributed.shm_transport import ShmClient
 from dppo.rl.agent import Agent, export_weights
 from dppo.rl.build import build_model
 from dppo.rl.policy import RemotePolicy, Request
+
+SHM = Path("/dev/shm")
 
 
 def weights_of(env: gym.Env, config, seed: int) -> dict:
@@ -32,23 +38,39 @@ def weights_of(env: gym.Env, config, seed: int) -> dict:
     return export_weights(build_model(env.observation_space, env.action_space, config.model))
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "dppo/DictMatch-v0"])
-def test_served_greedy_actions_are_the_in_actor_ones(ray_address: str, env_id: str) -> None:
-    config = load_config(overrides={"env.id": env_id, "ppo.minibatch_size": 32})
+@pytest.mark.parametrize("env_id, overrides", [
+    ("CartPole-v1", {}), ("dppo/DictMatch-v0", {}),  # an MLP, a CNN
+    ("dppo/CueCorridor-v0", {"model.recurrent": "lstm", "model.lstm_hidden_size": 16, "ppo.minibatch_size": 128}),
+])
+def test_served_greedy_actions_are_the_in_actor_ones_by_ray_calls_and_shared_memory(
+        ray_address: str, env_id: str, overrides: dict) -> None:
+    config = load_config(overrides={"env.id": env_id, "ppo.minibatch_size": 32, **overrides})
     env = gym.make(env_id)
     weights = weights_of(env, config, seed=4)
     service = start_service(config, env.observation_space, env.action_space, "cpu")
     try:
+        endpoint = ray.get(service.ready.remote())
         ray.get(service.load.remote(weights, 3))
-        local = Agent(env.observation_space, env.action_space, config.model, seed=0)
-        local.load(weights, 3)
-        remote = RemotePolicy(env.observation_space, env.action_space, config.model, seed=0, num_envs=16)
-        remote.client, remote.version = ServiceClient(service), 3
-        obs = local.obs_spec.encode_many([env.reset(seed=i)[0] for i in range(16)])
-        actions, _, values = remote.act(obs, greedy=True)
-        want_actions, _, want_values = local.act(obs, greedy=True)
-        np.testing.assert_array_equal(actions, want_actions)
-        np.testing.assert_allclose(values, want_values, atol=1e-6)
+        for transport, named in ((ServiceClient, None), (ShmClient, endpoint)):
+            local = Agent(env.observation_space, env.action_space, config.model, seed=0)
+            local.load(weights, 3)
+            remote = RemotePolicy(env.observation_space, env.action_space, config.model, seed=0, num_envs=16)
+            # this process is on the service's node: shared memory, unless the broadcast names no endpoint
+            broadcast = ServedBroadcast({}, 3, None, None, service=service, endpoint=named)
+            remote.client, remote.version = service_client(broadcast, remote), 3
+            assert isinstance(remote.client, transport)
+            envs = [gym.make(env_id) for _ in range(16)]
+            obs = local.obs_spec.encode_many([e.reset(seed=i)[0] for i, e in enumerate(envs)])
+            for _ in range(4):  # a recurrent policy's memory carried from step to step
+                actions, _, values = remote.act(obs, greedy=True)
+                want_actions, _, want_values = local.act(obs, greedy=True)
+                np.testing.assert_array_equal(actions, want_actions)
+                np.testing.assert_allclose(values, want_values, atol=1e-6)
+                obs = local.obs_spec.encode_many([e.step(a)[0] for e, a in zip(envs, actions.tolist(), strict=True)])
+        assert len(list(SHM.glob(f"dppo_{endpoint.token}_*"))) == 1 and not remote.client.closed
+        ray.get(service.close.remote())  # what the driver asks before it kills the service
+        assert not list(SHM.glob(f"dppo_{endpoint.token}_*"))
+        remote.client.close()
     finally:
         ray.kill(service)
 
@@ -103,31 +125,54 @@ def test_a_seeded_served_run_reproduces_itself_and_the_in_actor_run(ray_address:
     assert runs["served"] == runs["again"] == runs["actor"]
 
 
-def inference_service_pids() -> list[int]:
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if " ".join(p.info["cmdline"] or []).startswith("ray::InferenceService")]
+def our_processes(name: str) -> list[int]:
+    """The pids of this session's Ray workers whose title starts with ``name`` (they descend from this process; no
+    other Ray's on the machine)."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if " ".join(proc.cmdline()).startswith(name):
+                found.append(proc.pid)
+    return found
+
+
+def wait_for_iterations(run_dir: Path, count: int, proc: subprocess.Popen, seen: set[str]) -> None:
+    """Until the run has ``count`` iterations, noting the shared-memory segments that appear meanwhile."""
+    deadline = time.monotonic() + 120
+    while not (run_dir / "progress.jsonl").exists() or len(progress(run_dir)) < count:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        seen |= {p.name for p in SHM.glob("dppo_*")}
+        time.sleep(0.1)
 
 
 @pytest.mark.slow
-def test_a_service_killed_mid_run_is_replaced_and_the_run_finishes(ray_address: str, tmp_path: Path) -> None:
+def test_an_actor_and_the_service_killed_mid_run_are_replaced_and_no_shared_memory_is_left(ray_address: str,
+                                                                                          tmp_path: Path) -> None:
+    """The actors share the service's node, so they reach it through shared memory: a killed actor's segment is
+    removed by the service, a killed service's by its actors, the rest when the run ends."""
+    before = {p.name for p in SHM.glob("dppo_*")}
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run_dir), "--actors", "2",
-           "--envs-per-actor", "4", "--segment-length", "64", "--total-steps", "10000", "--seed", "3",
+           "--envs-per-actor", "4", "--segment-length", "64", "--total-steps", "12000", "--seed", "3",
            "--set", "run.inference=server", "--set", "run.tensorboard=false"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen: set[str] = set()
     try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "progress.jsonl").exists() or len(progress(run_dir)) < 3:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
-        pids = inference_service_pids()
-        assert len(pids) == 1
-        os.kill(pids[0], signal.SIGKILL)
+        wait_for_iterations(run_dir, 2, proc, seen)
+        actors = our_processes("ray::Actor")
+        assert len(actors) == 2 and len(seen - before) == 2, (actors, seen)  # one segment per actor
+        os.kill(actors[0], signal.SIGKILL)
+        wait_for_iterations(run_dir, 4, proc, seen)
+        services = our_processes("ray::InferenceService")
+        assert len(services) == 1
+        os.kill(services[0], signal.SIGKILL)
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err
     assert "the inference service was lost" in out + err and "loss 1" in out + err
-    assert progress(run_dir)[-1]["env_steps"] >= 10000
+    assert progress(run_dir)[-1]["env_steps"] >= 12000
     assert json.loads((run_dir / "summary.json").read_text())["reason"] == "total_steps"
+    left = {p.name for p in SHM.glob("dppo_*")} & (seen - before)
+    assert not left, left

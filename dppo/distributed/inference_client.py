@@ -1,0 +1,55 @@
+"""How an actor reaches the inference service: the broadcast that names the service, then shared memory when the
+service runs on the actor's node (:mod:`dppo.distributed.shm_transport`: no Ray call per step) or a Ray call per
+request from any other node (:class:`ServiceClient`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from dppo.distributed.broadcast import Broadcast
+from dppo.distributed.shm_transport import Endpoint, Layout, ShmClient
+from dppo.errors import first_line
+from dppo.rl.policy import InferenceClient, InferenceLost, RemotePolicy, Reply, Request
+
+
+@dataclass
+class ServedBroadcast(Broadcast):
+    """What the actors get when the service computes their policy: the version, the normalizer statistics and the
+    service to ask, without the weights (the service holds them)."""
+
+    service: Any = None
+    generation: int = 0  # which service it names: the driver's count of services started
+    endpoint: Endpoint | None = None  # where actors on the service's node reach it through shared memory
+
+
+class ServiceClient:
+    """An actor's calls to the service: few, large ones (one per half of its envs per step)."""
+
+    def __init__(self, service: ray.actor.ActorHandle) -> None:
+        self.service = service
+
+    def submit(self, request: Request) -> ray.ObjectRef:
+        return self.service.act.remote(request)
+
+    def result(self, ticket: ray.ObjectRef) -> Reply:
+        try:
+            return ray.get(ticket)
+        except ray.exceptions.RayActorError as err:
+            raise InferenceLost(first_line(err)) from None
+
+
+def service_client(broadcast: ServedBroadcast, policy: RemotePolicy) -> InferenceClient:
+    """The client ``policy`` asks the broadcast's service with: shared memory when the service is on this node (the
+    connection kept across rounds; a replaced service's closed), else Ray calls. InferenceLost when the service
+    named cannot be reached."""
+    current, endpoint = policy.client, broadcast.endpoint
+    if isinstance(current, ShmClient):
+        if not current.closed and current.endpoint == endpoint:
+            return current
+        current.close()
+    if endpoint is None or endpoint.node != ray.get_runtime_context().get_node_id():
+        return ServiceClient(broadcast.service)
+    return ShmClient(endpoint, Layout(policy.obs_spec, policy.action_spec, policy.config, policy.num_envs))

@@ -1,0 +1,189 @@
+"""The inference service's side of the same-node transport (:mod:`dppo.distributed.shm_transport`): a Unix socket
+listener, one shared-memory segment per connected actor, requests read into the service's batches and replies
+written back. It runs on the service's asyncio loop (each connection a reader of the loop, like
+``multiprocessing.connection.wait`` over them all), so requests from several actors, and Ray calls from actors on
+other nodes, meet in one batch and one forward pass. Connections are accepted, and authenticated, on a thread of
+their own: a slow peer's handshake never stalls the loop.
+
+Segments are removed by whoever sees the end first: this side when an actor's connection ends (the actor died or
+hung up) or when the service closes at the end of a run, the actor when the service's ends; a service killed
+outright leaves them to its process's resource tracker. No Ray here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from itertools import count
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.shared_memory import SharedMemory
+
+from dppo.distributed.shm_transport import (
+    ERROR,
+    HELLO,
+    KINDS,
+    REPLY,
+    REQUEST,
+    SEGMENT_PREFIX,
+    WELCOME,
+    Endpoint,
+    Layout,
+    TransportError,
+    new_endpoint,
+    pack,
+    remove,
+    unpack,
+)
+from dppo.errors import first_line
+from dppo.rl.policy import Reply, Request
+
+MAX_SLOTS = 255  # a slot is one byte of the header
+BACKLOG = 256  # actors connecting at once (a run's start)
+
+Answer = Callable[[Reply | Exception], None]
+
+
+class Peer:
+    """One connected actor: its connection, and once it said hello its layout, segment and slots."""
+
+    def __init__(self, conn: Connection, number: int) -> None:
+        self.conn: Connection | None = conn
+        self.number = number
+        self.layout: Layout | None = None
+        self.segment: SharedMemory | None = None
+        self.views: list = []
+
+    def welcome(self, layout: Layout, token: str) -> None:
+        """Its segment, created now, named for the service and this connection, and the welcome naming it."""
+        self.layout = layout
+        self.segment = SharedMemory(f"{SEGMENT_PREFIX}{token}_{self.number}", create=True, size=layout.size)
+        self.views = [layout.views(self.segment.buf, slot) for slot in range(layout.slots)]
+        assert self.conn is not None
+        self.conn.send_bytes(pack(WELCOME, body=self.segment.name.lstrip("/").encode()))
+
+
+class ShmEndpoint:
+    """Serves actors on this node: ``layout(rows, slots)`` sizes a new actor's segment; ``enqueue(request, answer)``
+    hands a request to the service's batches, which call ``answer`` with its reply or the error that stopped it."""
+
+    def __init__(self, layout: Callable[[int, int], Layout], enqueue: Callable[[Request, Answer], None]) -> None:
+        self.layout, self.enqueue = layout, enqueue
+        self.peers: dict[int, Peer] = {}
+        self.numbers = count()
+        self.endpoint: Endpoint | None = None
+        self.listener: Listener | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.accepting: threading.Thread | None = None
+        self.closing = False
+
+    def open(self, loop: asyncio.AbstractEventLoop, node: str) -> Endpoint:
+        """Listen (once) on a fresh address; actors' connections join ``loop``."""
+        if self.endpoint is None:
+            endpoint = new_endpoint(node)
+            self.listener = Listener(endpoint.address, "AF_UNIX", backlog=BACKLOG, authkey=endpoint.authkey)
+            self.loop, self.endpoint = loop, endpoint
+            self.accepting = threading.Thread(target=self._accept, name="dppo-shm-accept", daemon=True)
+            self.accepting.start()
+        return self.endpoint
+
+    def _accept(self) -> None:
+        assert self.listener is not None and self.loop is not None
+        while not self.closing:
+            try:
+                conn = self.listener.accept()
+            except (AuthenticationError, EOFError, ConnectionError):
+                continue  # a stranger, or an actor gone while connecting
+            except OSError:
+                return
+            if self.closing:
+                conn.close()
+                return
+            self.loop.call_soon_threadsafe(self._join, conn)
+
+    def _join(self, conn: Connection) -> None:
+        peer = Peer(conn, next(self.numbers))
+        self.peers[peer.number] = peer
+        assert self.loop is not None
+        self.loop.add_reader(conn.fileno(), self._readable, peer)
+
+    def _readable(self, peer: Peer) -> None:
+        """One message of ``peer``: its hello, or a request into the batches. Its end releases it; a message that
+        breaks the protocol is answered with the reason, then the peer is let go."""
+        assert peer.conn is not None
+        try:
+            message = peer.conn.recv_bytes()
+        except (EOFError, OSError):
+            self.drop(peer)
+            return
+        try:
+            kind, slot, version, rows, _ = unpack(message, f"actor connection {peer.number}")
+            if peer.layout is None:
+                self._hello(peer, kind, slot, rows)
+                return
+            if kind != REQUEST or slot >= peer.layout.slots or not 0 < rows <= peer.layout.rows:
+                raise TransportError(f"malformed message from actor connection {peer.number}: a {KINDS[kind]} for "
+                                     f"slot {slot} of {peer.layout.slots} with {rows} rows (at most "
+                                     f"{peer.layout.rows})")
+        except TransportError as err:
+            self._refuse(peer, str(err))
+            return
+        request = peer.layout.read_request(peer.views[slot], version, rows)
+        self.enqueue(request, lambda answer: self._answer(peer, slot, answer))
+
+    def _hello(self, peer: Peer, kind: int, slots: int, rows: int) -> None:
+        if kind != HELLO or not 0 < slots <= MAX_SLOTS or rows <= 0:
+            raise TransportError(f"malformed message from actor connection {peer.number}: a {KINDS[kind]} with "
+                                 f"{slots} slots and {rows} rows before its hello")
+        assert self.endpoint is not None
+        try:
+            peer.welcome(self.layout(rows, slots), self.endpoint.token)
+        except OSError:
+            self.drop(peer)
+
+    def _answer(self, peer: Peer, slot: int, answer: Reply | Exception) -> None:
+        if peer.conn is None or peer.layout is None:  # gone while its request waited
+            return
+        try:
+            if isinstance(answer, Exception):
+                peer.conn.send_bytes(pack(ERROR, slot, body=f"{type(answer).__name__}: {first_line(answer)}".encode()))
+            else:
+                peer.layout.write_reply(peer.views[slot], answer.heads)
+                peer.conn.send_bytes(pack(REPLY, slot, answer.version, len(answer.heads.values)))
+        except OSError:
+            self.drop(peer)
+
+    def _refuse(self, peer: Peer, reason: str) -> None:
+        with contextlib.suppress(OSError):
+            assert peer.conn is not None
+            peer.conn.send_bytes(pack(ERROR, body=reason.encode()))
+        self.drop(peer)
+
+    def drop(self, peer: Peer) -> None:
+        """Let ``peer`` go: its connection closed and its segment removed."""
+        self.peers.pop(peer.number, None)
+        if peer.conn is not None:
+            assert self.loop is not None
+            self.loop.remove_reader(peer.conn.fileno())
+            peer.conn.close()
+            peer.conn = None
+        if peer.segment is not None:
+            peer.views = []
+            remove(peer.segment, attached=False)
+            peer.segment = None
+
+    def close(self) -> None:
+        """Every peer let go, no new ones (the end of a run: the service's segments go before its process)."""
+        for peer in list(self.peers.values()):
+            self.drop(peer)
+        if self.listener is None or self.endpoint is None:
+            return
+        self.closing = True
+        with contextlib.suppress(OSError, EOFError, AuthenticationError):  # wakes the accepting thread
+            Client(self.endpoint.address, "AF_UNIX", authkey=self.endpoint.authkey).close()
+        if self.accepting is not None:
+            self.accepting.join(timeout=5)
+        self.listener.close()
+        self.listener = None
