@@ -16,10 +16,11 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (exit 2) instead of usage + message."""
+    """argparse with a one-line error (exit 2) instead of usage + message; the line's one prefix is fail()'s, the
+    command's name is in the help it points to."""
 
     def error(self, message: str) -> NoReturn:
-        fail(f"{self.prog}: {message} (see {self.prog} --help)")
+        fail(f"{message} (see {self.prog} --help)")
 
 
 def whole_number(text: str) -> int:

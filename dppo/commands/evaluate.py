@@ -4,10 +4,12 @@ games against a chosen opponent, counted as wins, draws and losses for each seat
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
 from dppo.cli_args import fail, import_from_cwd
+from dppo.run.logs import counted
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +33,7 @@ def make_eval_env(config: Any, video_dir: str | None) -> Any:
     if video_dir is None:
         return make_env(config.env)
     require_moviepy()
+    render_off_screen()
     env = make_env(config.env, render_mode="rgb_array")
     return gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True, disable_logger=True)
 
@@ -49,6 +52,7 @@ def evaluate_policies(checkpoint: dict[str, Any], episodes: int, seed: int, vide
     trained = trained_policies(checkpoint)
     if video_dir is not None:
         require_moviepy()
+        render_off_screen()
     joint = make_parallel_envs(config, copies=1, render_mode=None if video_dir is None else "rgb_array")
     try:
         players = JointPlayers(joint, config)
@@ -90,6 +94,18 @@ def require_moviepy() -> None:
         raise UsageError("--video needs moviepy: pip install moviepy") from None
 
 
+def render_off_screen() -> None:
+    """Frames for a video need no screen and no sound. Envs drawn with pygame (classic control, Box2D, MPE,
+    MiniGrid) start SDL's display, which without one tries X11 and then Wayland, whose library prints
+    ``error: XDG_RUNTIME_DIR is invalid or not set`` before SDL falls back to drawing off screen; a full
+    ``pygame.init()`` also opens ALSA, which prints its own errors on a machine without a sound card. SDL's dummy
+    drivers draw the same frames without trying either. Set for this process only, and only where the user set
+    no driver; on a machine with a display (DISPLAY or WAYLAND_DISPLAY), the video driver is left to SDL."""
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+
+
 def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: str | None = None,
              opponent: str | None = None) -> list[float]:
     """Raw returns of ``episodes`` greedy episodes, seeds ``seed``, ``seed + 1``, ...; a two-player game's against
@@ -125,6 +141,13 @@ def evaluate(checkpoint: dict[str, Any], episodes: int, seed: int, video_dir: st
     return returns
 
 
+def per_agent(checkpoint: dict[str, Any]) -> str:
+    """" per agent" where an episode's return is its agents' mean (a multi-agent env, not a two-player game, whose
+    return is the policy's seat's), else nothing."""
+    multiagent = checkpoint["config"].get("env", {}).get("multiagent", False)
+    return " per agent" if multiagent and checkpoint.get("league") is None else ""
+
+
 def outcomes(returns: list[float], opponent: str, seed: int) -> str:
     """Wins, draws and losses (the sign of each game's return) per seat: the game seeded s plays seat s % 2
     (:class:`dppo.envs.selfplay.SelfPlayEnv`), and game i is seeded ``seed + i``."""
@@ -133,7 +156,7 @@ def outcomes(returns: list[float], opponent: str, seed: int) -> str:
 
     first, second = (returns[0::2], returns[1::2]) if seed % 2 == 0 else (returns[1::2], returns[0::2])
     return (f"against {opponent}, win/draw/loss: first seat {count(first)}, second seat {count(second)}, all "
-            f"{count(returns)} of {len(returns)} games")
+            f"{count(returns)} of {counted(len(returns), 'game')}")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -152,7 +175,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         returns = evaluate(checkpoint, args.episodes, args.seed, args.video, args.opponent)
     mean = sum(returns) / len(returns)
-    print(f"mean return {mean:.2f} over {len(returns)} episodes (min {min(returns):.2f}, max {max(returns):.2f})")
+    print(f"mean return {mean:.2f}{per_agent(checkpoint)} over {counted(len(returns), 'episode')} "
+          f"(min {min(returns):.2f}, max {max(returns):.2f})")
     for name, part in by_policy.items():
         print(f"policy {name}: mean return {sum(part) / len(part):.2f} per agent (min {min(part):.2f}, "
               f"max {max(part):.2f})")
@@ -162,5 +186,5 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         videos = sorted(Path(args.video).glob("*.mp4"))
-        print(f"videos: {len(videos)} mp4 files in {Path(args.video).resolve()}")
+        print(f"videos: {counted(len(videos), 'mp4 file')} in {Path(args.video).resolve()}")
     return 0

@@ -38,6 +38,7 @@ TRAIN_FLAGS = {
     "seed": "run.seed", "run_dir": "run.run_dir", "metrics_port": "metrics.port", "address": "run.address",
     "log_format": "run.log_format", "tensorboard": "run.tensorboard",
 }
+INFERENCE = {"actor": "in the actors", "server": "in one inference service"}  # run.inference, as a line says it
 
 
 def config_reference() -> str:
@@ -96,9 +97,11 @@ def resolve_run_dir(config_dir: str | None, env_name: str) -> Path:
     return Path("runs") / f"{safe}-{stamp}"
 
 
-def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | None]:
-    """Validate everything (config, run dir, checkpoint, env and spaces) before anything is written."""
+def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | None, str]:
+    """Validate everything (config, run dir, checkpoint, env and spaces) before anything is written; also what the
+    config started from (a preset, a file, the defaults)."""
     from dppo.config import load_config
+    from dppo.config.load import load_config_with_source
     from dppo.run.run_dir import RunDir
 
     overrides = {key: getattr(args, dest) for dest, key in TRAIN_FLAGS.items()}
@@ -126,7 +129,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
             resume_state = found[1]
             if config_path is None and files.config.is_file():
                 config_path = str(files.config)
-    config = load_config(config_path, overrides, args.sets)
+    config, source = load_config_with_source(config_path, overrides, args.sets)
     from dppo.envs.checks import check_env
     from dppo.rl.spaces import check_first_observation, check_spaces
 
@@ -150,7 +153,38 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
     config.run.run_dir = str(run_dir)
     if fresh_retry:  # a retried job that died before its first checkpoint: its progress lines describe lost work
         files.progress.unlink(missing_ok=True)
-    return config, run_dir, resume_state
+    return config, run_dir, resume_state, source
+
+
+def start_line(config: Config, source: str, resumed: bool) -> str:
+    """The run's first line, printed before Ray starts (seconds of silence otherwise): what trains, from which
+    config, on how many processes, where. A setting left ``auto`` is said as configured, decided at start-up
+    (:func:`ready_line` says what it became)."""
+    from dppo.run.logs import counted
+
+    run = config.run
+    device = (f"{learners(run.learners)} on {run.device}" if run.device != "auto"
+              else f"{learners(run.learners)} device auto (decided at start-up)")
+    inference = (f"inference {INFERENCE[run.inference]}" if run.inference != "auto"
+                 else "inference auto (decided at start-up)")
+    address = run.address or os.environ.get("RAY_ADDRESS")
+    return (f"{'resuming' if resumed else 'training'} {config.env.name} from {source}: {counted(run.actors, 'actor')} "
+            f"x {counted(config.env.num_envs, 'env')}, {device}, {inference}, run dir {run.run_dir}; "
+            + (f"joining Ray at {address}" if address else "starting a local Ray"))
+
+
+def ready_line(coordinator: Coordinator, clock: PhaseClock) -> str:
+    """Once the learners and actors are up: the seconds from launch (Ray's share apart) and what ``auto`` became."""
+    from dppo.run.timing import seconds_since_process_start
+
+    run = coordinator.config.run
+    devices = "/".join(sorted({group.device for group in coordinator.learners.values()}))
+    return (f"started in {seconds_since_process_start():.1f} s from launch (Ray {clock.phases['ray_init']:.1f} s): "
+            f"{learners(run.learners)} on {devices}, inference {INFERENCE[run.inference]}")
+
+
+def learners(count: int) -> str:
+    return "learner" if count == 1 else f"{count} learners"
 
 
 def start(config: Config, run_dir: Path, resume_state: dict[str, Any] | None, clock: PhaseClock,
@@ -217,14 +251,18 @@ def end_untrained(config: Config, run_dir: Path, state: RunState, reason: str, l
     return reporter.summary(state, reason, state.counters.wall_s, clock.phases, None), reporter.output
 
 
-def train(coordinator: Coordinator, config: Config, resumed: bool, clock: PhaseClock) -> dict[str, Any]:
-    """Write the run directory's first files and train; the summary (a RunFailure: the run failed)."""
+def train(coordinator: Coordinator, config: Config, resumed: bool, clock: PhaseClock,
+          said: list[tuple[datetime, str]]) -> dict[str, Any]:
+    """Write the run directory's first files (train.log begins with the lines ``said`` before it existed, at their
+    times) and train; the summary (a RunFailure: the run failed)."""
     from dppo.errors import RunFailure
 
     coordinator.startup_s = clock.phases
     coordinator.run_dir.path.mkdir(parents=True, exist_ok=True)
     coordinator.run_dir.write_config(config.to_yaml())
     output = coordinator.reporter.output
+    for at, text in said:
+        output.to_file(text, at)
     if resumed:
         counters = coordinator.state.counters
         output.message(f"resuming {coordinator.run_dir.path} at iteration {counters.iteration}, "
@@ -240,19 +278,23 @@ def train(coordinator: Coordinator, config: Config, resumed: bool, clock: PhaseC
 
 
 def outcome_line(summary: dict[str, Any], signal_name: str | None, run_dir: Path) -> str:
-    """The run's last line: how it ended (the signal's name for a stop), its return, steps and time."""
-    from dppo.run.logs import format_return
+    """The run's last line: how it ended (the signal's name for a stop), its return, steps, its seconds of training
+    (a resumed run's earlier attempts included) and this process's seconds from launch (Ray's start included)."""
+    from dppo.run.logs import counted, format_return
+    from dppo.run.timing import seconds_since_process_start
 
     verdict = "solved" if summary["solved"] else "stopped"
     reason = signal_name if summary["reason"] == "signal" else summary["reason"]
     mean = summary["episode_return_mean"]
     return (f"{verdict} ({reason}): return {'-' if mean is None else format_return(mean)} after "
-            f"{summary['env_steps']:,} env steps, {summary['iterations']} iterations, {summary['wall_s']:.1f} s "
+            f"{counted(summary['env_steps'], 'env step')}, {counted(summary['iterations'], 'iteration')}, "
+            f"{summary['wall_s']:.1f} s training, {seconds_since_process_start():.1f} s from launch "
             f"-> {run_dir / 'summary.json'}")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from dppo.errors import RunFailure
+    from dppo.run.logs import run_line
     from dppo.run.signals import Stopped, StopSignals
     from dppo.run.timing import PhaseClock
 
@@ -263,15 +305,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     # A round abandoned when the run stops can hold other actors' errors; the run reports its own, once.
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     coordinator = done = None
+    said: list[tuple[datetime, str]] = []  # the lines before the run dir exists, for train.log
+
+    def say(text: str) -> None:
+        run_line(text, config.run.log_format)
+        said.append((datetime.now(timezone.utc), text))
+
     try:
         with signals.interrupting():  # until the run's files are written: a stop ends the process at once
             import_from_cwd()
             warnings.filterwarnings("ignore", module="gymnasium")  # env-checker chatter; errors still surface
-            config, run_dir, resume_state = prepare(args)
+            config, run_dir, resume_state, source = prepare(args)
             clock.mark("config")
             done = finished_before(config, resume_state) if resume_state is not None else None
             if done is None:
+                say(start_line(config, source, resume_state is not None))
                 coordinator = start(config, run_dir, resume_state, clock, signals)
+                say(ready_line(coordinator, clock))
     except Stopped as stop:
         from dppo.distributed.cluster import kill_children
 
@@ -285,14 +335,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         if coordinator is None:
             summary, output = end_untrained(config, run_dir, *done, clock)
         else:
-            summary, output = train(coordinator, config, resume_state is not None, clock), coordinator.reporter.output
+            summary = train(coordinator, config, resume_state is not None, clock, said)
+            output = coordinator.reporter.output
     except RunFailure as err:
         print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
         return 1
     line = outcome_line(summary, signals.name, run_dir)
     output.to_file(line)
-    print(line, file=sys.stdout if config.run.log_format != "json" else sys.stderr,
-          flush=True)  # with JSON logs, stdout carries only the per-iteration objects
+    run_line(line, config.run.log_format)
     if coordinator is not None:
         if config.metrics.port and config.metrics.linger_s > 0:
             signals.sleep(config.metrics.linger_s)  # let Prometheus scrape the final values (a stop cuts it short)

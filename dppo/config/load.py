@@ -182,7 +182,19 @@ def load_config(
     base: dict[str, Any] | None = None,
     has_gpu: Callable[[], bool] = cuda_available,
 ) -> Config:
-    """Build the resolved config: preset or file, then flag overrides (dotted keys), then ``--set`` items.
+    """The resolved config (:func:`load_config_with_source`)."""
+    return load_config_with_source(path, overrides, sets, base, has_gpu)[0]
+
+
+def load_config_with_source(
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    sets: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+    has_gpu: Callable[[], bool] = cuda_available,
+) -> tuple[Config, str]:
+    """Build the resolved config: preset or file, then flag overrides (dotted keys), then ``--set`` items; and what
+    it started from ("the preset configs/cartpole.yaml", the file, "the defaults"), for `dppo train`'s first line.
 
     Without ``path`` the preset for the requested env id is used (CartPole-v1 when none is given), so
     ``dppo train --env Pendulum-v1`` gets tuned hyperparameters; with many actors on a GPU machine, the env's GPU
@@ -214,8 +226,8 @@ def load_config(
     if base is None and pairs:
         note = minibatch_note(designed, config, source)
         if note:
-            warnings.warn(note, ConfigNote, stacklevel=2)
-    return config
+            warnings.warn(note, ConfigNote, stacklevel=3)
+    return config, source
 
 
 BATCH_RULES = ("minibatch_size", "num_minibatches")

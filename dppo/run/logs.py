@@ -32,6 +32,17 @@ def format_return(value: float) -> str:
     return f"{value:.{3 if size < 10 else 2 if size < 100 else 1}f}"
 
 
+def counted(count: int, noun: str) -> str:
+    """A count and its noun in the right number: ``1 episode``, ``2,048 env steps``."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def run_line(text: str, log_format: str) -> None:
+    """A line that frames the run (what starts, when it is up, how it ended): on stdout beside the iteration lines,
+    flushed at once (a log reader sees it when it happens), or on stderr when stdout carries only JSON records."""
+    print(text, file=sys.stderr if log_format == "json" else sys.stdout, flush=True)
+
+
 POLICY_RETURN = "/episode_return_mean"  # a run of several policies: POLICY/episode_return_mean, POLICY/policy_loss..
 
 
@@ -71,12 +82,12 @@ class IterationLog:
             self.task = self.progress.add_task("", total=total_steps)
             self.progress.start()
 
-    def to_file(self, text: str) -> bool:
-        """Append a timestamped line to the run's log file (opened per line: the run dir may be new); False when
-        there is no file to write (no run dir yet)."""
+    def to_file(self, text: str, at: datetime | None = None) -> bool:
+        """Append a line stamped with its time (``at``, or now) to the run's log file (opened per line: the run dir
+        may be new); False when there is no file to write (no run dir yet)."""
         if self.log_file is None or not self.log_file.parent.is_dir():
             return False
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = (at or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
         with open(self.log_file, "a") as fh:
             fh.write(f"{stamp} {text}\n")
         return True
