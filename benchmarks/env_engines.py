@@ -1,4 +1,4 @@
-"""`dppo bench envs`: Atari env steps per second of the two C++ vector envs, ale-py's and EnvPool's.
+"""`python -m benchmarks envs`: Atari env steps per second of the two C++ vector envs, ale-py's and EnvPool's.
 
 Which engine steps Atari faster per core decides what ``env.vectorization: ale`` is built on, so both are
 measured the way dppo steps them (random actions from one batch per step, every env stepped each call, EnvPool
@@ -156,7 +156,7 @@ CHECK_COLUMNS = ["engine", "envs", "episodes", "return", "return_mean", "length"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add `dppo bench envs`."""
+    """Add `python -m benchmarks envs`."""
     envs = sub.add_parser("envs", help="Atari env steps/s: ale-py's vector env against EnvPool's, same preprocessing")
     envs.add_argument("--env", default="ALE/Breakout-v5", help="ALE/ id (default ALE/Breakout-v5)")
     envs.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, of ale,envpool (default both)")
@@ -197,7 +197,8 @@ def parse_engines(text: str) -> list[str]:
 def cmd_envs(args: argparse.Namespace) -> int:
     engines, env_id = parse_engines(args.engines), args.env
     if not env_id.startswith("ALE/"):
-        raise UsageError(f"--env {env_id!r}: dppo bench envs measures Atari; give an ALE/ id such as ALE/Breakout-v5")
+        raise UsageError(f"--env {env_id!r}: python -m benchmarks envs measures Atari; give an ALE/ id such as "
+                         "ALE/Breakout-v5")
     check_env_id(env_id)
     threads, env_counts = parse_counts(args.threads, "--threads"), parse_counts(args.envs, "--envs")
     info = machine()

@@ -1,4 +1,4 @@
-"""`dppo bench learn`: the multi-seed learning-results table (what users compare RL libraries by).
+"""`python -m benchmarks learn`: the multi-seed learning-results table (what users compare RL libraries by).
 
 Each preset is trained once per seed to its budget with `dppo train` (early stopping off, so every seed
 reports at the same step count), its final policy evaluated with `dppo eval` (deterministic, the policy's
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dppo.bench.common import Row, add_common_args, check_env_id, machine, parse_counts
 from dppo.bench.docs import emit
-from dppo.bench.solve import run_train
+from dppo.bench.runs import run_train
 from dppo.cli_args import positive
 from dppo.errors import UsageError
 from dppo.run.curves import plot_runs
@@ -96,7 +96,7 @@ def _cell_mean_std(row: Row, key: str) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add `dppo bench learn`."""
+    """Add `python -m benchmarks learn`."""
     learn = sub.add_parser("learn", help="multi-seed learning results: training and deterministic-eval return")
     learn.add_argument("--env", required=True, help="comma-separated env ids; each uses its preset")
     learn.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default 1,2,3)")

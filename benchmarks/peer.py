@@ -1,8 +1,8 @@
-"""`dppo bench peer`: dppo against RLlib's multi-agent PPO on the same cooperative task (MPE simple_spread, one
-policy shared by every agent), seed by seed on this machine, at equal agent steps.
+"""`python -m benchmarks peer`: dppo against RLlib's multi-agent PPO on the same cooperative task (MPE simple_spread,
+one policy shared by every agent), seed by seed on this machine, at equal agent steps.
 
 RLlib runs in a venv of its own, installed as a user would (``--peer-python``), through the script
-:mod:`dppo.bench.peer_rllib`, configured from dppo's config so that both sides train the same env with the same
+:mod:`benchmarks.peer_rllib`, configured from dppo's config so that both sides train the same env with the same
 PPO, batch and CPUs (the script's docstring says what is matched and how). The runs go one after the other, never
 together: wall-clock time is half of what is compared. Each run is timed from launch to exit.
 """
@@ -79,7 +79,7 @@ def parse_peer_output(text: str) -> PeerRun:
 
 def run_peer_script(python: Path, args: list[str], timeout_s: float) -> tuple[subprocess.CompletedProcess, float]:
     """``python peer_rllib.py ARGS``; its output and wall seconds from launch to exit."""
-    from dppo.bench.solve import stop_process_tree
+    from dppo.bench.runs import stop_process_tree
 
     started = time.perf_counter()
     proc = subprocess.Popen([str(python), str(PEER_SCRIPT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -173,7 +173,7 @@ def peer_run(python: Path, spec: dict[str, Any], out_dir: Path, timeout_s: float
 
 def dppo_run(config_path: Path, seed: int, total_steps: int, run_dir: Path, timeout_s: float) -> Row:
     """One `dppo train` run (solve's launch-to-exit timing); its curve's clock moved to count from launch."""
-    from dppo.bench.solve import run_train
+    from dppo.bench.runs import run_train
     from dppo.run.curves import load_curve
 
     row = run_train(["--config", str(config_path), "--seed", str(seed), "--total-steps", str(total_steps),
@@ -230,7 +230,7 @@ def system_row(system: str, version: str, runs: list[Row]) -> Row:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add `dppo bench peer`."""
+    """Add `python -m benchmarks peer`."""
     bench = sub.add_parser("peer", help="dppo against RLlib's multi-agent PPO on a cooperative task, same agent steps")
     bench.add_argument("--peer-python", type=Path, default=PEER_VENV / "bin" / "python",
                        help=f"the python of a venv with RLlib (default {PEER_VENV}/bin/python); {VENV_HINT}")
@@ -264,7 +264,7 @@ def describe(config: Config, source: Path, versions: dict[str, Any], patched: bo
     kwargs = ", ".join(f"{k}={v}" for k, v in env.kwargs.items())
     return (
         f"dppo (`dppo train --config {source}`) and RLlib's multi-agent PPO (new API stack, ray {versions['ray']}, "
-        f"torch {versions['torch']}, in a venv of its own: `{VENV_COMMANDS}`; the script `dppo/bench/peer_rllib.py`) "
+        f"torch {versions['torch']}, in a venv of its own: `{VENV_COMMANDS}`; the script `benchmarks/peer_rllib.py`) "
         f"train the same PettingZoo env, {env.id} ({kwargs}), one policy shared by all agents, the agent's one-hot "
         f"index in its observation, to {config.run.total_steps:,} agent steps each (an agent step: one agent's "
         "action; RLlib counts env steps, each one step of every agent, and the script converts), one run at a time. "

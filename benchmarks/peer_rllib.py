@@ -1,8 +1,8 @@
-"""The peer of `dppo bench peer`: RLlib's multi-agent PPO (its new API stack) on a PettingZoo Parallel env, one
-policy shared by every agent, configured to mirror a dppo run (the spec below, which the benchmark derives from
+"""The peer of `python -m benchmarks peer`: RLlib's multi-agent PPO (its new API stack) on a PettingZoo Parallel env,
+one policy shared by every agent, configured to mirror a dppo run (the spec below, which the benchmark derives from
 dppo's config).
 
-Runs in the peer's own venv (``python dppo/bench/peer_rllib.py --spec JSON``), as a user of RLlib would run it, so
+Runs in the peer's own venv (``python benchmarks/peer_rllib.py --spec JSON``), as a user of RLlib would run it, so
 it imports nothing of dppo. Each iteration prints one machine-readable line, ``dppo-peer {json}``, with the
 agent steps, the epoch time, the mean per-agent episode return and the PPO diagnostics; ``--check`` prints the
 versions and exits.
@@ -260,7 +260,7 @@ def train(spec: Spec) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="RLlib's multi-agent PPO, the peer of `dppo bench peer`")
+    parser = argparse.ArgumentParser(description="RLlib's multi-agent PPO, the peer of `python -m benchmarks peer`")
     parser.add_argument("--spec", default="{}", help="JSON object of Spec fields to override (default: the example)")
     parser.add_argument("--check", action="store_true",
                         help="import RLlib's PPO, make the spec's env, print the versions and exit")

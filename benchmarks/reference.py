@@ -1,4 +1,4 @@
-"""The single-process reference for `dppo bench solve --reference`: Stable-Baselines3's PPO with the same
+"""The single-process reference for `python -m benchmarks solve --reference`: Stable-Baselines3's PPO with the same
 preset (same total envs, segment length, epochs, minibatch, learning rate and schedule, gamma, lambda, clip,
 coefficients, network widths and activation, target KL), stopped at the same target return over the last
 100 episodes. Run as a subprocess so its wall time, like dppo's rows, counts from launch to exit."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dppo.bench.reference")
+    parser = argparse.ArgumentParser(prog="python benchmarks/reference.py")
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--envs", type=int, required=True, help="total envs (dppo's actors x env.num_envs)")

@@ -1,5 +1,5 @@
-"""`dppo bench selfplay`: train a two-player game by self-play (`dppo train --config F`, one run per seed), then
-play the trained policy against fixed opponents (`dppo eval --opponent`: random, minimax) as each seat, and chart
+"""`python -m benchmarks selfplay`: train a two-player game by self-play (`dppo train --config F`, one run per seed),
+then play the trained policy against fixed opponents (`dppo eval --opponent`: random, minimax) as each seat, and chart
 the learner's Elo against its snapshot pool over the run."""
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def elo_figure(runs: dict[int, Path], path: Path, title: str) -> Path:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add `dppo bench selfplay`."""
+    """Add `python -m benchmarks selfplay`."""
     parser = sub.add_parser("selfplay", help="a two-player game by self-play: Elo over the run, then games against "
                             "random and minimax players")
     parser.add_argument("--config", required=True, help="the training config (e.g. configs/tictactoe.yaml)")
@@ -133,7 +133,8 @@ def cmd_selfplay(args: argparse.Namespace) -> int:
 
     if not is_self_play(load_config(config).env):
         raise UsageError(f"--config {args.config}: its env is not a two-player turn-based game (a PettingZoo AEC "
-                         "env such as pettingzoo.classic.tictactoe_v3); dppo bench selfplay measures self-play")
+                         "env such as pettingzoo.classic.tictactoe_v3); python -m benchmarks selfplay measures "
+                         "self-play")
     if args.games % 2:
         raise UsageError(f"--games {args.games}: give an even number (half as each seat)")
     info, rows, runs = machine(), [], {}

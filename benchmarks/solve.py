@@ -1,110 +1,46 @@
-"""`dppo bench solve`: wall-clock time and env steps to the target return, per actor count.
+"""`python -m benchmarks solve`: wall-clock time and env steps to the target return, per actor count.
 
 What a user waits for is a whole `dppo train`, start-up and exit included, so each run is a subprocess
 timed from launch to exit, with its process tree's peak memory; optionally beside Stable-Baselines3's
-single-process PPO on the same preset (:mod:`dppo.bench.reference`), timed the same way.
+single-process PPO on the same preset (:mod:`benchmarks.reference`), timed the same way.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import shlex
 import statistics
-import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from dppo.bench.common import Row, add_common_args, check_env_id, machine, parse_counts
 from dppo.bench.docs import emit
-from dppo.bench.memory import PeakMemory
+from dppo.bench.runs import memory_cells, run_train, timed_subprocess
 from dppo.cli_args import positive
 from dppo.errors import UsageError
 from dppo.markdown import table
 from dppo.run.curves import plot_runs
 
-
-def stop_process_tree(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """End a run that overran: SIGTERM first (its driver checkpoints and stops its local Ray), then SIGKILL to
-    whatever is left of its process tree, found while the run was alive (a bare SIGKILL of the run leaves
-    Ray's dashboard and runtime-env agents running)."""
-    import psutil
-
-    def tree() -> list[psutil.Process]:
-        with contextlib.suppress(psutil.Error):
-            return psutil.Process(proc.pid).children(recursive=True)
-        return []
-
-    seen = {p.pid: p for p in tree()}
-    proc.terminate()
-    deadline = time.monotonic() + grace_s
-    while proc.returncode is None and time.monotonic() < deadline:
-        seen.update({p.pid: p for p in tree()})  # processes started since (Ray's agents, if it was starting)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=0.2)  # reads the pipes, so a chatty run cannot block on them
-    if proc.returncode is None:
-        proc.kill()
-        proc.communicate()
-    for child in seen.values():
-        with contextlib.suppress(psutil.Error):
-            child.kill()  # psutil checks the start time: a reused pid is left alone
-
-
-def _timed_subprocess(cmd: list[str], timeout_s: float) -> tuple[float, float, PeakMemory]:
-    """Run ``cmd`` to its end: wall seconds from launch to exit, the epoch time it ended, its tree's peak memory."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    with PeakMemory(lambda: [proc.pid]) as memory:
-        try:
-            _, stderr = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            stop_process_tree(proc)
-            raise UsageError(f"`{shlex.join(cmd)}` ran past --timeout {timeout_s:g}s; "
-                             "raise --timeout (seconds per run)") from None
-    wall, ended_at = time.perf_counter() - start, time.time()
-    if proc.returncode != 0:
-        last = (stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"`{shlex.join(cmd)}` exited {proc.returncode}: {last}")
-    return wall, ended_at, memory
-
-
-def _memory_cells(memory: PeakMemory) -> Row:
-    return {"peak_rss_mib": memory.peak["rss_mib"], "peak_pss_mib": memory.peak["pss_mib"],
-            "processes": memory.peak["processes"]}
-
-
-def run_train(argv: list[str], run_dir: Path, timeout_s: float) -> Row:
-    """One `dppo train` subprocess: wall time from launch to exit (start-up included) and peak memory."""
-    cmd = [sys.executable, "-m", "dppo", "train", *argv, "--run-dir", str(run_dir)]
-    wall, ended_at, memory = _timed_subprocess(cmd, timeout_s)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    phases = summary["startup_s"]
-    return {"wall_s": round(wall, 2), "train_s": summary["wall_s"], "startup_s": round(sum(phases.values()), 2),
-            "phases": phases, "first_iteration_s": summary["first_iteration_s"],
-            "exit_s": round(ended_at - summary["finished_at"], 2),
-            "env_steps": summary["env_steps"], "iterations": summary["iterations"], "solved": summary["solved"],
-            "episode_return_mean": summary["episode_return_mean"], **_memory_cells(memory), "run_dir": str(run_dir)}
+REFERENCE_SCRIPT = Path(__file__).with_name("reference.py")  # run as a script: it needs only dppo
 
 
 def run_reference(env_id: str, seed: int, envs: int, out_dir: Path, timeout_s: float,
                   sets: list[str] | None = None) -> Row:
-    """Stable-Baselines3's PPO on the same preset in one process (dppo.bench.reference), timed as run_train."""
+    """Stable-Baselines3's PPO on the same preset in one process (benchmarks/reference.py), timed as run_train."""
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
         raise UsageError("--reference needs Stable-Baselines3 in this environment: pip install 'dppo[bench]'") from None
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"reference-seed{seed}.json"
-    cmd = [sys.executable, "-m", "dppo.bench.reference", "--env", env_id, "--seed", str(seed), "--envs", str(envs),
+    cmd = [sys.executable, str(REFERENCE_SCRIPT), "--env", env_id, "--seed", str(seed), "--envs", str(envs),
            "--out", str(out), *(arg for item in sets or [] for arg in ("--set", item))]
-    wall, _ended_at, memory = _timed_subprocess(cmd, timeout_s)
+    wall, _ended_at, memory = timed_subprocess(cmd, timeout_s)
     summary = json.loads(out.read_text())
     return {"wall_s": round(wall, 2), "train_s": summary["train_s"], "startup_s": summary["startup_s"],
             "env_steps": summary["env_steps"], "solved": summary["solved"],
-            "episode_return_mean": summary["episode_return_mean"], **_memory_cells(memory)}
+            "episode_return_mean": summary["episode_return_mean"], **memory_cells(memory)}
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -153,7 +89,7 @@ def bench_solve(actor_counts: list[int], env_id: str = "CartPole-v1", repeats: i
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add `dppo bench solve`."""
+    """Add `python -m benchmarks solve`."""
     solve = sub.add_parser("solve", help="wall-clock time and env steps to the target return per actor count")
     solve.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default CartPole-v1)")
     solve.add_argument("--actors", default="1,8", help="comma-separated actor counts (default 1,8)")
@@ -207,7 +143,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         note += ("\n\nThe first row is the reference: Stable-Baselines3's PPO in one process with the same preset "
                  "(same envs in all, segment length, epochs, minibatch, learning-rate schedule, gamma, lambda, clip, "
                  "coefficients, network; SB3's own target-KL rule) until the same target over its last 100 "
-                 "episodes (dppo/bench/reference.py); `vs_reference` = median wall time over the reference's.")
+                 "episodes (benchmarks/reference.py); `vs_reference` = median wall time over the reference's.")
     actors = " vs ".join(str(c) for c in counts) + (" actor" if counts == [1] else " actors")
     emit(args, rows, columns, key, f"Time to solve {env_id}, {actors}", note, info, figure)
     return 0

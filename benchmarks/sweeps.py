@@ -1,4 +1,4 @@
-"""`dppo bench sweep`: what a `dppo sweep` buys, against plain `dppo train` runs of its base config.
+"""`python -m benchmarks sweep`: what a `dppo sweep` buys, against plain `dppo train` runs of its base config.
 
 One sweep file, run with `dppo sweep`, then one of three comparisons (``--compare``), each at the same budget
 per run:
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.learn import evaluate_run, train_and_evaluate
+from benchmarks.variants import spread
 from dppo.bench.common import Row, add_common_args, machine, parse_counts
 from dppo.bench.docs import emit
-from dppo.bench.learn import evaluate_run, train_and_evaluate
-from dppo.bench.solve import _timed_subprocess
-from dppo.bench.variants import spread
+from dppo.bench.runs import timed_subprocess
 from dppo.cli_args import positive
 from dppo.errors import UsageError
 from dppo.run.curves import plot_runs
@@ -39,7 +39,7 @@ from dppo.run.run_dir import RunDir
 def run_sweep(sweep_file: Path, out_dir: Path, timeout_s: float) -> tuple[float, list[dict[str, str]]]:
     """`dppo sweep` as a subprocess: wall seconds from launch to exit, and its trials.csv rows."""
     cmd = [sys.executable, "-m", "dppo", "sweep", "--config", str(sweep_file), "--out-dir", str(out_dir)]
-    wall, _ended_at, _memory = _timed_subprocess(cmd, timeout_s)
+    wall, _ended_at, _memory = timed_subprocess(cmd, timeout_s)
     with open(out_dir / "trials.csv") as fh:
         return wall, list(csv.DictReader(fh))
 
@@ -120,7 +120,7 @@ def compare_train(sweep_dir: Path, base: Path, sweep_wall: float, trials: list[d
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add `dppo bench sweep`."""
+    """Add `python -m benchmarks sweep`."""
     bench = sub.add_parser("sweep", help="a dppo sweep against plain runs of its base config: the best config on "
                            "fresh seeds, PBT against independent runs, Tune's overhead")
     bench.add_argument("--config", required=True, type=Path, help="the sweep file")

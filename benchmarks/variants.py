@@ -1,7 +1,7 @@
-"""`dppo bench variants`: one env, several config variants side by side (a mask on or off, an LSTM or not,
+"""`python -m benchmarks variants`: one env, several config variants side by side (a mask on or off, an LSTM or not,
 evaluation while training on or off).
 
-Each variant is trained once per seed to the same budget with `dppo train` (as `dppo bench learn` does) and
+Each variant is trained once per seed to the same budget with `dppo train` (as `python -m benchmarks learn` does) and
 evaluated with `dppo eval`; the row adds the env steps each seed took to first reach ``--solved-at`` (the
 100-episode training mean) and what one actor pays per env step with that variant's policy (a Sampler in this
 process, one thread: inference, env step and bookkeeping).
@@ -16,9 +16,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from benchmarks.learn import EVAL_SEED, learn_one
 from dppo.bench.common import Row, add_common_args, check_env_id, machine, parse_counts, torch_threads
 from dppo.bench.docs import emit
-from dppo.bench.learn import EVAL_SEED, learn_one
 from dppo.cli_args import positive
 from dppo.errors import UsageError
 from dppo.run.curves import plot_runs
@@ -102,7 +102,7 @@ def variant_row(env_id: str, name: str, own: list[str], seeds: list[int], out_di
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add `dppo bench variants`."""
+    """Add `python -m benchmarks variants`."""
     bench = sub.add_parser("variants", help="config variants of one env side by side: return, steps to solve, "
                            "actor cost per step")
     bench.add_argument("--env", required=True, help="env id (its preset is the base of every variant)")

@@ -73,6 +73,13 @@ def run_dppo(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpr
                           cwd=cwd)
 
 
+def run_benchmark(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m benchmarks ARGS` as from a clone (the clone's root on the path, whatever ``cwd``), output captured."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=env)
+
+
 def progress_records(run: Path) -> list[dict]:
     """A run directory's progress.jsonl, one dict per iteration."""
     return [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]

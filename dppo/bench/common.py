@@ -188,10 +188,14 @@ def add_common_args(parser: argparse.ArgumentParser, address: bool = True) -> No
 
 
 def typed_argv(args: argparse.Namespace) -> list[str]:
-    """The command line as typed, for the docs (``bench ...``), less ``--json FILE`` (output only)."""
-    if "bench" not in sys.argv:  # called in-process (tests): the subcommand at least
-        return ["bench", args.bench_command]
-    typed = sys.argv[sys.argv.index("bench") + 1:]
+    """The command line as typed, for the docs (``dppo bench ...``), less ``--json FILE`` (output only). Another
+    entry (a clone's ``python -m benchmarks``) sets ``args.program`` and the arguments it parsed, ``args.typed``."""
+    program = getattr(args, "program", ["dppo", "bench"])
+    typed = getattr(args, "typed", None)
+    if typed is None:
+        if "bench" not in sys.argv:  # called in-process (tests): the subcommand at least
+            return [*program, args.bench_command]
+        typed = sys.argv[sys.argv.index("bench") + 1:]
     kept = []
     skip = False
     for item in typed:
@@ -201,4 +205,4 @@ def typed_argv(args: argparse.Namespace) -> list[str]:
             skip = True
         elif not item.startswith("--json="):
             kept.append(item)
-    return ["bench", *kept]
+    return [*program, *kept]

@@ -1,5 +1,5 @@
 """A benchmark's output: its table on stdout, its rows as JSON (``--json``) and its own section of
-docs/benchmarks.md (``--write-docs``).
+docs/benchmarks.md (``--write-docs``); the diagnostics of `dppo bench` and a clone's ``benchmarks/`` write it alike.
 
 Each section sits between markers named by its key, so a rerun replaces that section and leaves the others
 (written by other commands, other machines, other days) as they were.
@@ -17,7 +17,8 @@ from typing import Any
 from dppo.bench.common import Row, typed_argv
 from dppo.markdown import table
 
-DOCS_TITLE = "# Benchmarks\n\nEvery section below is written by the `dppo bench` command it shows (`--write-docs`).\n"
+DOCS_TITLE = ("# Benchmarks\n\nEvery section below is written by the command it shows (`dppo bench ...` or a clone's "
+              "`python -m benchmarks ...`, with `--write-docs`).\n")
 
 
 def section_markers(key: str) -> tuple[str, str]:
@@ -69,6 +70,6 @@ def emit(args: argparse.Namespace, rows: list[Row], columns: list[str], key: str
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     if args.write_docs:
-        command = "dppo " + shlex.join(typed_argv(args))
+        command = shlex.join(typed_argv(args))
         write_docs(Path(args.write_docs), key, title, note, command, md, info, figure)
         print(f"wrote section {key!r} of {args.write_docs}", flush=True)

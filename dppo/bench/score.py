@@ -20,7 +20,7 @@ from typing import Any
 
 from dppo.bench.common import Row, add_common_args, check_env_id, machine, parse_counts
 from dppo.bench.docs import emit
-from dppo.bench.solve import run_train
+from dppo.bench.runs import run_train
 from dppo.cli_args import positive
 from dppo.errors import UsageError
 from dppo.run.curves import plot_runs

@@ -1,4 +1,4 @@
-"""`dppo bench learn`: real training and evaluation subprocesses, the table and figure it writes."""
+"""`python -m benchmarks learn`: real training and evaluation subprocesses, the table and figure it writes."""
 
 from __future__ import annotations
 
@@ -11,20 +11,18 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import processes_with
+from conftest import processes_with, run_benchmark
 
-from dppo.bench.solve import stop_process_tree
+from dppo.bench.runs import stop_process_tree
 
 
 @pytest.mark.slow
 def test_learn_table_trains_evaluates_and_plots_every_seed(tmp_path: Path) -> None:
     docs = tmp_path / "docs" / "benchmarks.md"
     rows_file = tmp_path / "rows.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "dppo", "bench", "learn", "--env", "CartPole-v1", "--seeds", "1,2", "--total-steps",
-         "2048", "--episodes", "2", "--parallel", "2", "--out-dir", str(tmp_path / "runs"), "--write-docs", str(docs),
-         "--json", str(rows_file), "--set", "run.actors=1"],
-        capture_output=True, text=True, timeout=600)
+    done = run_benchmark("learn", "--env", "CartPole-v1", "--seeds", "1,2", "--total-steps", "2048", "--episodes", "2",
+                         "--parallel", "2", "--out-dir", str(tmp_path / "runs"), "--write-docs", str(docs),
+                         "--json", str(rows_file), "--set", "run.actors=1", timeout=600)
     assert done.returncode == 0, done.stderr
     (row,) = json.loads(rows_file.read_text())
     assert row["env"] == "CartPole-v1" and row["seeds"] == 2 and row["env_steps"] >= 2048
@@ -42,8 +40,7 @@ def test_learn_table_trains_evaluates_and_plots_every_seed(tmp_path: Path) -> No
 
 
 def test_learn_rejects_an_unknown_env(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "dppo", "bench", "learn", "--env", "NoSuchEnv-v0"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    done = run_benchmark("learn", "--env", "NoSuchEnv-v0", cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "NoSuchEnv-v0" in done.stderr
     assert not (tmp_path / "runs").exists()
 
@@ -76,11 +73,10 @@ def test_a_run_past_its_timeout_is_stopped_with_its_whole_process_tree(tmp_path:
 @pytest.mark.slow
 def test_variants_table_compares_a_mask_on_and_off(tmp_path: Path) -> None:
     rows_file = tmp_path / "rows.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "dppo", "bench", "variants", "--env", "dppo/MaskedGrid-v0", "--variant", "mask",
-         "--variant", "no-mask:model.action_mask_key=null", "--seeds", "1", "--total-steps", "2048", "--episodes",
-         "2", "--solved-at", "-5", "--out-dir", str(tmp_path / "runs"), "--json", str(rows_file),
-         "--set", "run.actors=1"], capture_output=True, text=True, timeout=600)
+    done = run_benchmark("variants", "--env", "dppo/MaskedGrid-v0", "--variant", "mask",
+                         "--variant", "no-mask:model.action_mask_key=null", "--seeds", "1", "--total-steps", "2048",
+                         "--episodes", "2", "--solved-at", "-5", "--out-dir", str(tmp_path / "runs"),
+                         "--json", str(rows_file), "--set", "run.actors=1", timeout=600)
     assert done.returncode == 0, done.stderr
     mask, no_mask = json.loads(rows_file.read_text())
     assert (mask["variant"], no_mask["variant"], no_mask["overrides"]) == ("mask", "no-mask",
@@ -93,16 +89,16 @@ def test_variants_table_compares_a_mask_on_and_off(tmp_path: Path) -> None:
 
 
 def test_variants_rejects_a_malformed_variant(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "dppo", "bench", "variants", "--env", "CartPole-v1", "--variant",
-                           "lstm:model.recurrent"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = run_benchmark("variants", "--env", "CartPole-v1", "--variant", "lstm:model.recurrent", cwd=tmp_path,
+                         timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "NAME:KEY=VALUE" in done.stderr
     assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow
 def test_sweep_bench_times_a_one_trial_sweep_against_dppo_train(tmp_path: Path) -> None:
-    """`dppo bench sweep --compare train`: the same config through Tune and through `dppo train`, both trained to
-    the same steps, evaluated, and written as a docs section."""
+    """`python -m benchmarks sweep --compare train`: the same config through Tune and through `dppo train`, both
+    trained to the same steps, evaluated, and written as a docs section."""
     import yaml
 
     sweep_file, rows_file, docs = tmp_path / "one.yaml", tmp_path / "rows.json", tmp_path / "benchmarks.md"
@@ -110,10 +106,9 @@ def test_sweep_bench_times_a_one_trial_sweep_against_dppo_train(tmp_path: Path) 
         "base": {"env": "CartPole-v1"}, "space": {}, "trials": 1, "concurrent": 1, "driver_cpus": 1,
         "set": {"run.total_steps": 2048, "run.actors": 1, "run.actor_cpus": 0.5, "run.tensorboard": False,
                 "run.seed": 4}}))
-    done = subprocess.run(
-        [sys.executable, "-m", "dppo", "bench", "sweep", "--config", str(sweep_file), "--compare", "train",
-         "--episodes", "2", "--out-dir", str(tmp_path / "runs"), "--json", str(rows_file), "--write-docs", str(docs)],
-        capture_output=True, text=True, timeout=600)
+    done = run_benchmark("sweep", "--config", str(sweep_file), "--compare", "train", "--episodes", "2",
+                         "--out-dir", str(tmp_path / "runs"), "--json", str(rows_file), "--write-docs", str(docs),
+                         timeout=600)
     assert done.returncode == 0, done.stderr
     swept, trained = json.loads(rows_file.read_text())
     assert (swept["runs"], trained["runs"]) == ("dppo sweep, 1 trial", "dppo train")
@@ -127,7 +122,6 @@ def test_sweep_bench_times_a_one_trial_sweep_against_dppo_train(tmp_path: Path) 
 
 def test_sweep_bench_refuses_a_bad_sweep_file(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text("base: {env: CartPole-v1}\nspace: {ppo.epochs: 'uniform(0.1, 0.2)'}\n")
-    done = subprocess.run([sys.executable, "-m", "dppo", "bench", "sweep", "--config", "bad.yaml", "--compare",
-                           "train"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = run_benchmark("sweep", "--config", "bad.yaml", "--compare", "train", cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "sweep space ppo.epochs" in done.stderr
     assert not (tmp_path / "runs").exists()

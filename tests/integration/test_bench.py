@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.__main__ import parse as benchmarks_args
 from dppo.bench.docs import section_markers
 from dppo.bench.sampling import bench_sampling
 from dppo.bench.update import bench_update
@@ -26,6 +27,12 @@ def run_bench(argv: list[str]) -> int:
     parser = Parser(prog="dppo")
     register(parser.add_subparsers(dest="command", required=True, parser_class=Parser))
     args = parser.parse_args(["bench", *argv])
+    return args.func(args)
+
+
+def run_benchmark(argv: list[str]) -> int:
+    """A clone's `python -m benchmarks ARGV`, in this process (a UsageError raised, not printed)."""
+    args = benchmarks_args(argv)
     return args.func(args)
 
 
@@ -75,7 +82,7 @@ def test_solve_command_runs_train_and_draws_the_figure(ray_address: str, tmp_pat
             "--set", "run.total_steps=64", "--set", "env.num_envs=2", "--set", "ppo.segment_length=16",
             "--set", "ppo.minibatch_size=16", "--set", "env.latency_ms=10", "--json", str(out),
             "--write-docs", str(docs), "--address", ray_address]
-    assert run_bench(argv) == 0
+    assert run_benchmark(argv) == 0
     returned_at = time.time()
     (row,) = json.loads(out.read_text())
     assert row["actors"] == 1 and row["repeats"] == 1 and row["solved"] == 0
@@ -88,13 +95,14 @@ def test_solve_command_runs_train_and_draws_the_figure(ray_address: str, tmp_pat
     # the first round sleeps 2 x 16 x 10 ms; the second at least 0.30 s (each env may carry up to one latency of
     # overrun into it, LatencyWrapper's debt) and comes after the first
     assert run["first_iteration_s"] >= 0.32 and run["train_s"] >= run["first_iteration_s"] + 0.30
-    # the exit: from summary.json's finish to the process's end, which was before run_bench returned
+    # the exit: from summary.json's finish to the process's end, which was before run_benchmark returned
     finished_at = json.loads((Path(run["run_dir"]) / "summary.json").read_text())["finished_at"]
     assert 0 <= run["exit_s"] <= returned_at - finished_at + 0.01
     assert run["startup_s"] + run["train_s"] + run["exit_s"] <= run["wall_s"] + 0.5  # the parts fit the whole
     assert (tmp_path / "bench-solve-CartPole-v1.png").stat().st_size > 0
     assert "![Time to solve CartPole-v1, 1 actor](bench-solve-CartPole-v1.png)" in docs.read_text()
     assert "Start-up, phase by phase" in docs.read_text()
+    assert "\npython -m benchmarks solve --actors 1 --repeats 1 " in docs.read_text()  # the command, as typed
 
 
 def test_update_on_a_missing_gpu_is_a_usage_error(ray_address: str) -> None:
@@ -116,7 +124,7 @@ def test_solve_with_the_reference_times_sb3_on_the_same_preset(ray_address: str,
     argv = ["solve", "--actors", "1", "--repeats", "1", "--out-dir", str(tmp_path / "runs"), "--reference",
             "--set", "run.total_steps=256", "--set", "env.num_envs=2", "--set", "ppo.segment_length=16",
             "--set", "ppo.minibatch_size=16", "--json", str(out), "--address", ray_address]
-    assert run_bench(argv) == 0
+    assert run_benchmark(argv) == 0
     reference, ours = json.loads(out.read_text())
     # the preset's run.actors (2) x env.num_envs (2): the envs of `make demo`'s run
     assert reference["actors"] == "SB3 PPO, 1 process, 4 envs" and reference["vs_reference"] == 1.0

@@ -1,4 +1,4 @@
-"""`dppo bench envs`: tiny step counts, real ale-py (and EnvPool where installed); shapes, semantics and the
+"""`python -m benchmarks envs`: tiny step counts, real ale-py (and EnvPool where installed); shapes, semantics and the
 docs section, never speed."""
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.__main__ import parse as benchmarks_args
 from dppo.bench.docs import section_markers
-from dppo.cli_args import Parser
-from dppo.commands.bench import register
 from dppo.errors import UsageError
 
 # SpaceInvaders: random play scores 5 to 30 points a step, so raw (unclipped) rewards show; 3 lives.
@@ -23,9 +22,7 @@ TINY = ["--env", GAME, "--threads", "1", "--envs", "2,3", "--steps", "48", "--wa
 
 
 def run_bench(argv: list[str]) -> int:
-    parser = Parser(prog="dppo")
-    register(parser.add_subparsers(dest="command", required=True, parser_class=Parser))
-    args = parser.parse_args(["bench", "envs", *argv])
+    args = benchmarks_args(["envs", *argv])
     return args.func(args)
 
 
@@ -50,7 +47,7 @@ def test_envs_command_measures_each_engine_and_checks_the_same_preprocessing(tmp
     assert checks[0]["same_first_frame"] == 1.0
     text = docs.read_text()
     begin, end = section_markers("envs-SpaceInvaders-v5")
-    assert begin in text and end in text and "Machine:" in text and "dppo bench envs" in text
+    assert begin in text and end in text and "Machine:" in text and "python -m benchmarks envs" in text
     assert "| engine | envs | episodes |" in text  # the semantics table sits in the section's note
     assert ("x as many env steps per CPU-second as ale" in text) == ("envpool" in ENGINES)  # the verdict
 

@@ -1,4 +1,4 @@
-"""`dppo bench peer` end to end: dppo and the real RLlib peer script, in the peer's own venv built the way the
+"""`python -m benchmarks peer` end to end: dppo and the real RLlib peer script, in the peer's own venv built the way the
 command's hint tells a user to (under the clone's .cache/, reused when it works), both trained to the same tiny
 budget; the section, its two rows and its figure written. The pipeline, not learning. Then bad input: one line."""
 
@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_dppo
+from conftest import REPO, run_benchmark
 
-from dppo.bench.peer import PEER_PACKAGES, PEER_SCRIPT, PEER_VENV, VENV_COMMANDS
+from benchmarks.peer import PEER_PACKAGES, PEER_SCRIPT, PEER_VENV, VENV_COMMANDS
 
 BUDGET = 4800  # agent steps: two iterations of examples/simple-spread.yaml on each side
 
@@ -38,7 +38,7 @@ def peer_python() -> Path:
 def test_bench_peer_trains_both_sides_to_the_same_steps_and_writes_its_section(tmp_path: Path) -> None:
     python = peer_python()
     docs = tmp_path / "docs" / "benchmarks.md"
-    done = run_dppo("bench", "peer", "--peer-python", str(python), "--seeds", "1", "--total-steps", str(BUDGET),
+    done = run_benchmark("peer", "--peer-python", str(python), "--seeds", "1", "--total-steps", str(BUDGET),
                     "--patched-peer", "--out-dir", str(tmp_path / "runs"), "--json", str(tmp_path / "rows.json"),
                     "--write-docs", str(docs), cwd=REPO, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -69,10 +69,10 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
         (["--set-nothing"], "unrecognized arguments"),
     ]
     for argv, message in cases:
-        done = run_dppo("bench", "peer", *argv, "--write-docs", str(docs), cwd=REPO, timeout=120)
+        done = run_benchmark("peer", *argv, "--write-docs", str(docs), cwd=REPO, timeout=120)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, (argv, done.stderr)
     cartpole = tmp_path / "cartpole.yaml"
     cartpole.write_text("env: {id: CartPole-v1}\n")
-    done = run_dppo("bench", "peer", "--config", str(cartpole), cwd=REPO, timeout=120)
+    done = run_benchmark("peer", "--config", str(cartpole), cwd=REPO, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is not a PettingZoo env" in done.stderr
     assert not docs.exists() and not (tmp_path / "bench-peer-rllib-simple-spread.png").exists()

@@ -1,14 +1,13 @@
-"""`dppo bench selfplay` end to end: a tiny tic-tac-toe run by self-play, its games against random and minimax
-players counted per seat, the section and the Elo figure written. The pipeline, not learning."""
+"""`python -m benchmarks selfplay` end to end: a tiny tic-tac-toe run by self-play, its games against random and
+minimax players counted per seat, the section and the Elo figure written. The pipeline, not learning."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_benchmark
 
 CONFIG = {"env": {"id": "pettingzoo.classic.tictactoe_v3", "num_envs": 8},
           "ppo": {"segment_length": 16, "num_minibatches": 2}, "selfplay": {"snapshot_every": 2},
@@ -20,9 +19,8 @@ def test_bench_selfplay_writes_its_section_and_figure(tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     docs = tmp_path / "docs" / "benchmarks.md"
-    done = subprocess.run([sys.executable, "-m", "dppo", "bench", "selfplay", "--config", str(config), "--games", "4",
-                           "--out-dir", str(tmp_path / "runs"), "--write-docs", str(docs)],
-                          capture_output=True, text=True, timeout=600)
+    done = run_benchmark("selfplay", "--config", str(config), "--games", "4", "--out-dir", str(tmp_path / "runs"),
+                         "--write-docs", str(docs), timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     text = docs.read_text()
     assert "## Self-play: tiny" in text and "![Self-play: tiny](figures/selfplay-tiny.png)" in text
@@ -42,10 +40,8 @@ def test_bench_selfplay_writes_its_section_and_figure(tmp_path: Path) -> None:
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    done = subprocess.run([sys.executable, "-m", "dppo", "bench", "selfplay", "--config", str(config), "--opponents",
-                           "random,oracle"], capture_output=True, text=True, timeout=60)
+    done = run_benchmark("selfplay", "--config", str(config), "--opponents", "random,oracle", timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--opponents 'random,oracle'" in done.stderr
     config.write_text(yaml.safe_dump({**CONFIG, "ppo": {"minibatch_size": 4096}}))  # the run refuses it
-    done = subprocess.run([sys.executable, "-m", "dppo", "bench", "selfplay", "--config", str(config), "--out-dir",
-                           str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
+    done = run_benchmark("selfplay", "--config", str(config), "--out-dir", str(tmp_path / "runs"), timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "ppo.minibatch_size 4096 exceeds" in done.stderr

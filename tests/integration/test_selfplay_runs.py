@@ -1,7 +1,7 @@
 """Two-player games by self-play through the real CLI on a real Ray cluster: tic-tac-toe trains against its
 snapshot pool, the pool and the ratings go into the checkpoint and a resume continues them, a seeded run
 reproduces itself, and `dppo eval` plays a chosen opponent. Short runs: the pipeline, not learning (the
-self-play benchmark is `dppo bench selfplay`)."""
+self-play benchmark is `python -m benchmarks selfplay`)."""
 
 from __future__ import annotations
 

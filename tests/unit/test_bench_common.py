@@ -16,7 +16,7 @@ def test_parse_counts() -> None:
 
 
 def test_a_variants_values_keep_their_bracketed_commas() -> None:
-    from dppo.bench.variants import parse_variant
+    from benchmarks.variants import parse_variant
 
     assert parse_variant("shared:env.wrappers=[a:b,c:d],env.agent_id_in_obs=true") == (
         "shared", ["env.wrappers=[a:b,c:d]", "env.agent_id_in_obs=true"])

@@ -1,5 +1,5 @@
-"""`dppo bench peer`'s pieces without the peer: its output parsed, dppo's config mirrored into the peer's spec (and
-refused where it cannot be), an unusable --peer-python caught in one line, the figure and the table's cells."""
+"""`python -m benchmarks peer`'s pieces without the peer: its output parsed, dppo's config mirrored into the peer's spec
+(and refused where it cannot be), an unusable --peer-python caught in one line, the figure and the table's cells."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dppo.bench import peer, peer_rllib
+from benchmarks import peer, peer_rllib
 from dppo.config import load_config
 from dppo.errors import UsageError
 from dppo.run.curves import Curve
