@@ -34,9 +34,10 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def node_port_flags() -> list[str]:
-    """The per-node ports ``ray start`` would otherwise take at fixed numbers (two nodes on one host collide)."""
-    metrics, agent, agent_grpc, runtime_env = free_ports(4)
+def node_port_flags(ports: list[int] | None = None) -> list[str]:
+    """The per-node ports ``ray start`` would otherwise take at fixed numbers (two nodes on one host collide);
+    ``ports``: four chosen with the caller's others (ports chosen apart can repeat)."""
+    metrics, agent, agent_grpc, runtime_env = ports or free_ports(4)
     return [f"--metrics-export-port={metrics}", f"--dashboard-agent-listen-port={agent}",
             f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}"]
 
@@ -50,32 +51,50 @@ class LocalCluster:
         self.env = env
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
         self.address = ""
+        self.dashboard = ""  # the job API's address (http://...), when the head serves one
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None,
-              wait_for: str = "Ray runtime started", timeout: float = 120.0) -> None:
-        """Start a node's process (``args``: the whole command) and wait until its log says ``wait_for``."""
+              wait_for: str = "Ray runtime started", timeout: float = 120.0, wait: bool = True) -> None:
+        """Start a node's process (``args``: the whole command) and wait until its log says ``wait_for`` (unless
+        not ``wait``: a node coming back while the caller goes on)."""
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 (closed with the node's life)
         self.nodes[name] = subprocess.Popen(args, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
+        if not wait:
+            return
         deadline = time.monotonic() + timeout
         while wait_for not in self.log(name):
             if self.nodes[name].poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"Ray node {name} did not start:\n{self.log(name)[-3000:]}")
             time.sleep(0.3)
 
-    def start_head(self, cpus: int, *extra: str) -> str:
-        """A head with ``cpus`` CPUs and no dashboard; returns its GCS address."""
-        gcs, client = free_ports(2)
+    def start_head(self, cpus: int, *extra: str, dashboard: bool = False) -> str:
+        """A head with ``cpus`` CPUs, without a dashboard unless ``dashboard`` (then ``self.dashboard`` is its job
+        API, as a RayJob's submitter reaches it); returns its GCS address."""
+        gcs, client, dash, *node = free_ports(7)
+        board = ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}"] \
+            if dashboard else ["--include-dashboard=false"]
         self.start("head", [RAY, "start", "--head", "--block", f"--port={gcs}", f"--num-cpus={cpus}",
-                            f"--ray-client-server-port={client}", "--include-dashboard=false", *node_port_flags(),
+                            f"--ray-client-server-port={client}", *board, *node_port_flags(node),
                             *self._common(), *extra])
         self.address = f"127.0.0.1:{gcs}"
+        self.dashboard = f"http://127.0.0.1:{dash}" if dashboard else ""
         return self.address
 
-    def start_worker(self, name: str, cpus: int, *extra: str) -> None:
+    def start_worker(self, name: str, cpus: int, *extra: str, wait: bool = True) -> None:
         """A worker node joining the head (one at a time: two raylets registering at once can time out)."""
         self.start(name, [RAY, "start", f"--address={self.address}", "--block", f"--num-cpus={cpus}",
-                          *node_port_flags(), *self._common(), *extra])
+                          *node_port_flags(), *self._common(), *extra], wait=wait)
+
+    def processes(self) -> list[psutil.Process]:
+        """Every live process of this cluster: the nodes' `ray start` processes and their descendants (raylets,
+        agents, workers, a job's driver), never another Ray's on the machine."""
+        found = []
+        for node in self.nodes.values():
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(node.pid)
+                found += [root, *root.children(recursive=True)]
+        return found
 
     def _common(self) -> list[str]:
         return ["--node-ip-address=127.0.0.1", f"--temp-dir={self.root}", "--object-store-memory=100000000",
