@@ -317,11 +317,17 @@ class Inference:
         try:
             endpoint = self.calls.get(ready)
         except ray.exceptions.RayActorError as err:
-            raise RunFailure(f"the inference service failed to start: {first_line(err)}") from err
+            if err.actor_init_failed:  # its constructor raised: another would too
+                raise RunFailure(f"the inference service failed to start: {first_line(err)}") from err
+            self.replace(err)  # lost before it was ready (killed, its node gone): another, within the budget
+            return
         self.endpoint = endpoint if isinstance(endpoint, Endpoint) else None
         self.group.mark_ready(0, None)  # its node, asked of Ray when it is lost
-        for version, weights in sorted(self.held.items()):
-            self.calls.get(self.handle.load.remote(weights, version))
+        try:
+            for version, weights in sorted(self.held.items()):
+                self.calls.get(self.handle.load.remote(weights, version))
+        except ray.exceptions.RayActorError as err:
+            self.replace(err)  # lost while loading its predecessor's versions
 
     def serve(self, broadcast: Broadcast) -> ServedBroadcast:
         """Load the broadcast's weights into the service (a lost one replaced first); what the actors get."""
