@@ -229,7 +229,8 @@ def cmd_sampling(args: argparse.Namespace) -> int:
             "the in-process row; `of_limit` = steps/s over the latency ceiling (actors / latency for sync, "
             "actors x E / latency for async). Memory: summed RSS and PSS over the driver's process tree "
             "(Ray's GCS, raylet and workers included) while the actors were alive. `inference` server: the actors' "
-            "policy computed by dppo's inference service (run.inference), on the GPU when there is one.")
+            "policy computed by dppo's inference service (run.inference), on the GPU when there is one, reached "
+            "through shared memory by the actors on its node (`dppo bench transport`), by Ray calls from others.")
     served = ["inference"] if modes != ("actor",) else []
     columns = ["mode", *served, "actors", "envs_per_actor", "segment_length", "env_latency_ms", "steps_per_s",
                "efficiency", "limit_steps_per_s", "of_limit", "processes", "rss_mib", "pss_mib"]

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 
-from dppo.bench import chaos, driver_scaling, node_loss, sampling, score, update
+from dppo.bench import chaos, driver_scaling, node_loss, sampling, score, transport, update
 from dppo.bench import round as round_  # the module, not the builtin
 
 # In `dppo bench --help` order.
-BENCHMARKS = (sampling, update, round_, node_loss, score, driver_scaling, chaos)
+BENCHMARKS = (sampling, transport, update, round_, node_loss, score, driver_scaling, chaos)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
