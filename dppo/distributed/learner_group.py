@@ -27,6 +27,8 @@ from dppo.rl.model import ActorCritic
 from dppo.rl.ppo import TrainStats
 from dppo.rl.segment import Segment
 
+START_TRIES = 5  # the learners started again when one dies while they start (chaos, a node going away)
+
 
 class LearnerDied(RuntimeError):
     """A learner of the group is gone; its replicas can no longer agree."""
@@ -73,8 +75,7 @@ class LearnerGroup:
             self.local.load(None, trainer_state)
             return
         self.device = group_device(config)
-        self._start()
-        self.load(model.state_dict(), trainer_state)
+        self._start_loaded(model.state_dict(), trainer_state)
 
     @property
     def remote(self) -> list[ray.actor.ActorHandle]:
@@ -92,7 +93,23 @@ class LearnerGroup:
     def _start(self) -> None:
         self.group.start(self.config.run.learners)
         address = ray.get(self.remote[0].rendezvous.remote())
-        ray.get([learner.join.remote(address) for learner in self.remote])
+        pending = [learner.join.remote(address) for learner in self.remote]
+        while pending:  # a learner that dies while joining raises here; its peers would wait in gloo for 30 min
+            ready, pending = ray.wait(pending, num_returns=1)
+            ray.get(ready)
+
+    def _start_loaded(self, model_state: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
+        """Start the L learners and load them; a learner lost while they start or load (its node, a kill) has
+        the whole group started again, up to START_TRIES times."""
+        for attempt in range(START_TRIES):
+            try:
+                self._start()
+                self.load(model_state, trainer_state)
+                return
+            except ray.exceptions.RayActorError as err:
+                self.shutdown()
+                if attempt == START_TRIES - 1:
+                    raise LearnerDied(f"the learners could not start: {first_line(err)}") from err
 
     def load(self, model_state: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
         if self.local is not None:
@@ -163,8 +180,7 @@ class LearnerGroup:
         weights (what a surviving learner holds) with ``trainer_state``."""
         model_state = self._model_state()
         self.shutdown()
-        self._start()
-        self.load(model_state, trainer_state)
+        self._start_loaded(model_state, trainer_state)
 
     def shutdown(self) -> None:
         self.group.shutdown()
