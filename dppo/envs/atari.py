@@ -107,6 +107,8 @@ def envpool_vector_env(env_id: str, num_envs: int, threads: int, seed: int) -> A
 
 
 def make_ale_vector_env(config: Config) -> VectorEnv:
-    """E preprocessed envs in ale-py's C++ vector env, stepped in ``run.actor_cpus`` threads."""
+    """E preprocessed envs in ale-py's C++ vector env, stepped in ``run.actor_cpus`` threads. With
+    ``run.actor_halves: 2`` the Sampler makes one per half (E/2 envs each, each with those threads): the halves
+    step in turn, ale-py releasing the GIL while its threads step, so the other half's forward pass runs meanwhile."""
     cfg = config.env
     return ale_vector_env(cfg.id or "", cfg.num_envs, max(1, round(config.run.actor_cpus)), **cfg.kwargs)

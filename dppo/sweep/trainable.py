@@ -25,7 +25,8 @@ def trial_bundles(sweep: Sweep) -> list[dict[str, float]]:
     """One placement group per trial: its driver, then a bundle per actor (and per learner process), so a trial's
     actors are reserved together and the cluster is never oversubscribed."""
     run = sweep.trial_config({}).run
-    bundles = [{"CPU": sweep.spec.driver_cpus}] + [{"CPU": run.actor_cpus}] * run.actors
+    actor = {"CPU": run.actor_cpus, **({"GPU": run.actor_gpus} if run.actor_gpus else {})}  # its GPU share too
+    bundles = [{"CPU": sweep.spec.driver_cpus}] + [actor] * run.actors
     if run.learners > 1:
         bundles += [{"CPU": run.learner_cpus}] * run.learners
     return bundles

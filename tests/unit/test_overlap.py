@@ -6,12 +6,14 @@ checks of run.actor_halves and run.actor_gpus."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import yaml
 from gymnasium.vector import VectorWrapper
 
 import dppo.envs  # noqa: F401 - registers the toy envs
@@ -23,6 +25,8 @@ from dppo.rl.build import build_model
 from dppo.rl.overlap import OverlappedPolicy
 from dppo.rl.sampler import Sampler
 from dppo.rl.segment import Segment
+from dppo.sweep.spec import load_sweep
+from dppo.sweep.trainable import trial_bundles
 
 SEED = 7
 
@@ -180,3 +184,14 @@ def test_a_gpu_share_no_node_holds_is_one_line() -> None:
     assert line is not None and "no node of the Ray cluster has 2 GPUs (the most on one node: 1)" in line
     assert "set run.actor_gpus=0" in line and "\n" not in line
     assert "has 0.5 GPU (the most on one node: 0)" in gpu_shortage(0.5, nodes[:2])
+
+
+def test_a_sweep_trial_reserves_each_actors_gpu_share(tmp_path: Path) -> None:
+    """Tune places a trial's actors in its placement group: a bundle without the GPU share would never hold one."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": {"env": "CartPole-v1"}, "set": {"run.actor_gpus": 0.25},
+                                    "space": {"ppo.learning_rate": "loguniform(1e-4, 1e-3)"}}))
+    bundles = trial_bundles(load_sweep(path))
+    assert bundles[1:] == [{"CPU": 1.0, "GPU": 0.25}] * 2
+    path.write_text(yaml.safe_dump({"base": {"env": "CartPole-v1"}, "space": {"ppo.learning_rate": "uniform(0.1, 1)"}}))
+    assert trial_bundles(load_sweep(path))[1:] == [{"CPU": 1.0}] * 2
