@@ -138,7 +138,7 @@ def peer_spec(config: Config, source: str) -> dict[str, Any]:
     ppo = config.ppo
     return {"env": config.env.id, "env_kwargs": dict(config.env.kwargs), "agent_id_in_obs": config.env.agent_id_in_obs,
             "seed": config.run.seed, "agent_steps": config.run.total_steps, "runners": config.run.actors,
-            "columns_per_runner": config.env.num_envs, "segment_length": ppo.segment_length, "epochs": ppo.epochs,
+            "columns_per_runner": config.columns, "segment_length": ppo.segment_length, "epochs": ppo.epochs,
             "minibatch_size": config.minibatch_size, "learning_rate": ppo.learning_rate, "anneal_lr": ppo.anneal_lr,
             "gamma": ppo.gamma, "gae_lambda": ppo.gae_lambda, "clip_coef": ppo.clip_coef,
             "value_coef": ppo.value_coef, "entropy_coef": ppo.entropy_coef, "max_grad_norm": ppo.max_grad_norm,
@@ -250,12 +250,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def load_side(path: Path, total_steps: int | None) -> Config:
     """dppo's config, the budget overridden; a usage error for a missing or invalid file."""
     from dppo.config import load_config
+    from dppo.envs.make import with_agents
 
     if not path.is_file():
         raise UsageError(f"--config {path}: no such file; e.g. examples/simple-spread.yaml")
     if total_steps is not None and total_steps < 1:
         raise UsageError(f"--total-steps {total_steps}: give a positive number of agent steps, e.g. 300000")
-    return load_config(path, overrides={"run.total_steps": total_steps})
+    return with_agents(load_config(path, overrides={"run.total_steps": total_steps}))  # columns: copies x agents
 
 
 def describe(config: Config, source: Path, versions: dict[str, Any], patched: bool) -> str:
@@ -268,7 +269,7 @@ def describe(config: Config, source: Path, versions: dict[str, Any], patched: bo
         f"train the same PettingZoo env, {env.id} ({kwargs}), one policy shared by all agents, the agent's one-hot "
         f"index in its observation, to {config.run.total_steps:,} agent steps each (an agent step: one agent's "
         "action; RLlib counts env steps, each one step of every agent, and the script converts), one run at a time. "
-        f"Same PPO on both sides: {config.run.actors} env runners / actors of one CPU each with {env.num_envs} agent "
+        f"Same PPO on both sides: {config.run.actors} env runners / actors of one CPU each with {config.columns} agent "
         f"columns each, T={ppo.segment_length}, {ppo.epochs} epochs of minibatches of {config.minibatch_size} agent "
         f"steps, lr {ppo.learning_rate:g}{' annealed to 0' if ppo.anneal_lr else ''}, gamma {ppo.gamma:g}, lambda "
         f"{ppo.gae_lambda:g}, clip {ppo.clip_coef:g}, value coefficient {ppo.value_coef:g} (RLlib's vf_loss_coeff "

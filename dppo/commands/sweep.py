@@ -15,7 +15,7 @@ from dppo.cli_args import fail, import_from_cwd
 
 def register(sub: argparse._SubParsersAction) -> None:
     sw = sub.add_parser("sweep", help="many trainings at once with Ray Tune: search, ASHA, population-based training",
-                        description="Runs the trials of a sweep file (see the README's 'Sweeps'), each a full dppo "
+                        description="Runs the trials of a sweep file (see docs/sweeps.md), each a full dppo "
                         "run in <out-dir>/trials/<trial>, and writes trials.csv, trials.md, trials.png and "
                         "best-config.yaml into <out-dir>.")
     sw.add_argument("--config", required=True, help="the sweep file (YAML)")
@@ -49,7 +49,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if metrics.port:
         check_port(metrics.host, metrics.port)
-    base = sweep.trial_config({})
+    from dppo.envs.make import with_agents
+
+    base = with_agents(sweep.trial_config({}))
     check_env(base)  # the env can be made, reset and stepped, before any trial starts
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     from dppo.distributed.cluster import connect_ray
@@ -81,7 +83,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         rows = trial_rows(sweep_dir, grid, sweep.spec.metric)
         best = write_results(sweep, sweep_dir, rows)
         failed = [r for r in rows if r["state"] == "ERROR"]
-        print(f"sweep {sweep.spec.name!r}: {len(rows)} trials, {len(failed)} failed -> {sweep_dir / 'trials.md'}"
+        from dppo.run.logs import counted
+
+        print(f"sweep {sweep.spec.name!r}: {counted(len(rows), 'trial')}, {len(failed)} failed -> "
+              f"{sweep_dir / 'trials.md'}"
               + (f"; best config {best}" if best else ""), flush=True)
         if metrics.port and metrics.linger_s > 0:
             time.sleep(metrics.linger_s)  # let Prometheus scrape the final values

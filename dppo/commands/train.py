@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--config", help="YAML config (default: the bundled preset for --env)")
     train.add_argument("--env", help="registered gymnasium id (CartPole-v1; picks its preset when --config is not "
                        "given), or module.path:EnvId-v0 to import your module first; for an unregistered env "
-                       "use --set env.entry_point=module.path:MyEnv (see the README, 'Your own environment')")
+                       "use --set env.entry_point=module.path:MyEnv (see docs/environments.md)")
     train.add_argument("--actors", type=whole_number, help="N: Ray actors collecting in parallel")
     train.add_argument("--envs-per-actor", type=whole_number, help="E: envs in each actor's vector env")
     train.add_argument("--segment-length", type=whole_number, help="T: steps per env per iteration")
@@ -131,6 +131,9 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
                 config_path = str(files.config)
     config, source = load_config_with_source(config_path, overrides, args.sets)
     from dppo.envs.checks import check_env
+    from dppo.envs.make import with_agents
+
+    config = with_agents(config)  # many agents: each env copy's agents are columns of the batch
     from dppo.rl.spaces import check_first_observation, check_spaces
 
     for obs_space, action_space, first in check_env(config).values():  # the env can be made, reset and stepped

@@ -44,11 +44,12 @@ class EnvConfig(Section):
     """Keyword arguments of the env (passed to gymnasium.make, to the entry point, or to a PettingZoo env's
     parallel_env)."""
     multiagent: bool = False
-    """A PettingZoo Parallel env, each agent a column of the actor's vector env, one policy shared by all agents:
+    """A PettingZoo env: a Parallel env, each agent a column of its policy's vector env (one policy shared by all
+    agents unless ``policies`` maps them), or a turn-based (AEC) game of two players trained by self-play.
     env.id names its module, whose parallel_env(**env.kwargs) makes it (mpe2.simple_spread_v3,
     pettingzoo.butterfly.pistonball_v6, your own mysim.agents), or env.entry_point a function returning one.
     Left out, it is true when env.id is named as PettingZoo names env modules: a dotted module path ending in
-    _v<N> (gymnasium ids end in -v<N>). env.num_envs then counts columns (agents x env copies) and env steps
+    _v<N> (gymnasium ids end in -v<N>). env.num_envs still counts env copies (games for self-play); env steps
     count agent steps; env.wrappers are functions of the Parallel env (supersuit:color_reduction_v0)."""
     agent_id_in_obs: bool = False
     """Add each agent's index, one-hot, to its observation (key agent_id of a Dict observation), so the shared
@@ -62,7 +63,12 @@ class EnvConfig(Section):
     wrappers: list[WrapperConfig] = Field(default_factory=list)
     """Wrappers applied in order after the env is made: a name, or {name: module:Class, kwargs: {...}}."""
     num_envs: int = Field(8, ge=1, le=4096)
-    """E: environments stepped in one gymnasium vector env inside each actor."""
+    """E: env copies stepped in one vector env inside each actor (of a multi-agent env too: each copy gives one
+    column per agent, env.columns_per_copy)."""
+    columns_per_copy: int | None = Field(None, ge=1)
+    """Columns of the actor's vector env per env copy: the agents of a multi-agent Parallel env (a self-play game
+    has one learner seat). dppo sets it from the env when a run starts (:func:`dppo.envs.make.with_agents`; a value
+    given by hand is replaced); null until then (the batch checks wait for it), and for a gymnasium env (1)."""
     vectorization: Literal["sync", "async", "ale"] = "sync"
     """sync: the E envs are stepped one after another in the actor's process; async: each env in its
     own subprocess (helps when env steps wait on I/O or are expensive); ale: ale-py's C++ vector env

@@ -247,7 +247,7 @@ def minibatch_note(designed: dict[str, Any], config: Config, source: str) -> str
     """A fixed ppo.minibatch_size with a batch far from the one its file was designed for (--actors 16 on a preset
     for 2) makes many times the SGD steps per epoch, each on a small share of the batch: one line that says so and
     gives the count that keeps the design. None when the run keeps it (or the file alone is no valid config)."""
-    if config.ppo.minibatch_size is None:
+    if config.ppo.minibatch_size is None or not config.batch_known:  # many agents: the batch is sized at start
         return None
     try:
         design = validate(designed, warn=False)
@@ -259,7 +259,8 @@ def minibatch_note(designed: dict[str, Any], config: Config, source: str) -> str
     now = max(1, config.batch_size // config.minibatch_size)
     if max(now, planned) < FAR * min(now, planned):
         return None
-    return (f"ppo.minibatch_size {config.minibatch_size} makes {now} minibatches per epoch of this run's batch of "
+    return (f"ppo.minibatch_size {config.minibatch_size} makes {now} minibatch{'' if now == 1 else 'es'} per epoch "
+            f"of this run's batch of "
             f"{config.batch_size} samples, where {source} plans {planned} of its {design.batch_size}; "
             f"--set ppo.num_minibatches={planned} keeps its plan (minibatches of "
             f"{config.batch_size // planned // config.sampling_unit * config.sampling_unit} samples)")

@@ -83,7 +83,7 @@ class Config(Section):
     @model_validator(mode="after")
     def _minibatches_fill(self) -> Config:
         count = self.ppo.num_minibatches
-        if count is not None and self.minibatch_size == 0:
+        if count is not None and self.batch_known and self.minibatch_size == 0:
             unit = (f"one env column ({self.ppo.segment_length} steps) per learner" if self.model.recurrent == "lstm"
                     else "one sample per learner")
             raise ValueError(f"ppo.num_minibatches {count} leaves less than {unit} in a minibatch of the batch of "
@@ -126,11 +126,12 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _minibatch_fits(self) -> Config:
-        if self.ppo.minibatch_size is not None and self.ppo.minibatch_size > self.batch_size:
+        if self.ppo.minibatch_size is not None and self.batch_known and self.ppo.minibatch_size > self.batch_size:
             raise ValueError(
                 f"ppo.minibatch_size {self.ppo.minibatch_size} exceeds the batch of {self.batch_size} samples "
-                f"(run.actors {self.run.actors} x env.num_envs {self.env.num_envs} x ppo.segment_length "
-                f"{self.ppo.segment_length}); lower ppo.minibatch_size or raise one of those"
+                f"(run.actors {self.run.actors} x env.num_envs {self.env.num_envs}"
+                + (f" x {self.env.columns_per_copy} agents" if (self.env.columns_per_copy or 1) > 1 else "")
+                + f" x ppo.segment_length {self.ppo.segment_length}); lower ppo.minibatch_size or raise one of those"
             )
         return self
 
@@ -140,9 +141,19 @@ class Config(Section):
         return list(self.policies) or [DEFAULT_POLICY]
 
     @property
+    def columns(self) -> int:
+        """Columns of each actor's vector env: env.num_envs copies x env.columns_per_copy (agents)."""
+        return self.env.num_envs * (self.env.columns_per_copy or 1)
+
+    @property
+    def batch_known(self) -> bool:
+        """The batch's size is known: a multi-agent env's agents per copy are found when the run starts."""
+        return not self.env.multiagent or self.env.columns_per_copy is not None
+
+    @property
     def steps_per_iteration(self) -> int:
-        """Env steps gathered per iteration: N x E x T."""
-        return self.run.actors * self.env.num_envs * self.ppo.segment_length
+        """Env steps (agent steps for many agents) gathered per iteration: N x E x agents x T."""
+        return self.run.actors * self.columns * self.ppo.segment_length
 
     @property
     def batch_size(self) -> int:

@@ -48,9 +48,9 @@ def remote_policy(config: Config, seed: int) -> RemotePolicy | None:
     """With run.inference=server the policy is the service's (seeded like the local one); else None (local)."""
     if config.run.inference != "server":
         return None
-    from dppo.envs.make import env_spaces
+    from dppo.envs.make import env_spaces, with_agents
 
-    return RemotePolicy(*env_spaces(config), config.model, seed, config.env.num_envs)
+    return RemotePolicy(*env_spaces(config), config.model, seed, with_agents(config).columns)
 
 
 def overlapped_policy(config: Config, seed: int) -> OverlappedPolicy | None:
@@ -59,7 +59,7 @@ def overlapped_policy(config: Config, seed: int) -> OverlappedPolicy | None:
     run = config.run
     if run.inference == "server" or (run.actor_halves == 1 and run.actor_gpus == 0):
         return None
-    from dppo.envs.make import env_spaces
+    from dppo.envs.make import env_spaces, with_agents
 
     device = "cpu"
     if run.actor_gpus > 0:
@@ -69,7 +69,8 @@ def overlapped_policy(config: Config, seed: int) -> OverlappedPolicy | None:
             raise UsageError(f"run.actor_gpus={run.actor_gpus:g} gave this actor a GPU share, but its torch sees no "
                              "CUDA device; install a CUDA build of torch on the actors' nodes or set run.actor_gpus=0")
         device = "cuda"
-    return OverlappedPolicy(*env_spaces(config), config.model, seed, config.env.num_envs, run.actor_halves, device)
+    return OverlappedPolicy(*env_spaces(config), config.model, seed, with_agents(config).columns, run.actor_halves,
+                            device)
 
 
 class Actor:

@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from dppo.envs.make import make_env, make_parallel_envs
-from dppo.envs.multiagent import AgentTurns, check_columns
+from dppo.envs.multiagent import AgentTurns
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import first_line
 
@@ -61,7 +61,7 @@ def check_one_env(config: Config) -> tuple[gym.Space, gym.Space, Any]:
     name = config.env.name
     try:
         if isinstance(env, AgentTurns):
-            check_multiagent(config, env.num_agents)
+            check_multiagent(config)
         space = env.observation_space
         first = None
         for call, run, size in (("reset()", lambda: env.reset(seed=config.run.seed), 2),
@@ -91,7 +91,7 @@ def check_mapped_env(config: Config) -> dict[str, tuple[gym.Space, gym.Space, An
     them) and its first agent's first observation."""
     joint = make_parallel_envs(config, copies=1)
     name, env = config.env.name, joint.envs[0]
-    check_multiagent(config, len(joint.agents))
+    check_multiagent(config)
     spaces = {agent: group.observation_space for group in joint.groups for agent in group.agents}
     actions = {agent: group.action_space for group in joint.groups for agent in group.agents}
     try:
@@ -128,9 +128,8 @@ def parallel_problem(result: Any, size: int, spaces: dict[str, gym.Space]) -> st
                  and (problem := obs_problem(obs, spaces[agent], f"obs[{agent!r}]")) is not None), None)
 
 
-def check_multiagent(config: Config, num_agents: int) -> None:
-    """What a multi-agent env needs of the rest of the config: whole env copies per actor, a memoryless policy."""
-    check_columns(config.env.num_envs, num_agents, config.env.name)
+def check_multiagent(config: Config) -> None:
+    """What a multi-agent env needs of the rest of the config: a memoryless policy."""
     if config.model.recurrent != "none":
         raise EnvLoadError(f"model.recurrent {config.model.recurrent!r} with the multi-agent env {config.env.name!r} "
                            "is not supported yet: evaluation plays the agents in turns through one memory; "

@@ -25,16 +25,6 @@ AGENT_ID_KEY = "agent_id"
 OBS_KEY = "observation"  # the observation's key when an agent id or the state is added to a non-Dict observation
 
 
-def check_columns(num_envs: int, num_agents: int, name: str) -> int:
-    """The env copies an actor runs: env.num_envs counts columns, one per agent, so it must hold whole copies."""
-    if num_envs % num_agents:
-        raise UsageError(
-            f"env.num_envs {num_envs} is not a multiple of the {num_agents} agents of {name!r}: each agent is a "
-            f"column of the actor's vector env; set env.num_envs (--envs-per-actor) to {num_agents} x the env copies "
-            f"you want, e.g. {num_agents * max(1, num_envs // num_agents)}")
-    return num_envs // num_agents
-
-
 class AgentObservations:
     """Each agent's observation as its policy sees it: optionally with the agent's index, one-hot
     (env.agent_id_in_obs: the policy can tell roles apart) and the env's global state (env.global_state: for the

@@ -35,9 +35,9 @@ def make_sampler(config: Config, actor_id: int = 0, seed: int | None = None) -> 
     return Sampler(config, actor_id, seed, policy_name=config.policy_names[0])
 
 
-def policy_config(config: Config, columns: int) -> Config:
-    """The run's config as one policy's sampler sees it: env.num_envs counts that policy's columns."""
-    return config.model_copy(update={"env": config.env.model_copy(update={"num_envs": columns})})
+def policy_config(config: Config, agents: int) -> Config:
+    """The run's config as one policy's sampler sees it: each env copy gives it its own ``agents``' columns."""
+    return config.model_copy(update={"env": config.env.model_copy(update={"columns_per_copy": agents})})
 
 
 class JointSampler:
@@ -49,7 +49,7 @@ class JointSampler:
         self.env_resets = 0
         self.joint = self._start_joint()
         self.samplers = [
-            Sampler(policy_config(config, view.num_envs), actor_id, seed=self.seed + POLICY_SEED_OFFSET * g,
+            Sampler(policy_config(config, len(view.group.agents)), actor_id, seed=self.seed + POLICY_SEED_OFFSET * g,
                     make_envs=lambda _config, g=g: self.joint.views[g], policy_name=view.group.name)
             for g, view in enumerate(self.joint.views)]
 
@@ -74,7 +74,7 @@ class JointSampler:
     def sample(self) -> list[Segment]:
         """One segment per policy, in map order: T steps of every copy; an env that raises is recreated and the
         segments resampled."""
-        return sample_with_retries(self._sample_once, self._restart, self.config, self.actor_id, lambda: None)
+        return sample_with_retries(self._sample_once, self._restart, self.config, lambda: None)
 
     def _sample_once(self) -> list[Segment]:
         loops = [sampler.steps() for sampler in self.samplers]

@@ -25,7 +25,7 @@ from dppo.distributed.evaluation import EvalResult, Evaluation, EvaluationStoppe
 from dppo.distributed.inference import Inference, lost_service, resolve_inference
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
-from dppo.envs.make import check_self_play, is_self_play, policy_spaces
+from dppo.envs.make import check_self_play, is_self_play, policy_spaces, with_agents
 from dppo.errors import RunFailure
 from dppo.rl.build import build_model
 from dppo.rl.ppo import TrainStats
@@ -48,7 +48,7 @@ class Coordinator:
                  on_iteration: Callable[[dict[str, Any], Path | None], None] | None = None) -> None:
         """``on_iteration``: called with each progress record and the checkpoint written that iteration, if any
         (a sweep's trial reports both to Ray Tune)."""
-        self.config = config
+        config = self.config = with_agents(config)  # many agents: the batch counts each copy's agents
         self.on_iteration = on_iteration
         self.record_extra: dict[str, Any] = {}  # keys added to every progress record (a sweep's hyperparameters)
         torch.set_num_threads(config.run.learner_threads)  # before the model: its orthogonal init uses them

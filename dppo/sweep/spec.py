@@ -169,7 +169,7 @@ def load_sweep(path: str | Path, metrics_port: int | None = None) -> Sweep:
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as err:
-        problems = describe(err, SweepSpec, {}, key_list="the README's section Sweeps lists the keys")
+        problems = describe(err, SweepSpec, {}, key_list="docs/sweeps.md lists the keys")
         raise UsageError(f"sweep file {str(path)!r}: {problems}") from None
     sets = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}" for k, v in spec.set.items()]
     config_file = spec.base.get("config")

@@ -338,7 +338,7 @@ def test_a_pettingzoo_env_renders_a_multiagent_config(helm_bin: str) -> None:
     """env=<PettingZoo module> passes the env id check (left to the run, like package:EnvId) and renders a config
     dppo reads as a multi-agent env with its agent columns."""
     config = validate_config(training_config(render(helm_bin, "-f", str(VALUES_DIR / "multiagent.yaml"))))
-    assert config.env.multiagent and config.env.id == "mpe2.simple_spread_v3" and config.env.num_envs == 24
+    assert config.env.multiagent and config.env.id == "mpe2.simple_spread_v3" and config.env.num_envs == 8
     assert config.env.kwargs == {"N": 3, "max_cycles": 25, "continuous_actions": False}
 
 
@@ -346,7 +346,7 @@ def test_a_policy_map_renders_into_the_config(helm_bin: str) -> None:
     """config.policies (a policy per role) passes the schema and renders a config dppo reads with the map; a map
     that is not one (a pattern that is not a list) is helm's error."""
     config = validate_config(training_config(render(helm_bin, "-f", str(VALUES_DIR / "policies.yaml"))))
-    assert config.env.multiagent and config.env.id == "mpe2.simple_adversary_v3" and config.env.num_envs == 24
+    assert config.env.multiagent and config.env.id == "mpe2.simple_adversary_v3" and config.env.num_envs == 8
     assert config.policies == {"adversary": ["adversary_*"], "agent": ["agent_*"]}
     assert config.policy_names == ["adversary", "agent"]
     bad = helm(helm_bin, "template", "r", str(CHART), "-f", str(VALUES_DIR / "policies.yaml"), "--set",

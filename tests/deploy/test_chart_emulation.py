@@ -500,7 +500,7 @@ def test_chart_trains_a_policy_map(helm_bin: str, cluster_root: Path) -> None:
     gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
     objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "-f", str(REPO / "tests/deploy/values/policies.yaml"),
                      "--set", f"metrics.port={metrics}", "--set", "metrics.lingerSeconds=0", "--set",
-                     "totalSteps=4800", "--set", "actors=2", "--set", "envsPerActor=6", "--set", "segmentLength=50",
+                     "totalSteps=4800", "--set", "actors=2", "--set", "envsPerActor=2", "--set", "segmentLength=50",
                      "--set", "config.ppo.minibatch_size=100", "--set", "config.run.tensorboard=false")
     spec, config, run_dir, entrypoint = local_job(objects, cluster_root)
     assert config["policies"] == {"adversary": ["adversary_*"], "agent": ["agent_*"]}

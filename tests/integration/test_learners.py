@@ -28,7 +28,7 @@ def config(learners: int, **extra: object):
 
 
 # agents that leave early: their padding steps are masked out of each learner's shard of the losses
-CROWD_RUN = {"env.entry_point": "crowd:parallel_env", "env.multiagent": True, "env.num_envs": 6}
+CROWD_RUN = {"env.entry_point": "crowd:parallel_env", "env.multiagent": True, "env.num_envs": 2}
 
 
 @pytest.mark.slow

@@ -11,11 +11,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import CROWD, without_timings
 from conftest import progress_records as progress
 from conftest import run_dppo as dppo
 
-SPREAD = ["--env", "mpe2.simple_spread_v3", "--envs-per-actor", "6", "--segment-length", "25", "--no-tensorboard",
+SPREAD = ["--env", "mpe2.simple_spread_v3", "--envs-per-actor", "2", "--segment-length", "25", "--no-tensorboard",
           "--set", "env.kwargs.max_cycles=25", "--set", "ppo.minibatch_size=150"]  # 2 copies x 3 agents
 
 
@@ -58,17 +59,30 @@ def test_mappos_centralized_critic_trains_evaluates_and_exports(ray_address: str
     assert saved["model"]["value_head.0.weight"].shape[1] == saved["model"]["policy_head.0.weight"].shape[1] + 54
 
 
-@pytest.mark.parametrize(("example", "shown"), [
-    ("simple-spread.yaml", "return="),
-    ("simple-adversary.yaml", "| adversary return="),  # a policy per role: each one's fields in the line
+@pytest.mark.parametrize(("example", "inputs"), [
+    ("simple-spread.yaml", {"": 18 + 3}),  # one shared policy (its keys unprefixed); 18 numbers and a one-hot id
+    ("simple-adversary.yaml", {"adversary": 8, "agent": 10}),  # a policy per role, each with its agents' inputs
 ])
-def test_the_example_configs_train(ray_address: str, tmp_path: Path, example: str, shown: str) -> None:
+def test_the_example_configs_train(ray_address: str, tmp_path: Path, example: str, inputs: dict[str, int]) -> None:
+    from dppo.run.checkpoint import load, policy_entry
+
     run = tmp_path / "run"
     done = dppo("train", "--config", str(Path(__file__).parents[2] / "examples" / example), "--total-steps", "2400",
                 "--no-tensorboard", "--address", ray_address, "--run-dir", str(run))
     assert done.returncode == 0, done.stderr
-    assert [r["episodes"] for r in progress(run)] == [96]  # 2 actors x 24 columns x two 25-step episodes
-    assert shown in done.stdout
+    (record,) = progress(run)
+    assert record["episodes"] == 96  # 2 actors x 24 columns x two 25-step episodes
+    assert record["env_steps"] == 2400 and record["episode_length_mean"] == 25 and record["policy_version"] == 1
+    saved = load(run)
+    for name, width in inputs.items():
+        key = f"{name}/" if name else ""
+        assert record[f"{key}approx_kl"] > 0 and record[f"{key}entropy"] > 0  # each policy updated on its own batch
+        assert policy_entry(saved, name)["model"]["policy_head.0.weight"].shape[1] == width  # its agents' spaces
+        assert f"{name} return=" in done.stdout
+    if "adversary" in inputs:  # every agent's mean is the policies' means weighted by their agents (1 and 2)
+        adversary, agent = record["adversary/episode_return_mean"], record["agent/episode_return_mean"]
+        assert record["episode_return_mean"] == pytest.approx((adversary + 2 * agent) / 3)
+        assert adversary < 0  # paid minus its distance to the goal: never positive
 
 
 def test_a_users_module_whose_agents_leave_early_trains_with_masks_and_evaluation(
@@ -76,21 +90,36 @@ def test_a_users_module_whose_agents_leave_early_trains_with_masks_and_evaluatio
     (tmp_path / "crowd.py").write_text(textwrap.dedent(CROWD))
     run = tmp_path / "run"
     done = dppo("train", "--env", "crowd", "--set", "env.multiagent=true", "--set", "env.agent_id_in_obs=true",
-                "--actors", "1", "--envs-per-actor", "6", "--segment-length", "21", "--total-steps", "100000",
+                "--actors", "1", "--envs-per-actor", "2", "--segment-length", "21", "--total-steps", "100000",
                 "--no-tensorboard", "--set", "ppo.minibatch_size=63", "--set", "run.eval_every=1", "--set",
                 "run.eval_episodes=2", "--target-return", "4.99", "--set", "run.target_on=evaluation",
                 "--address", ray_address, "--run-dir", str(run), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     records = progress(run)
-    # every env episode lasts 7 steps (the last agent's life) and gives each agent one episode of its own life's
-    # return: 3, 5 and 7, a mean of 5 per agent (the first iteration's 18 episodes: 6 columns x 3 episodes)
-    assert records[0]["episodes"] == 18 and records[0]["episode_return_mean"] == 5
+    # every env episode lasts 7 steps (the last agent's life) and gives each agent one episode of its own life
+    # (the first iteration's 18 episodes: 6 columns x 3 episodes); pressing its own button at every step earns it
+    # 3, 5 and 7, a mean of 5 per agent; the untrained policy presses the other allowed button about half the time
+    assert records[0]["episodes"] == 18 and records[0]["episode_return_mean"] < 4
     assert all(r["episode_length_mean"] == 7 for r in records)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["reason"] == "target_return"
-    assert summary["eval_return_mean"] == pytest.approx(5)  # the agents' mean, played in turns
+    assert summary["eval_return_mean"] == pytest.approx(5)  # the agents' mean, played in turns: learned, every step
     evaluated = dppo("eval", "--checkpoint", str(run), "--episodes", "1", cwd=tmp_path)
     assert evaluated.returncode == 0 and "mean return 5.00" in evaluated.stdout, evaluated.stderr
+
+
+def test_pettingzoo_envs_named_as_users_name_them_train_with_the_defaults(ray_address: str, tmp_path: Path) -> None:
+    """env.num_envs counts env copies (8 by default: 24 agent columns of simple_spread), and a module of one's own
+    with parallel_env() is a PettingZoo env without env.multiagent."""
+    (tmp_path / "crowd.py").write_text(textwrap.dedent(CROWD))
+    for args, columns in ((["--env", "mpe2.simple_spread_v3"], 24), (["--env", "crowd"], 8 * 3)):
+        run = tmp_path / args[1]
+        done = dppo("train", *args, "--total-steps", "1", "--no-tensorboard", "--address", ray_address,
+                    "--run-dir", str(run), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        (record,) = progress(run)
+        assert record["env_steps"] == 2 * columns * 128  # the defaults: 2 actors x 8 copies x agents x 128 steps
+        assert yaml.safe_load((run / "config.yaml").read_text())["env"]["multiagent"] is True
 
 
 def test_bad_multiagent_input_is_one_line(tmp_path: Path) -> None:
@@ -104,8 +133,6 @@ def test_bad_multiagent_input_is_one_line(tmp_path: Path) -> None:
             return Odd()
         '''))
     cases = [
-        (["--env", "mpe2.simple_spread_v3"], "env.num_envs 8 is not a multiple of the 3 agents of "
-                                             "'mpe2.simple_spread_v3'"),
         (["--set", "env.entry_point=crowd:odd_env", "--set", "env.multiagent=true", "--envs-per-actor", "3"],
          "have different spaces, and one policy acts for both; give them separate policies"),
     ]

@@ -18,7 +18,7 @@ from conftest import run_dppo as dppo
 from conftest import without_timings
 
 MAP = "policies={adversary: ['adversary_*'], agent: ['agent_*']}"
-ADVERSARY = ["--env", "mpe2.simple_adversary_v3", "--envs-per-actor", "6", "--segment-length", "25",
+ADVERSARY = ["--env", "mpe2.simple_adversary_v3", "--envs-per-actor", "2", "--segment-length", "25",
              "--no-tensorboard", "--set", "env.kwargs.max_cycles=25", "--set", "ppo.minibatch_size=50", "--set",
              MAP]  # 2 copies x 3 agents: per actor and segment 50 adversary steps, 100 agent steps
 
@@ -128,7 +128,7 @@ def test_a_sweep_of_two_policies_exploits_and_finishes(ray_address: str, tmp_pat
     sweep.write_text(yaml.safe_dump({
         "base": {"env": "mpe2.simple_adversary_v3"}, "trials": 2, "concurrent": 2, "driver_cpus": 0.25,
         "set": {"run.total_steps": 4500, "run.actors": 1, "run.actor_cpus": 0.5, "run.tensorboard": False,
-                "env.num_envs": 6, "env.kwargs": {"max_cycles": 25}, "ppo.segment_length": 25,
+                "env.num_envs": 2, "env.kwargs": {"max_cycles": 25}, "ppo.segment_length": 25,
                 "ppo.minibatch_size": 50, "policies": {"adversary": ["adversary_*"], "agent": ["agent_*"]}},
         "space": {"ppo.learning_rate": "choice([0.0001, 0.003])"},
         # 30 iterations, a perturbation every 2: PBT exploits only while both trials run (a finished trial is out of
@@ -154,7 +154,7 @@ def test_a_sweep_of_two_policies_exploits_and_finishes(ray_address: str, tmp_pat
     ([], "agents 'adversary_0' (Box(-inf, inf, (8,), float32), Discrete(5)) and 'agent_0'"),
 ])
 def test_a_map_that_does_not_fit_the_env_is_one_line(tmp_path: Path, sets: list[str], message: str) -> None:
-    args = ["--env", "mpe2.simple_adversary_v3", "--envs-per-actor", "3"]
+    args = ["--env", "mpe2.simple_adversary_v3"]
     done = dppo("train", *args, *[item for s in sets for item in ("--set", s)], "--run-dir", str(tmp_path / "run"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert message in done.stderr

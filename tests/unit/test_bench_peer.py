@@ -14,6 +14,7 @@ import pytest
 
 from benchmarks import peer, peer_rllib
 from dppo.config import load_config
+from dppo.envs.make import with_agents
 from dppo.errors import UsageError
 from dppo.run.curves import Curve
 
@@ -57,10 +58,10 @@ def test_malformed_peer_output_is_named(text: str, message: str) -> None:
 
 
 def test_the_spec_mirrors_dppos_config_and_the_peer_defaults_are_the_example() -> None:
-    config = load_config(EXAMPLE)
+    config = with_agents(load_config(EXAMPLE))
     spec = peer.peer_spec(config, str(EXAMPLE))
     assert spec["env"] == config.env.id and spec["env_kwargs"] == config.env.kwargs
-    assert spec["runners"] == config.run.actors and spec["columns_per_runner"] == config.env.num_envs
+    assert spec["runners"] == config.run.actors and spec["columns_per_runner"] == config.columns == 24
     assert spec["agent_steps"] == config.run.total_steps and spec["minibatch_size"] == config.minibatch_size
     assert (spec["learning_rate"], spec["entropy_coef"], spec["activation"]) == (
         config.ppo.learning_rate, config.ppo.entropy_coef, config.model.activation)

@@ -18,7 +18,7 @@ from dppo.rl.build import build_model
 from dppo.rl.spaces import UnsupportedSpace
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
-SPREAD = {"env.id": "mpe2.simple_spread_v3", "env.num_envs": 6}
+SPREAD = {"env.id": "mpe2.simple_spread_v3", "env.num_envs": 2}
 SHORT = ["env.kwargs.max_cycles=5", "env.global_state=true"]
 
 
@@ -69,7 +69,7 @@ def test_bad_critic_input_is_one_line() -> None:
     model = load_config(None, {}, ["model.value_only_key=c"]).model
     with pytest.raises(UnsupportedSpace, match=r"value_only_key='c' is not a key of the observation \['a', 'b'\]"):
         build_model(Stateless.observation_space, Stateless.action_space, model)
-    no_state = load_config(None, {"env.entry_point": "test_multiagent:relay_env", "env.num_envs": 4},
+    no_state = load_config(None, {"env.entry_point": "test_multiagent:relay_env", "env.num_envs": 2},
                            ["env.multiagent=true", "env.global_state=true"])
     with pytest.raises(UsageError, match="has no state\\(\\) and state_space"):
         make_vector_env(no_state)

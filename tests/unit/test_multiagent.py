@@ -17,8 +17,8 @@ from pettingzoo import ParallelEnv
 from dppo.config import ConfigError, load_config
 from dppo.envs.checks import check_env
 from dppo.envs.columns import ParallelVectorEnv
-from dppo.envs.make import make_env, make_pettingzoo_env, make_vector_env
-from dppo.envs.multiagent import AgentTurns, check_columns
+from dppo.envs.make import make_env, make_pettingzoo_env, make_vector_env, with_agents
+from dppo.envs.multiagent import AgentTurns
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import UsageError
 from dppo.rl.agent import export_weights
@@ -123,7 +123,7 @@ def a_gymnasium_env() -> gym.Env:
     return gym.make("CartPole-v1")
 
 
-def config(*sets: str, num_envs: int = 4):
+def config(*sets: str, num_envs: int = 2):
     return load_config(None, {"env.entry_point": "test_multiagent:relay_env", "env.num_envs": num_envs},
                        ["env.multiagent=true", "ppo.segment_length=8", "ppo.minibatch_size=16", *sets])
 
@@ -138,7 +138,8 @@ def test_each_agent_of_each_copy_is_a_column_with_its_own_reward_and_mask() -> N
     assert vec.num_envs == 4 and vec.single_action_space == gym.spaces.Discrete(3)
     assert obs["state"].shape == (4, 3) and obs["state"][:, 0].tolist() == [1, 2, 1, 2]  # runner, scout, runner, ..
     assert obs["action_mask"].tolist() == [[1, 1, 0], [0, 1, 1]] * 2
-    assert obs["state"][0, 2] != obs["state"][2, 2] or obs["state"][0, 2] == 0  # copies seeded 3 and 4
+    starts = [float(np.random.default_rng(seed).integers(0, 50)) for seed in (3, 4)]  # copies seeded 3 and 4
+    assert obs["state"][:, 2].tolist() == [starts[0]] * 2 + [starts[1]] * 2 and starts[0] != starts[1]
     assert info["start"].tolist() == [obs["state"][c, 2] for c in range(4)]
     _, reward, terminated, truncated, info = step(vec)
     assert reward.tolist() == [1.0, 10.0, 1.0, 10.0]
@@ -222,12 +223,32 @@ def test_agents_with_different_spaces_are_refused_naming_them() -> None:
     assert "give them separate policies (policies: {adversary: ['adversary_*']" in str(err.value)
 
 
-def test_num_envs_counts_columns_and_holds_whole_copies() -> None:
-    assert check_columns(6, 3, "spread") == 2
-    with pytest.raises(UsageError, match=r"env.num_envs 8 is not a multiple of the 3 agents of 'spread'.*e.g. 6"):
-        check_columns(8, 3, "spread")
-    with pytest.raises(UsageError, match="not a multiple of the 2 agents"):
-        check_env(config(num_envs=3))
+def test_num_envs_counts_env_copies_and_each_copys_agents_are_columns() -> None:
+    """env.num_envs 3 of a 2-agent env: 3 copies, 6 columns; the batch counts agent steps."""
+    cfg = with_agents(config("run.actors=2", num_envs=3))
+    assert cfg.env.columns_per_copy == 2 and cfg.columns == 6 and cfg.batch_size == 2 * 6 * 8
+    check_env(cfg)
+    sampler = Sampler(cfg)
+    assert sampler.num_columns == 6 and sampler.sample().rewards.shape == (8, 6)
+    sampler.close()
+    spread = with_agents(load_config(None, {"env.id": "mpe2.simple_spread_v3"}))  # the defaults: 8 copies
+    assert spread.env.num_envs == 8 and spread.columns == 24
+
+
+def test_two_halves_split_env_copies_not_agent_columns() -> None:
+    """A policy stepped in two halves (the inference service, run.actor_halves=2) gets half of the copies each,
+    with all of their agents: 6 copies of 2 agents, two halves of 3 copies (6 columns)."""
+    from dppo.rl.overlap import OverlappedPolicy
+
+    cfg = with_agents(config("run.actor_halves=2", num_envs=6))
+    plain = Sampler(cfg)
+    policy = OverlappedPolicy(plain.envs.single_observation_space, plain.envs.single_action_space, cfg.model,
+                              plain.seed, cfg.columns, 2)
+    halves = Sampler(cfg, policy=policy)
+    assert [h.num_envs for h in halves.halves] == [6, 6] and halves.rows == [slice(0, 6), slice(6, 12)]
+    assert halves.sample().rewards.shape == (8, 12)
+    for sampler in (plain, halves):
+        sampler.close()
 
 
 def test_the_eval_view_takes_agents_in_turns_and_returns_the_mean_agent_return() -> None:
@@ -272,7 +293,9 @@ def test_the_steps_of_an_agent_that_left_are_kept_out_of_training() -> None:
     assert not batch.values.reshape(9, 4)[~scout[:-1], 1].any()
     assert rows[0, 1] == pytest.approx(segment.rewards[0, 1] + 0.9 * segment.rewards[1, 1])
     runner = rows[:, 0]  # the runner's return after step 0 of an episode bootstraps at its time limit (step 3)
-    assert runner[0] != pytest.approx(1 + 0.9 + 0.81 + 0.729)
+    r, cut = segment.rewards[:, 0], segment.final_values[3, 0]  # cut: V(the runner's final observation)
+    assert segment.truncated[3, 0] and cut != 0
+    assert float(runner[0]) == pytest.approx(r[0] + 0.9 * r[1] + 0.81 * r[2] + 0.729 * (r[3] + 0.9 * cut), rel=1e-5)
     both = build_batch([segment, dataclasses.replace(segment, active=None)], 0.9, 1.0, torch.device("cpu"))
     assert both.active[:36].tolist() == batch.active.tolist() and both.active[36:].all()  # no mask: every row live
 
@@ -329,7 +352,7 @@ def test_pettingzoo_modules_are_told_from_gymnasium_ids_by_name(env_id: str, mul
 
 
 def test_a_module_of_ones_own_is_named_with_multiagent() -> None:
-    cfg = load_config(None, {"env.id": "mpe2.simple_spread_v3", "env.num_envs": 6}, ["env.kwargs.max_cycles=5"])
+    cfg = load_config(None, {"env.id": "mpe2.simple_spread_v3", "env.num_envs": 2}, ["env.kwargs.max_cycles=5"])
     env = make_env(cfg.env)
     assert isinstance(env, AgentTurns) and env.num_agents == 3
     mine = load_config(None, {"env.id": "test_multiagent"}, ["env.multiagent=true"])  # this module's parallel_env
@@ -385,7 +408,7 @@ def test_wrappers_wrap_the_parallel_env_in_order() -> None:
 
 
 def test_an_aec_env_whose_agents_can_act_at_once_runs_through_pettingzoos_conversion() -> None:
-    cfg = load_config(None, {"env.entry_point": "mpe2.simple_spread_v3:env", "env.num_envs": 3},
+    cfg = load_config(None, {"env.entry_point": "mpe2.simple_spread_v3:env", "env.num_envs": 1},
                       ["env.multiagent=true", "env.kwargs.max_cycles=5"])
     cfg.env.wrappers = [{"name": "pettingzoo.utils.conversions:aec_to_parallel"}]
     vec = make_vector_env(cfg)
