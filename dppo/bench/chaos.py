@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -155,9 +156,12 @@ class Chaos:
         self.shm: set[str] = set()
         self.pids: dict[int, float] = {}  # every process of ours seen: pid -> create time
         self.job_id = ""
+        self.loads: list[float] = []  # the machine's 1-minute load, every 2 s under chaos
 
-    def run_once(self, index: int, run_dir: Path, chaos_until: float | None, timeout_s: float) -> RunLog:
-        """One training run, resubmitted until it ends well (or ``timeout_s``); kills while ``chaos_until``."""
+    def run_once(self, index: int, run_dir: Path, chaos_s: float | None, timeout_s: float) -> RunLog:
+        """One training run, resubmitted until it ends well (or ``timeout_s``); kills for ``chaos_s`` seconds
+        from the first progress line of the first run under chaos (Ray's and the run's start-up are not chaos
+        time: on a loaded machine they would take the window)."""
         log = RunLog(index)
         raw: set[str] = set()
         attempt, start = 0, time.monotonic()
@@ -189,8 +193,10 @@ class Chaos:
             if now - last_scan_at >= 2.0:
                 last_scan_at = now
                 self.scan()
-            if chaos_until is not None:
-                self.kill_due(now, chaos_until, index)
+            if chaos_s is not None and not self.chaos_start and log.seen:
+                self.chaos_start, self.chaos_until = log.seen[0][0], log.seen[0][0] + chaos_s
+            if chaos_s is not None and self.chaos_start:
+                self.kill_due(now, self.chaos_until, index)
             self.bring_back(now)
             time.sleep(0.2)
         summary = run_dir / "summary.json"
@@ -211,6 +217,8 @@ class Chaos:
                 log.seen.append((now, attempt, json.loads(line)))
 
     def scan(self) -> None:
+        if self.chaos_start:
+            self.loads.append(os.getloadavg()[0])
         processes = self.cluster.processes(self.job_id)
         for process in processes:
             with contextlib.suppress(psutil.Error):
@@ -218,13 +226,16 @@ class Chaos:
         self.shm |= shm_in_use(processes)
 
     def kill_due(self, now: float, chaos_until: float, run: int) -> None:
-        """Every planned kill whose time has come and whose kind has a victim now (else it waits for one)."""
+        """The planned kills whose time has come and whose kind has a victim now (else they wait for one), one of a
+        kind at a time (kills that waited for a victim do not land together)."""
         start = self.chaos_start
         waiting = [k for k in self.plan if start + k.at_s <= now < chaos_until]
         if not waiting:
             return
-        processes = None
+        processes, kinds = None, set()
         for kill in waiting:
+            if kill.kind in kinds:
+                continue
             if kill.kind == "node":
                 up = [n for n in (self.cluster.local.nodes if self.cluster.local else {}) if n != "head"]
                 if self.down or not up:
@@ -242,6 +253,7 @@ class Chaos:
                 kill_tree(found[victim])
                 processes = None
             self.plan.remove(kill)
+            kinds.add(kill.kind)
             self.done.append({"kind": kill.kind, "planned_s": kill.at_s, "done_s": round(now - start, 2),
                               "at": time.monotonic(), "victim": victim, "run": run})
             print(f"chaos: t={now - start:.1f}s killed {kill.kind} {victim} (run {run})", flush=True)
@@ -266,7 +278,8 @@ class Chaos:
         with contextlib.suppress(OSError, ValueError, KeyError):
             (self.out / f"{job_id}.log").write_text(self.cluster.api(f"/api/jobs/{job_id}/logs")["logs"])
 
-    chaos_start = 0.0
+    chaos_start = 0.0  # when the chaos began (monotonic; 0: not yet)
+    chaos_until = 0.0
 
 
 def saved_token() -> str:
@@ -348,10 +361,12 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     settings = {"minutes": args.minutes, "seed": args.seed, "kinds": kinds, "rates": rates, "sets": sets,
                 "node_down_s": args.node_down_s, "workers": args.workers, "address": args.address}
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
+            "RAY_raylet_start_wait_time_s": "300"}  # a loaded machine registers a node slowly (Ray's default 30)
     cpus = int(-(-(config.run.actors * config.run.actor_cpus + config.run.learners * config.run.learner_cpus
                    + config.run.eval_cpus) // 1))
     local = None if args.address else LocalCluster(env)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its cluster (finally)
     loads = [os.getloadavg()[0]]
     try:
         if local is not None:
@@ -374,11 +389,9 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             base = chaos.run_once(0, out / "run-0", None, timeout_s=3600)
             baseline = base.summary.get("episode_return_mean")
         runs: list[RunLog] = []
-        chaos.chaos_start = time.monotonic()
-        chaos_until = chaos.chaos_start + args.minutes * 60
-        while time.monotonic() < chaos_until:
+        while not chaos.chaos_start or time.monotonic() < chaos.chaos_until:
             loads.append(os.getloadavg()[0])
-            runs.append(chaos.run_once(len(runs) + 1, out / f"run-{len(runs) + 1}", chaos_until,
+            runs.append(chaos.run_once(len(runs) + 1, out / f"run-{len(runs) + 1}", args.minutes * 60,
                                        timeout_s=args.minutes * 60 + 1800))
             if runs[-1].statuses[-1] != "SUCCEEDED":
                 break
@@ -396,7 +409,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     write_schedule(out / "schedule.json", plan, chaos.done, settings)
     steps = config.env.num_envs * config.ppo.segment_length
     row, accounts = run_row(runs, chaos.done, steps, config.run.actors, baseline, leftovers)
-    row["load_avg"] = round(statistics.mean(loads), 2)
+    row["load_avg"] = round(statistics.mean(chaos.loads or loads), 2)
     kills = recovery_rows(chaos.done, runs, config.run.actors, kinds)
     (out / "results.json").write_text(json.dumps({"run": row, "kills": kills, "runs": accounts,
                                                   "leftovers": leftovers}, indent=1) + "\n")

@@ -1,0 +1,42 @@
+"""`dppo bench chaos`, the 2-minute form: a chart-shaped local cluster (token auth, `ray job submit`), every kind of
+process killed at least once (sampling actors, both learners, the inference service, the evaluation actor, a
+worker node, the driver), and afterwards every env step accounted for, nothing left behind, every job SUCCEEDED."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+KINDS = ["actor", "learner", "inference", "evaluation", "node", "driver"]
+RATES = {"node": 1.0, "driver": 1.0}  # kills per minute; 2.5 for the others (each kind hit at least once)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_two_minutes_of_chaos_lose_no_step_and_leave_nothing(tmp_path: Path) -> None:
+    out, docs, rows = tmp_path / "chaos", tmp_path / "benchmarks.md", tmp_path / "rows.json"
+    done = subprocess.run([sys.executable, "-m", "dppo", "bench", "chaos", "--config", "configs/cartpole.yaml",
+                           "--set", "run.learners=2", "--set", "run.inference=server",
+                           "--set", "run.total_steps=60000", "--set", "run.checkpoint_every=5",
+                           "--minutes", "2", "--seed", "1", "--kinds", ",".join(KINDS),
+                           *[arg for kind in KINDS for arg in ("--rate", f"{kind}={RATES.get(kind, 2.5)}")],
+                           "--node-down-s", "10", "--no-baseline", "--out", str(out), "--json", str(rows),
+                           "--write-docs", str(docs)],
+                          capture_output=True, text=True, timeout=1400, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((out / "results.json").read_text())
+    run, kills = result["run"], {row["kind"]: row for row in result["kills"]}
+    assert all(kills[kind]["kills"] >= 1 for kind in KINDS), (kills, done.stdout[-3000:])
+    assert set(run["final_status"].split(",")) == {"SUCCEEDED"}, result["runs"]
+    assert run["accounting_exact"], result["runs"]
+    assert run["steps_trained"] == run["steps_in_progress"] > 0
+    assert run["rewinds"] <= kills["driver"]["kills"] and run["rewinds_ok"]
+    assert run["shm_left"] == 0 and run["processes_left"] == 0, result["leftovers"]
+    schedule = json.loads((out / "schedule.json").read_text())
+    assert {k["kind"] for k in schedule["kills"]} == set(KINDS) and schedule["settings"]["seed"] == 1
+    assert "<!-- dppo-bench:chaos:begin -->" in docs.read_text()
+    assert json.loads(rows.read_text())["run"]["accounting_exact"]
