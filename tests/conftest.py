@@ -25,8 +25,8 @@ from pettingzoo import ParallelEnv
 
 
 class Crowd(ParallelEnv):
-    """Three agents; agent i leaves (terminated) after 3 + 2i steps; each may only press the button its mask allows,
-    and earns 1 for pressing it."""
+    """Three agents; agent i leaves (terminated) after 3 + 2i steps; its mask allows buttons i and i + 1 (mod 3), and
+    it earns 1 for pressing button i, 0 for the other: what it earns depends on what it learned."""
 
     metadata = {"name": "crowd_v0"}
 
@@ -42,8 +42,9 @@ class Crowd(ParallelEnv):
         return gym.spaces.Discrete(3)
 
     def _obs(self, agent):
+        i = self.possible_agents.index(agent)
         mask = np.zeros(3, np.int8)
-        mask[self.possible_agents.index(agent)] = 1
+        mask[[i, (i + 1) % 3]] = 1
         return {"t": np.array([self.t], np.float32), "action_mask": mask}
 
     def reset(self, seed=None, options=None):
@@ -53,8 +54,8 @@ class Crowd(ParallelEnv):
     def step(self, actions):
         self.t += 1
         for agent, action in actions.items():
-            assert action == self.possible_agents.index(agent), "a masked action was taken"
-        rewards = {a: 1.0 for a in self.agents}
+            assert action != (self.possible_agents.index(agent) + 2) % 3, "a masked action was taken"
+        rewards = {a: float(actions[a] == self.possible_agents.index(a)) for a in self.agents}
         term = {a: self.t >= 3 + 2 * self.possible_agents.index(a) for a in self.agents}
         obs = {a: self._obs(a) for a in self.agents}
         trunc = {a: False for a in self.agents}

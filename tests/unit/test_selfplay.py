@@ -379,8 +379,10 @@ def test_the_evaluation_plays_the_configured_fixed_player() -> None:
     for opponent in ("random", "minimax"):
         config = load_config(None, {"env.id": TICTACTOE}, [f"selfplay.eval_opponent={opponent}"])
         evaluator = Evaluator(config, [])
-        weights = export_weights(build_model(evaluator.env.observation_space, evaluator.env.action_space,
-                                             config.model))
+        with torch.random.fork_rng():  # the same untrained weights against both, whatever ran before
+            torch.manual_seed(0)
+            weights = export_weights(build_model(evaluator.env.observation_space, evaluator.env.action_space,
+                                                 config.model))
         results[opponent] = evaluator.evaluate(Broadcast(weights, 0, None, None), 20, seed=0)
     assert max(results["minimax"]) <= 0 and min(results["minimax"]) == -1  # an untrained policy cannot win
     assert max(results["random"]) == 1  # and does win some games against random
