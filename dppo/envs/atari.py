@@ -11,7 +11,7 @@ Two implementations, measured (``dppo bench sampling --env ALE/Breakout-v5``, do
 ale-py's C++ ``AtariVectorEnv`` (``env.vectorization: ale``, preprocessing in threads; the faster one,
 used by the presets) and gymnasium's ``AtariPreprocessing`` + ``FrameStackObservation`` wrappers around
 single envs (``sync``/``async``, and the single env of ``dppo eval``). EnvPool's C++ Atari, the other engine
-of the kind, steps fewer env steps per CPU-second than ale-py's with the same settings (``dppo bench envs``),
+of the kind, steps fewer env steps per CPU-second than ale-py's with the same settings (``python -m benchmarks envs``),
 so it is measured, not offered. One difference between them: a reset observation's 3 older frames are zeros
 in ale-py's vector env, copies of the reset frame in EnvPool and in gymnasium's ``FrameStackObservation``.
 """
@@ -92,8 +92,8 @@ def ale_vector_env(env_id: str, num_envs: int, threads: int, **kwargs: Any) -> V
 def envpool_vector_env(env_id: str, num_envs: int, threads: int, seed: int) -> Any:
     """EnvPool's Atari with the same preprocessing (its gymnasium API: NEXT_STEP autoreset, seeded when made).
 
-    Measured against ale-py's by ``dppo bench envs`` (docs/benchmarks.md), not one of dppo's vectorizations: it
-    steps fewer env steps per core."""
+    Measured against ale-py's by ``python -m benchmarks envs`` (docs/benchmarks.md), not one of dppo's
+    vectorizations: it steps fewer env steps per core."""
     try:
         import envpool
     except ImportError:

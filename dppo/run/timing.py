@@ -1,4 +1,4 @@
-"""Timing by named phase: the start-up of a run (so `dppo bench solve` can say where the seconds before the
+"""Timing by named phase: the start-up of a run (so `python -m benchmarks solve` can say where the seconds before the
 first sampling round go: interpreter, config, imports, Ray, model, actors) and each iteration's phases."""
 
 from __future__ import annotations
