@@ -156,6 +156,8 @@ class Chaos:
         self.shm: set[str] = set()
         self.pids: dict[int, float] = {}  # every process of ours seen: pid -> create time
         self.job_id = ""
+        self.full_at = 0.0  # when the last progress line with every actor's segment appeared
+        self.full = 0  # that many segments (run.actors)
         self.loads: list[float] = []  # the machine's 1-minute load, every 2 s under chaos
 
     def run_once(self, index: int, run_dir: Path, chaos_s: float | None, timeout_s: float) -> RunLog:
@@ -215,6 +217,8 @@ class Chaos:
             if line not in raw:
                 raw.add(line)
                 log.seen.append((now, attempt, json.loads(line)))
+                if log.seen[-1][2]["segments"] >= self.full:
+                    self.full_at = now
 
     def scan(self) -> None:
         if self.chaos_start:
@@ -227,15 +231,17 @@ class Chaos:
 
     def kill_due(self, now: float, chaos_until: float, run: int) -> None:
         """The planned kills whose time has come and whose kind has a victim now (else they wait for one), one of a
-        kind at a time (kills that waited for a victim do not land together)."""
+        kind at a time, each once the run has recovered from the last of its kind (a full progress line since):
+        otherwise a driver restarting on a loaded machine is killed again before it trains, and nothing does."""
         start = self.chaos_start
         waiting = [k for k in self.plan if start + k.at_s <= now < chaos_until]
         if not waiting:
             return
         processes, kinds = None, set()
         for kill in waiting:
-            if kill.kind in kinds:
-                continue
+            last = max((k["at"] for k in self.done if k["kind"] == kill.kind), default=0.0)
+            if kill.kind in kinds or self.full_at <= last:
+                continue  # one of a kind at a time, and only once the run has recovered from the last one
             if kill.kind == "node":
                 up = [n for n in (self.cluster.local.nodes if self.cluster.local else {}) if n != "head"]
                 if self.down or not up:
@@ -383,6 +389,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             dashboard = local.dashboard
         cluster = Cluster(dashboard, env, local)
         chaos = Chaos(cluster, out, entrypoint, list(plan), args.seed, args.node_down_s, cpus)
+        chaos.full = config.run.actors
         baseline = None
         if args.baseline:
             print("chaos: the run without chaos first", flush=True)
@@ -465,7 +472,7 @@ def report(args: argparse.Namespace, row: dict[str, Any], kills: list[dict[str, 
     if args.write_docs:
         note = NOTE.format(minutes=f"{args.minutes:g}")
         write_docs(Path(args.write_docs), args.section or "chaos", "Chaos: every kind of process killed at random",
-                   note, "dppo " + shlex.join(typed_argv(args)), kill_md + "\n\n" + run_md, info)
+                   note, shlex.join(typed_argv(args)), kill_md + "\n\n" + run_md, info)
         print(f"wrote section {args.section or 'chaos'!r} of {args.write_docs}", flush=True)
 
 
@@ -478,8 +485,11 @@ NOTE = (
     "nodes (back after `--node-down-s`) and the driver (the job resubmitted, resuming from its newest checkpoint, "
     "as the chart's retries do). The bench lifts the crash-loop guards (`faults.max_*_restarts`) so chaos is not "
     "taken for a crash loop, and turns evaluation on (`run.eval_every=5`) when the config has it off. "
-    "`recover_*_s`: from the kill to the next progress line with every actor's segment (the bench's clock, polled "
-    "every 0.2 s). `accounting_exact`: in every run iterations 1..n once each, every line's env steps its "
+    "A kill waits until its kind has a victim and the run has recovered from the last kill of that kind (a "
+    "progress line with every actor's segment since), so kills of one kind never land on a restart still under "
+    "way. `recover_*_s`: from the kill to the next progress line with every actor's segment (the bench's clock, "
+    "polled every 0.2 s; a kill landing after its round was gathered shows the next line's time). "
+    "`accounting_exact`: in every run iterations 1..n once each, every line's env steps its "
     "segments x E x T, their sum summary.json's trained steps, and every line seen before a resume unchanged "
     "after it unless cut by the resume (`steps_rewound`, at most one rewind per driver kill); `short_rounds`: "
     "rounds a kill left without some actor's segment (named in results.json); the steps sampled are counted by the "
