@@ -23,17 +23,26 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from dppo.bench.chaos_cluster import (
+    FINISHED,
+    Cluster,
+    alive,
+    kill_tree,
+    probe,
+    run_processes_left,
+    saved_token,
+    shm_in_use,
+    start_worker,
+    victims,
+)
 from dppo.bench.chaos_report import RunLog, recovery_rows, run_row
 from dppo.bench.chaos_schedule import (
-    ACTOR_CLASSES,
     KINDS,
     Kill,
     make_schedule,
@@ -49,99 +58,9 @@ from dppo.cli_args import positive
 from dppo.errors import UsageError
 from dppo.markdown import table
 
-FINISHED = {"SUCCEEDED", "FAILED", "STOPPED"}
 # What the bench sets so that chaos is not taken for a crash loop (the guards would end the run on purpose).
 CHAOS_SETS = ["faults.max_actor_restarts=100000", "faults.max_learner_restarts=100000", "metrics.port=0",
               "run.tensorboard=false"]
-
-
-class Cluster:
-    """The job API of the cluster the run goes to, and the processes of it this bench may kill."""
-
-    def __init__(self, dashboard: str, env: dict[str, str], local: LocalCluster | None) -> None:
-        self.dashboard, self.env, self.local = dashboard, env, local
-        self.token = env.get("RAY_AUTH_TOKEN", "")
-
-    def api(self, path: str) -> Any:
-        request = urllib.request.Request(f"{self.dashboard}{path}", headers={"Authorization": f"Bearer {self.token}"})
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            return json.load(resp)
-
-    def submit(self, job_id: str, entrypoint: str) -> None:
-        """The submitter's command (KubeRay joins it with spaces and runs it with `bash -c`)."""
-        out = subprocess.run(["bash", "-c", f"{RAY} job submit --address {self.dashboard} --no-wait "
-                              f"--submission-id {job_id} -- {entrypoint}"], env=self.env, capture_output=True,
-                             text=True, timeout=180, check=False)
-        if out.returncode != 0:
-            raise RuntimeError(f"ray job submit failed: {out.stdout}{out.stderr}")
-
-    def status(self, job_id: str) -> str:
-        try:
-            return str(self.api(f"/api/jobs/{job_id}")["status"])
-        except (OSError, ValueError, KeyError):
-            return "UNKNOWN"  # the head is busy: ask again
-
-    def processes(self, job_id: str | None = None) -> list[psutil.Process]:
-        """Processes of this cluster (local: every descendant of our `ray start`s; a given cluster: the actors and
-        driver of our job that run on this machine, by the pids Ray reports)."""
-        if self.local is not None:
-            return self.local.processes()
-        pids = set()
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            job = self.api(f"/api/jobs/{job_id}")
-            pids.add((job.get("driver_info") or {}).get("pid"))
-            from ray.util.state import list_actors
-
-            for actor in list_actors(address=self.dashboard, filters=[("state", "=", "ALIVE")], limit=1000):
-                if actor.job_id == (job.get("driver_info") or {}).get("id"):
-                    pids.add(actor.pid)
-        found = []
-        for pid in pids:
-            with contextlib.suppress(psutil.Error, TypeError, ValueError):
-                found.append(psutil.Process(int(pid)))
-        return found
-
-
-def title(process: psutil.Process) -> str:
-    with contextlib.suppress(psutil.Error):
-        return " ".join(process.cmdline())
-    return ""
-
-
-def victims(kind: str, processes: list[psutil.Process], marker: str) -> list[psutil.Process]:
-    """This kind's live processes: a Ray actor by its title ``ray::<Class>`` (``ray::<Class>.<method>`` while
-    busy), the driver by its command line (``dppo train`` with this bench's output dir)."""
-    if kind in ACTOR_CLASSES:
-        name = f"ray::{ACTOR_CLASSES[kind]}"
-        return [p for p in processes if (t := title(p)).split(" ")[0] in (name,) or t.startswith(name + ".")]
-    return [p for p in processes if marker in (t := title(p)) and " -m dppo train " in t and not t.startswith("ray::")
-            and not t.startswith(("bash", "/bin/sh", "sh "))]
-
-
-def kill_tree(process: psutil.Process) -> None:
-    """SIGKILL a process and its children (an actor's own subprocesses), by pid."""
-    with contextlib.suppress(psutil.Error):
-        for child in process.children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        process.kill()
-
-
-def shm_in_use(processes: list[psutil.Process]) -> set[str]:
-    """/dev/shm entries these processes have mapped or open (the run's segments, proved ours)."""
-    found = set()
-    for process in processes:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{process.pid}/maps").read_text().splitlines():
-                if " /dev/shm/" in line and not line.endswith("(deleted)"):
-                    found.add(line[line.index("/dev/shm/"):])
-        with contextlib.suppress(OSError):
-            for fd in os.scandir(f"/proc/{process.pid}/fd"):
-                with contextlib.suppress(OSError):
-                    target = os.readlink(fd.path)
-                    if target.startswith("/dev/shm/"):
-                        found.add(target)
-    return found
 
 
 class Chaos:
@@ -288,25 +207,6 @@ class Chaos:
     chaos_until = 0.0
 
 
-def saved_token() -> str:
-    """The token `ray start --head` saved for this user (Ray's token auth), if any."""
-    path = Path.home() / ".ray" / "auth_token"
-    return path.read_text().strip() if path.is_file() else ""
-
-
-def probe(address: str, token: str) -> str:
-    """The job API at ``address`` answers, or a usage error."""
-    url = address if address.startswith("http") else f"http://{address}"
-    request = urllib.request.Request(f"{url.rstrip('/')}/api/version", headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            json.load(resp)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"--address {address}: no Ray job API answers there ({err}); pass the dashboard's address, "
-                         "e.g. http://HEAD:8265, with RAY_AUTH_TOKEN set when the cluster has token auth") from None
-    return url.rstrip("/")
-
-
 def prepare(args: argparse.Namespace) -> tuple[Any, list[str], dict[str, float], list[str]]:
     """Config, kinds, rates and the sets the bench adds; every bad input found before anything is started."""
     from dppo.config import load_config
@@ -356,6 +256,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     config, kinds, rates, sets = prepare(args)
     token = (os.environ.get("RAY_AUTH_TOKEN") or saved_token()) if args.address else secrets.token_hex(32)
     dashboard = probe(args.address, token) if args.address else ""
+    if args.address and token:  # this process reads the cluster's actors (ray.util.state) with the token too
+        os.environ |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     info = machine()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = Path(args.out or f"runs/chaos-{stamp}").resolve()
@@ -422,37 +324,6 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                                                   "leftovers": leftovers}, indent=1) + "\n")
     report(args, row, kills, info, out)
     return 0
-
-
-def start_worker(local: LocalCluster, name: str, cpus: int, tries: int = 3) -> None:
-    """A worker node, tried again when a loaded machine times its registration out."""
-    for attempt in range(tries):
-        try:
-            local.start_worker(name, cpus)
-            return
-        except RuntimeError:
-            local.kill(name)
-            if attempt == tries - 1:
-                raise
-
-
-def run_processes_left(cluster: Cluster, marker: str, wait_s: float = 60.0) -> list[str]:
-    """The run's processes (actors of its kinds, its driver) still alive a while after its last job ended."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        left = [title(p) for kind in KINDS for p in victims(kind, cluster.processes(), marker)] \
-            if cluster.local is not None else []
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(1.0)
-
-
-def alive(pid: int, created: float) -> bool:
-    """The process seen as ``pid`` (not a later one of the same pid) still runs (a zombie has ended)."""
-    with contextlib.suppress(psutil.Error):
-        process = psutil.Process(pid)
-        return process.create_time() == created and process.status() != psutil.STATUS_ZOMBIE
-    return False
 
 
 def report(args: argparse.Namespace, row: dict[str, Any], kills: list[dict[str, Any]], info: dict[str, Any],
