@@ -264,17 +264,23 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
             targets((f"sum by (run) ({restarts}) or on(run) {zero_per_run()}", "{{run}} actors"),
                     (f"sum by (run) ({by_run('dppo_learner_restarts_total')}) or on(run) {zero_per_run()}",
                      "{{run}} learners")), decimals=0, minimum=0)),
-        (8, 8, timeseries_panel(
+        (6, 8, timeseries_panel(
             "Checkpoints written", "Checkpoints written (dppo_checkpoints_written_total).",
             [target(by_run("dppo_checkpoints_written_total"), "{{run}}")], decimals=0, minimum=0)),
-        (8, 8, timeseries_panel(
+        (6, 8, timeseries_panel(
             "Checkpoint size", "Size of the last checkpoint (dppo_checkpoint_size_bytes).",
             [target(by_run("dppo_checkpoint_size_bytes"), "{{run}}")], unit="bytes", minimum=0)),
-        (8, 8, timeseries_panel(
+        (6, 8, timeseries_panel(
             "Dropped segments and skipped updates", "Segments not trained on (dppo_segments_dropped_total, "
             "by reason) and updates skipped for NaN/Inf (dppo_updates_skipped_total).",
             targets((f"sum by (run, reason) ({dropped}) or on(run) {zero_per_run()}", "{{run}} dropped {{reason}}"),
                     (by_run("dppo_updates_skipped_total"), "{{run}} updates skipped")),
+            decimals=0, minimum=0)),
+        (6, 8, timeseries_panel(
+            "Env failures", "Env copies that raised and were recreated alone, their episode cut there and never "
+            "counted as a return, total per run (dppo_env_failures_total; 0 until the first). A flaky simulator "
+            "shows here while the run looks healthy; past faults.max_env_failure_share of episodes the run stops.",
+            [target(f"sum by (run) ({by_run('dppo_env_failures_total')}) or on(run) {zero_per_run()}", "{{run}}")],
             decimals=0, minimum=0)),
     ]
     return [("Overview", overview), ("Learning", learning), ("Throughput", throughput),

@@ -121,7 +121,13 @@ class FaultConfig(Section):
     max_learner_restarts: int = Field(3, ge=0)
     """Learner-group restarts (run.learners > 1) allowed within restart_window_s before the run stops."""
     env_retries: int = Field(3, ge=0)
-    """An env that raises is recreated and the segment resampled up to this many times in a row."""
+    """An env copy whose reset raises is recreated and reset again up to this many times (then the run stops); a
+    vector env that cannot recreate one copy alone (ale-py's, PettingZoo's) is recreated and the segment resampled
+    up to this many times in a row."""
+    max_env_failure_share: float = Field(0.5, gt=0, le=1)
+    """An env copy whose step raises is recreated and its episode cut there (counted, warned, never a return); the
+    run stops once such failures are more than this share of the episodes ended so far (failed and finished, after
+    at least 10 failures). Episodes much longer than the steps between failures fail often: raise it for those."""
     sample_timeout_s: float | None = Field(None, gt=0)
     """Per-iteration deadline for segments; late ones are dropped and counted (off when null)."""
     min_actors_fraction: float = Field(1.0, gt=0, le=1)

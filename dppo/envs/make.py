@@ -27,6 +27,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from dppo.config.selfplay import fixed_player
 from dppo.envs.atari import make_ale_vector_env, make_atari_env, require_ale
 from dppo.envs.columns import ParallelEnvs, PolicyColumns
+from dppo.envs.failures import RecreateOnFailure
 from dppo.envs.latency import LatencyWrapper
 from dppo.envs.minimax import MinimaxOpponents
 from dppo.envs.multiagent import AgentTurns, check_columns
@@ -228,12 +229,17 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
 
 
 def env_factory(config: Config) -> Callable[[], gym.Env]:
-    """The function the vector env calls for each of its E envs (and again when the sampler restarts it)."""
+    """The function the vector env calls for each of its E envs (and again when the sampler restarts it): each copy
+    is recreated alone when it raises (:class:`RecreateOnFailure`), so one failure costs one episode, not the
+    segment."""
     env_cfg, latency = config.env, config.env.latency_ms
 
-    def make() -> gym.Env:
+    def make_copy() -> gym.Env:
         env = make_env(env_cfg)
         return LatencyWrapper(env, latency) if latency > 0 else env
+
+    def make() -> gym.Env:
+        return RecreateOnFailure(make_copy, env_cfg.name, config.faults.env_retries)
 
     return make
 

@@ -21,9 +21,10 @@ from gymnasium.vector import VectorEnv
 from dppo.config import Config
 from dppo.config.policies import DEFAULT_POLICY
 from dppo.envs.checks import old_api_error, old_step_error
+from dppo.envs.failures import EnvFailure, describe, failed_envs
 from dppo.envs.make import make_vector_env
 from dppo.envs.selfplay import SelfPlayVectorEnv
-from dppo.errors import UsageError, first_line
+from dppo.errors import UsageError
 from dppo.rl.actions import NoLegalAction
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.normalizer import RunningStats
@@ -32,21 +33,6 @@ from dppo.rl.policy import InferenceError, InferenceLost, Policy
 from dppo.rl.segment import Segment
 from dppo.rl.spaces import Obs
 from dppo.rl.transforms import EpisodeStats, LearningReward, LifeLoss, ObsNormalizer, scrub_nonfinite
-
-
-class EnvFailure(RuntimeError):
-    """An env kept raising after every retry: one line naming the env, the actor, the error and where it was
-    raised; ``details`` holds the whole traceback (it reaches train.log, not the terminal)."""
-
-    def __init__(self, message: str, details: str = "") -> None:
-        super().__init__(message)
-        self.details = details
-
-
-def last_frame(err: BaseException) -> str:
-    """Where an exception was raised, as file:line (the one line of its traceback a user needs)."""
-    frames = traceback.extract_tb(err.__traceback__)
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "unknown place"
 
 
 def agent_cut(info: dict[str, Any], width: int) -> np.ndarray:
@@ -70,14 +56,19 @@ Sampled = TypeVar("Sampled")
 
 
 def sample_with_retries(sample_once: Callable[[], Sampled], restart: Callable[[], None], config: Config,
-                        actor_id: int, forget: Callable[[], None]) -> Sampled:
-    """``sample_once()``, its env restarted and the call retried when the env raises (faults.env_retries in a row);
-    an env whose fault no retry mends (an action mask allowing nothing, the old gym API) or that keeps failing
-    is an EnvFailure naming the env, the actor, the error and where it was raised."""
+                        forget: Callable[[], None], failed: Callable[[str, str], None] | None = None) -> Sampled:
+    """``sample_once()``, its whole vector env restarted and the call retried when an env raises out of it
+    (faults.env_retries in a row; ``failed`` counts each with its line and traceback). A gymnasium vector env's
+    copies recreate themselves (:mod:`dppo.envs.failures`), so this is for vector envs that cannot isolate a copy
+    (ale-py's, PettingZoo's, self-play's). An env whose fault no retry mends (an action mask allowing nothing, the
+    old gym API, a reset that never succeeds) or that keeps failing is an EnvFailure naming the env, the error and
+    where it was raised (the actor pool adds which actor)."""
     failures = 0
     while True:
         try:
             return sample_once()
+        except EnvFailure:  # a copy that never got through a reset: its own retries are spent
+            raise
         except InferenceLost:  # the envs stepped past what the segment kept: start them afresh
             forget()
             restart()
@@ -85,7 +76,7 @@ def sample_with_retries(sample_once: Callable[[], Sampled], restart: Callable[[]
         except InferenceError:  # the inference service's answer, not the env: no retry helps
             raise
         except NoLegalAction as err:  # the env's mask, not a passing fault: no retry helps
-            raise EnvFailure(f"env {config.env.name} in actor {actor_id} returned an action mask that allows no "
+            raise EnvFailure(f"env {config.env.name} returned an action mask that allows no "
                              f"action ({err}); every observation must allow at least one",
                              traceback.format_exc()) from err
         except Exception as err:
@@ -94,9 +85,10 @@ def sample_with_retries(sample_once: Callable[[], Sampled], restart: Callable[[]
                 raise EnvFailure(str(old), traceback.format_exc()) from err
             failures += 1
             if failures > config.faults.env_retries:
-                raise EnvFailure(f"env {config.env.name} in actor {actor_id} failed {failures} times in a row: "
-                                 f"{type(err).__name__}: {first_line(err)} (at {last_frame(err)})",
+                raise EnvFailure(f"env {config.env.name} failed {failures} times in a row: {describe(err)}",
                                  traceback.format_exc()) from err
+            if failed is not None:
+                failed(describe(err), traceback.format_exc())
             restart()
 
 
@@ -230,9 +222,10 @@ class Sampler:
         return scrub_nonfinite(out.vector)
 
     def sample(self) -> Segment:
-        """Exactly T steps of every env; an env that raises is recreated and the segment resampled."""
-        return sample_with_retries(self._sample_once, self.restart_envs, self.config, self.actor_id,
-                                   self.policy.forget)
+        """Exactly T steps of every env; an env copy that raises is recreated alone and its episode cut (or, where the
+        vector env cannot isolate a copy, the vector env recreated and the segment resampled), and counted."""
+        return sample_with_retries(self._sample_once, self.restart_envs, self.config, self.policy.forget,
+                                   self.episodes.count_failure)
 
     def _sample_once(self) -> Segment:
         """One segment, this sampler stepping its own envs."""
@@ -326,7 +319,7 @@ class Sampler:
             obs_stats=self.normalize_obs.summary(None if padded is None else padded[1:]),
             return_stats=self.learning_reward.summary(None if padded is None else padded[:-1]),
             nonfinite=nonfinite, match_results=self._match_results(), **(memory or {}),
-            active=padded,
+            active=padded, env_failures=self.episodes.take_failures(),
         )
 
     def _send(self, obs: Obs, rows: slice, memory: dict[str, np.ndarray] | None, t: int) -> None:
@@ -342,6 +335,7 @@ class Sampler:
         terminated = np.concatenate([part[1] for part in stepped])
         truncated = np.concatenate([part[2] for part in stepped])
         own_cut = np.concatenate([agent_cut(part[3], len(part[1])) for part in stepped])
+        failed, failures = failed_envs([part[3] for part in stepped], [len(part[1]) for part in stepped])
         nonfinite = scrub_nonfinite(reward)
         done = terminated | truncated
         self.episodes.step(reward)
@@ -350,7 +344,7 @@ class Sampler:
             terminated = self.life_loss(terminated, done, {"lives": lives})
         reward_buf[t], term_buf[t], trunc_buf[t] = self.learning_reward(t, reward), terminated, truncated | own_cut
         if done.any():
-            self.episodes.end_episodes(done)
+            self.episodes.end_episodes(done, failed, failures)
             self.learning_reward.end_episodes(done)
         return nonfinite
 

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dppo.config.policies import DEFAULT_POLICY
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.spaces import Obs
+
+
+@dataclass
+class EnvFailures:
+    """The env copies that raised while a segment was sampled, each recreated and its episode cut there (left out of
+    episode returns and lengths): how many, and the first one's exception and traceback (the warning's words)."""
+
+    count: int = 0
+    first: str = ""  # the exception and the user's file:line: "ValueError: boom (at mysim.py:42)"
+    details: str = ""  # its whole traceback (train.log)
+
+    def add(self, line: str, details: str) -> None:
+        if not self.count:
+            self.first, self.details = line, details
+        self.count += 1
 
 
 @dataclass
@@ -45,6 +60,7 @@ class Segment:
     # many agents: (T + 1, E) bool, obs_t is a live agent's (row T: the bootstrap's); False where the agent had left
     # and its column saw padding, a step the losses skip. None: every step live (every single-agent segment)
     active: np.ndarray | None = None
+    env_failures: EnvFailures = field(default_factory=EnvFailures)  # env copies that raised and were recreated
 
     @property
     def num_steps(self) -> int:

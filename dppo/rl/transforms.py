@@ -10,9 +10,12 @@ exactly (:mod:`dppo.rl.normalizer`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from dppo.rl.normalizer import RunningStats
+from dppo.rl.segment import EnvFailures
 from dppo.rl.spaces import Obs
 
 
@@ -117,27 +120,44 @@ class LifeLoss:
 
 
 class EpisodeStats:
-    """Raw return and length of every env's current episode, and those that finished in this segment."""
+    """Raw return and length of every env's current episode, those that finished in this segment, and the env
+    failures since the last segment (:mod:`dppo.envs.failures`): an episode an env's failure cut is counted as a
+    failure, never as a return, so a crashing simulator cannot pass its cut-short episodes off as results."""
 
     def __init__(self, num_envs: int) -> None:
         self.episode_return = np.zeros(num_envs, np.float64)
         self.episode_length = np.zeros(num_envs, np.int64)
         self.returns: list[float] = []
         self.lengths: list[int] = []
+        self.failures = EnvFailures()
 
     def start(self) -> None:
+        """A new segment (failures counted since the last one stay: a resampled segment carries them)."""
         self.returns, self.lengths = [], []
 
     def step(self, reward: np.ndarray) -> None:
         self.episode_return += reward
         self.episode_length += 1
 
-    def end_episodes(self, done: np.ndarray) -> None:
-        for i in np.flatnonzero(done):
+    def end_episodes(self, done: np.ndarray, failed: np.ndarray | None = None,
+                     failures: Sequence[tuple[str, str]] = ()) -> None:
+        """Episodes ended where ``done``; those ``failed`` were cut by their env raising (``failures``: each one's
+        line and traceback)."""
+        for i in np.flatnonzero(done if failed is None else done & ~failed):
             self.returns.append(float(self.episode_return[i]))
             self.lengths.append(int(self.episode_length[i]))
         self.episode_return[done] = 0
         self.episode_length[done] = 0
+        for line, details in failures:
+            self.count_failure(line, details)
+
+    def count_failure(self, line: str, details: str) -> None:
+        self.failures.add(line, details)
+
+    def take_failures(self) -> EnvFailures:
+        """The failures since the last segment, for the segment being returned."""
+        taken, self.failures = self.failures, EnvFailures()
+        return taken
 
     def reset(self) -> None:
         """The envs were recreated: every episode starts over."""

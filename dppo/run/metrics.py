@@ -154,6 +154,10 @@ class Metrics(Exporter):
         self.actor_sample_seconds = Counter(
             "dppo_actor_sample_seconds", "Seconds each actor spent sampling.", ["actor"], registry=r
         )
+        self.env_failures = Counter(
+            "dppo_env_failures", "Env copies that raised and were recreated alone, their episode cut there (never "
+            "counted as a return), by actor.", ["actor"], registry=r
+        )
         self.segments_dropped = Counter(
             "dppo_segments_dropped", "Segments not trained on, by reason.", ["reason"], registry=r
         )
@@ -192,7 +196,7 @@ class Metrics(Exporter):
     def init_actors(self, count: int) -> None:
         """Create each actor's labelled series at 0, so increase() sees the first restart."""
         for actor in range(count):
-            for counter in (self.actor_restarts, self.actor_segments, self.actor_sample_seconds):
+            for counter in (self.actor_restarts, self.actor_segments, self.actor_sample_seconds, self.env_failures):
                 counter.labels(actor=str(actor))
         for reason in ("late", "nonfinite"):
             self.segments_dropped.labels(reason=reason)

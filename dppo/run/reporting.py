@@ -19,6 +19,7 @@ from dppo.run.state import RunState
 from dppo.run.tensorboard import TensorBoardLog
 
 NOT_IN_RECORD = {"epochs_run", "skipped_minibatches"}  # TrainStats fields that are not progress columns
+FAILURE_LINE_S = 30.0  # after the first env failure's warning, at most one count line this often
 
 
 @dataclass
@@ -86,6 +87,7 @@ def progress_record(state: RunState, segments: list[Segment], steps: int, stats:
         "steps_per_s": steps / iteration_s, "env_steps_delta": steps, "iteration_s": iteration_s,
         "policy_version": c.policy_version, "segments": len(segments) // len(stats),  # one per actor and policy
         "policy_lag": max(c.policy_version - 1 - s.policy_version for s in segments),
+        "env_failures": c.env_failures,
         **policy_columns(state, stats),
         **{f"{k}_s": v for k, v in phases.items()},
     }
@@ -103,6 +105,7 @@ class Reporter:
         self.faults = FaultCounts()
         self.lost_nodes: set[str | None] = set()
         self.actors = ActorCounts(config.run.actors)
+        self.failures_said: tuple[float, int] | None = None  # env failures: when the last line was said, at what count
 
     def open(self, state: RunState) -> None:
         """Start serving metrics and open TensorBoard (nothing of either exists before the run starts); a resumed
@@ -115,6 +118,8 @@ class Reporter:
         if resumed:
             self.metrics.env_steps.inc(counters.env_steps)
             self.metrics.episodes.inc(counters.episodes)
+            for actor, count in counters.env_failures_by_actor.items():
+                self.metrics.env_failures.labels(actor=actor).inc(count)
         if cfg.run.tensorboard:
             self.tensorboard = TensorBoardLog(self.run_dir.tensorboard, cfg.to_yaml(),
                                               counters.env_steps if resumed else None)
@@ -124,6 +129,7 @@ class Reporter:
     def iteration(self, record: dict[str, Any], segments: list[Segment], new_returns: list[float],
                   phases: dict[str, float]) -> None:
         """The same record to progress.jsonl, the metrics, TensorBoard and stdout."""
+        self.env_failures(segments, record["env_failures"])
         record = strict_json(record)
         self.run_dir.append_progress(record)
         self.metrics.record_iteration(record, new_returns, phases)
@@ -140,6 +146,29 @@ class Reporter:
     # ---- events ------------------------------------------------------------------------------------
     def message(self, text: str) -> None:
         self.output.message(text)
+
+    def env_failures(self, segments: list[Segment], total: int) -> None:
+        """Env copies that raised in these segments (``total``: the run's so far): counted by actor; the run's first
+        is said with its exception and file:line (its traceback to train.log), later ones as a count line at most
+        every FAILURE_LINE_S seconds, so a flaky simulator is seen without flooding the log."""
+        failed = [seg for seg in segments if seg.env_failures.count]
+        for seg in failed:
+            self.metrics.env_failures.labels(actor=str(seg.actor_id)).inc(seg.env_failures.count)
+        if not failed:
+            return
+        now = time.monotonic()
+        if self.failures_said is None:
+            first = failed[0]
+            self.output.message(
+                f"env {self.config.env.name} raised in actor {first.actor_id}: {first.env_failures.first}; that env "
+                "copy was recreated and its episode cut there (not counted as a return), the rest of the segment "
+                f"kept. Failures are counted (env_failures in progress.jsonl and summary.json); the run stops past "
+                f"faults.max_env_failure_share {self.config.faults.max_env_failure_share:g} of episodes")
+            self.output.to_file(f"the env's traceback:\n{first.env_failures.details}")
+            self.failures_said = (now, total)
+        elif now - self.failures_said[0] >= FAILURE_LINE_S and total > self.failures_said[1]:
+            self.output.message(f"env failures: {total} so far (last: {failed[-1].env_failures.first})")
+            self.failures_said = (now, total)
 
     def actor_lost(self, index: int, cause: str, node: str | None) -> None:
         """An actor was lost, with its node (``cause`` "node") or alone ("crash"); a replacement is pending."""
@@ -192,6 +221,7 @@ class Reporter:
             "env_steps": c.env_steps, "iterations": c.iteration, "episodes": c.episodes,
             "episode_return_mean": state.return_mean(), "target_return": self.config.run.target_return,
             "run": self.name, "env": self.config.env.name, "actors": self.actors.summary(), **asdict(self.faults),
+            "env_failures": c.env_failures, "env_failures_by_actor": dict(sorted(c.env_failures_by_actor.items())),
             **({"eval_return_mean": c.eval_return_last, "eval_return_best": c.eval_return_best}
                if self.config.run.eval_every else {}),
             "losses": losses or {}, "startup_s": startup_s, "first_iteration_s": first_iteration_s,

@@ -9,7 +9,7 @@ puts them in a checkpoint.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from dppo.rl.segment import Segment
 from dppo.run.league import League
 
 RETURN_WINDOW = 100
+MIN_ENV_FAILURES = 10  # failures before their share of episodes can stop a run (one early failure is 100%)
 
 
 @dataclass
@@ -35,6 +36,8 @@ class Counters:
     bad_updates_in_row: int = 0
     eval_return_last: float | None = None  # run.eval_every: the last evaluation's mean return
     eval_return_best: float | None = None  # and the best one (checkpoints/best.pt holds its weights)
+    env_failures: int = 0  # env copies that raised and were recreated, their episodes cut (dppo.envs.failures)
+    env_failures_by_actor: dict[str, int] = field(default_factory=dict)  # the same by actor slot ("0", "1", ...)
 
 
 class PolicyStats:
@@ -132,7 +135,26 @@ class RunState:
         c.env_steps += steps
         c.episodes += len(returns)
         c.policy_version += 1
+        self.count_env_failures(segments)
         return steps, returns
+
+    def count_env_failures(self, segments: list[Segment]) -> None:
+        """The segments' env failures into the counters; more than faults.max_env_failure_share of the episodes
+        ended so far (after MIN_ENV_FAILURES) is a RunFailure naming the env, the share and the latest cause."""
+        c = self.counters
+        for seg in segments:
+            if seg.env_failures.count:
+                key = str(seg.actor_id)
+                c.env_failures += seg.env_failures.count
+                c.env_failures_by_actor[key] = c.env_failures_by_actor.get(key, 0) + seg.env_failures.count
+        latest = next((s.env_failures for s in reversed(segments) if s.env_failures.count), None)
+        limit, ended = self.config.faults.max_env_failure_share, c.env_failures + c.episodes
+        if latest is None or c.env_failures < MIN_ENV_FAILURES or c.env_failures <= limit * ended:
+            return
+        raise RunFailure(f"env {self.config.env.name}: {c.env_failures} of the {ended} episodes ended so far were cut "
+                         f"by the env raising ({c.env_failures / ended:.0%}, more than faults.max_env_failure_share "
+                         f"{limit:g}); the last: {latest.first}; fix the env, or raise faults.max_env_failure_share "
+                         "if its episodes are long", latest.details)
 
     def stop_reason(self) -> str | None:
         """target_return (over a full window of training episodes, or on the last evaluation: run.target_on),
@@ -192,7 +214,8 @@ class RunState:
                 part.restore(saved["policies"][name])
         else:
             self.only.restore({"obs_stats": saved["obs_stats"], "return_stats": saved["return_stats"]})
-        self.counters = Counters(**saved["counters"])
+        self.counters = Counters(**{**saved["counters"],
+                                    "env_failures_by_actor": dict(saved["counters"].get("env_failures_by_actor", {}))})
         self.recent_returns.extend(saved["recent_returns"])
         self.recent_lengths.extend(saved["recent_lengths"])
         if self.league is not None and saved.get("league") is not None:

@@ -114,7 +114,9 @@ def test_a_checkpoint_of_the_old_layout_loads_and_resumes(tmp_path: Path) -> Non
     check_resumable(loaded, config)
     state = RunState(config, 4)
     state.restore(loaded)
-    assert vars(state.counters) == saved["counters"]
+    counters = vars(state.counters)
+    assert {key: counters[key] for key in saved["counters"]} == saved["counters"]
+    assert counters["env_failures"] == 0 and counters["env_failures_by_actor"] == {}  # counters added since: defaults
     assert list(state.recent_returns) == [150.0, 200.0] and list(state.recent_lengths) == [150, 200]
     np.testing.assert_array_equal(state.obs_stats.mean, [0.5, -1.0, 0.0, 2.0])
     trained = trained_model(loaded)
@@ -123,7 +125,7 @@ def test_a_checkpoint_of_the_old_layout_loads_and_resumes(tmp_path: Path) -> Non
     # and what a run writes now has the same keys, in the same places, and the self-play league (None here)
     written = compose(state, {"default": {}}, {"default": {}}, None)
     assert set(written) == set(saved) | {"league"} and written["league"] is None
-    assert written["counters"] == saved["counters"]
+    assert written["counters"] == {**saved["counters"], "env_failures": 0, "env_failures_by_actor": {}}
 
 
 def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -70,6 +70,7 @@ def test_exposed_series_names_follow_the_type() -> None:
     metrics.record_actor(0, 1.0)
     metrics.actor_restarts.labels(actor="0").inc()
     metrics.segments_dropped.labels(reason="timeout").inc()
+    metrics.env_failures.labels(actor="0").inc()
     metrics.phase_seconds.labels(phase="sample").observe(0.1)
     metrics.learner_update_seconds.labels(learner="0").observe(0.1)
     metrics.learner_allreduce_seconds.labels(learner="0").observe(0.0)

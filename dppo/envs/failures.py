@@ -1,0 +1,127 @@
+"""An env copy that raises is recreated alone, and its episode ends there; the rest of the vector env goes on.
+
+RLlib's env runners do the same (restart the failed sub-environment and go on): a simulator that raises on one step
+in 400 would otherwise cost the whole segment of every env copy, or the run. :class:`RecreateOnFailure` wraps each
+copy of a gymnasium vector env (:func:`dppo.envs.make.env_factory`). When ``step`` raises, it returns an episode
+end in place of the step: ``truncated`` with reward 0 and the last observation the env gave as the final one, so
+the learner bootstraps that step from V(last observation) and never across into the next episode. Not
+``terminated``: a crash is not a state of the task, and a value target of 0 there would teach the value function
+that the states before a crash are worthless, a bias that grows with every failure. The vector env's SAME_STEP
+autoreset then calls ``reset``, which makes a fresh copy from the factory and puts the failure in the reset's
+info (``info["env_failure"]``: the exception and the user's file:line; ``info["env_failure_traceback"]``), which
+the sampler counts and whose episode it leaves out of episode returns and lengths. A reset that keeps raising,
+with a fresh copy each time, is an :class:`EnvFailure`: an env that never gets through a reset stops the run. (The
+first, seeded reset is left alone: an env that cannot start is bad input, named as such where the actor starts.)
+
+Vector envs that cannot isolate a copy (ale-py's, PettingZoo's, self-play's) keep the whole-vector-env restart of
+:func:`dppo.rl.sampler.sample_with_retries`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sysconfig
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from dppo.errors import first_line
+
+RESEED_STEP = 1_000_003  # a recreated copy's seed: its first seed plus this per recreation (reproducible, apart)
+
+
+class EnvFailure(RuntimeError):
+    """An env kept raising after every retry: one line naming the env, the error and where it was raised (the actor
+    pool adds which actor); ``details`` holds the whole traceback (it reaches train.log, not the terminal)."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
+
+
+LIBRARIES = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
+def last_frame(err: BaseException) -> str:
+    """Where an exception was raised, as file:line (the one line of its traceback a user needs): the innermost frame
+    of the user's own code, outside the standard library and installed packages, else the innermost one."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return "unknown place"
+    frame = next((f for f in reversed(frames) if not f.filename.startswith(LIBRARIES)), frames[-1])
+    return f"{frame.filename}:{frame.lineno}"
+
+
+def describe(err: BaseException) -> str:
+    """An env's exception in one line, with where it was raised: ``ValueError: boom (at mysim.py:42)``."""
+    return f"{type(err).__name__}: {first_line(err)} (at {last_frame(err)})"
+
+
+class RecreateOnFailure(gym.Wrapper):
+    """One env copy that survives its own exceptions (see the module docstring). ``make``: the factory of the copy;
+    ``reset_tries``: resets (each on a fresh copy) before an env that cannot reset is an EnvFailure."""
+
+    def __init__(self, make: Callable[[], gym.Env], name: str, reset_tries: int) -> None:
+        super().__init__(make())
+        self.make, self.name, self.reset_tries = make, name, reset_tries
+        self.first_seed: int | None = None
+        self.recreated = 0
+        self.last_obs: Any = None
+        self.failure: tuple[str, str] | None = None  # (line, traceback) of a step that raised, until the next reset
+
+    def step(self, action: Any) -> Any:
+        try:
+            result = self.env.step(action)
+        except Exception as err:
+            from dppo.envs.checks import old_step_error  # checks makes envs with this module's factory
+
+            if old_step_error(err, self.name) is not None:  # the env's API, not a passing fault
+                raise
+            self.failure = (describe(err), traceback.format_exc())
+            with contextlib.suppress(Exception):
+                self.env.close()
+            return self.last_obs, 0.0, False, True, {}
+        self.last_obs = result[0]  # passed on as it came: a malformed result is named by the caller's checks
+        return result
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        if seed is not None:  # the vector env's start (or restart): what fails there is named by the start's checks
+            self.first_seed, self.recreated, self.failure = seed, 0, None
+            result = self.env.reset(seed=seed, options=options)
+            self.last_obs = result[0]
+            return result
+        failure, self.failure = self.failure, None
+        for attempt in range(self.reset_tries + 1):
+            try:
+                if failure is not None:  # a fresh copy after the step that raised, or after the last reset's try
+                    self.recreated += 1
+                    self.env = self.make()
+                    if self.first_seed is not None:
+                        seed = self.first_seed + RESEED_STEP * self.recreated
+                obs, info = self.env.reset(seed=seed, options=options)
+                break
+            except Exception as err:
+                if attempt == self.reset_tries:
+                    raise EnvFailure(f"env {self.name} never got through a reset (tried {attempt + 1} times, "
+                                     f"recreating it each time): {describe(err)}", traceback.format_exc()) from err
+                failure = (describe(err), traceback.format_exc())
+                with contextlib.suppress(Exception):
+                    self.env.close()
+        self.last_obs = obs
+        if failure is not None:
+            info = {**info, "env_failure": failure[0], "env_failure_traceback": failure[1]}
+        return obs, info
+
+
+def failed_envs(infos: list[dict[str, Any]], widths: list[int]) -> tuple[np.ndarray, list[tuple[str, str]]]:
+    """Of one step's vector-env infos (one per half, ``widths`` envs each): which env copies were recreated after a
+    failure (E,) bool, and each one's (line, traceback)."""
+    masks, failures = [], []
+    for info, width in zip(infos, widths, strict=True):
+        mask = np.asarray(info.get("_env_failure", np.zeros(width, bool)), bool)
+        masks.append(mask)
+        failures += [(info["env_failure"][i], info["env_failure_traceback"][i]) for i in np.flatnonzero(mask)]
+    return np.concatenate(masks), failures
