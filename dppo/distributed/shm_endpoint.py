@@ -104,6 +104,9 @@ class ShmEndpoint:
             self.loop.call_soon_threadsafe(self._join, conn)
 
     def _join(self, conn: Connection) -> None:
+        if self.closing:  # accepted as the service closed
+            conn.close()
+            return
         peer = Peer(conn, next(self.numbers))
         self.peers[peer.number] = peer
         assert self.loop is not None
