@@ -17,9 +17,12 @@ import pytest
 
 from dppo.config import load_config
 from dppo.envs.failures import EnvFailure
+from dppo.errors import RunFailure
 from dppo.rl.sampler import Sampler
+from dppo.rl.segment import EnvFailures
 from dppo.run.reporting import Reporter
 from dppo.run.run_dir import RunDir
+from dppo.run.state import RunState
 
 MYSIM = textwrap.dedent('''
     """A user's simulator: CartPole whose step raises on about one step in ``every`` (its own seeded stream)."""
@@ -96,6 +99,35 @@ def test_only_the_env_that_raised_is_recreated_and_its_episode_never_counts(mysi
     # the failed step is an episode cut bootstrapped from the last observation, never a terminal state
     cuts = sum(int(s.truncated.sum()) for s in segments)
     assert cuts >= module.FlakyCartPole.raised and sum(int(s.terminated.sum()) for s in segments) == len(recorded)
+
+
+def test_an_async_vector_env_recreates_the_copy_in_its_worker(mysim: Path) -> None:
+    sampler = Sampler(flaky_config(50, **{"env.vectorization": "async", "env.num_envs": 2}))
+    try:
+        segment = sampler.sample()
+    finally:
+        sampler.close()
+    assert segment.env_failures.count > 0 and sampler.env_resets == 0
+    assert segment.env_failures.first.startswith("ValueError: the simulator lost its state (at ")
+
+
+def test_the_count_survives_a_resume_and_a_share_past_the_setting_stops_the_run(mysim: Path) -> None:
+    config = flaky_config(400, **{"run.actors": 2})
+    state = RunState(config, 4)
+    sampler = Sampler(config, actor_id=1)
+    segment = sampler.sample()
+    segment.env_failures = EnvFailures(3, "ValueError: boom (at mysim.py:7)", "Traceback ...")
+    state.absorb([segment])
+    resumed = RunState(config, 4)
+    resumed.restore(state.to_state())
+    assert resumed.counters.env_failures == 3 and resumed.counters.env_failures_by_actor == {"1": 3}
+    segment = sampler.sample()
+    finished = len(segment.episode_returns) + resumed.counters.episodes
+    segment.env_failures = EnvFailures(finished, "ValueError: boom (at mysim.py:7)", "Traceback ...")
+    with pytest.raises(RunFailure, match=r"^env mysim:FlakyCartPole: \d+ of the \d+ episodes ended so far were cut by "
+                                         r"the env raising \(5\d%, more than faults.max_env_failure_share 0.5\); the "
+                                         r"last: ValueError: boom \(at mysim.py:7\); fix the env"):
+        resumed.absorb([segment])
 
 
 def test_an_env_that_never_gets_through_a_reset_is_an_env_failure(mysim: Path) -> None:
