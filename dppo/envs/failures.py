@@ -47,11 +47,13 @@ LIBRARIES = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib"
 
 def last_frame(err: BaseException) -> str:
     """Where an exception was raised, as file:line (the one line of its traceback a user needs): the innermost frame
-    of the user's own code, outside the standard library and installed packages, else the innermost one."""
+    of the user's own code (outside the standard library, installed packages and this wrapper), else the innermost
+    one."""
     frames = traceback.extract_tb(err.__traceback__)
     if not frames:
         return "unknown place"
-    frame = next((f for f in reversed(frames) if not f.filename.startswith(LIBRARIES)), frames[-1])
+    own = [f for f in frames if not f.filename.startswith(LIBRARIES) and f.filename != __file__]
+    frame = own[-1] if own else frames[-1]
     return f"{frame.filename}:{frame.lineno}"
 
 
