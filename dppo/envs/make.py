@@ -30,7 +30,7 @@ from dppo.envs.columns import ParallelEnvs, PolicyColumns
 from dppo.envs.failures import RecreateOnFailure
 from dppo.envs.latency import LatencyWrapper
 from dppo.envs.minimax import MinimaxOpponents
-from dppo.envs.multiagent import AgentTurns, check_columns
+from dppo.envs.multiagent import AgentTurns
 from dppo.envs.policy_map import policy_groups
 from dppo.envs.selfplay import Opponents, RandomOpponents, SelfPlayEnv, SelfPlayVectorEnv
 from dppo.envs.user_code import SHIP_HINT, EnvLoadError, import_module, load_callable
@@ -245,16 +245,14 @@ def env_factory(config: Config) -> Callable[[], gym.Env]:
 
 
 def make_parallel_envs(config: Config, copies: int | None = None, render_mode: str | None = None) -> ParallelEnvs:
-    """env.num_envs / M copies of the Parallel env (M agents; or ``copies``), each agent a column of its policy's
-    vector env."""
+    """env.num_envs copies of the Parallel env (or ``copies``), each agent a column of its policy's vector env."""
     env_cfg = config.env
     first = make_pettingzoo_env(env_cfg, render_mode)
     if is_turn_based(first):
         raise UsageError(f"env {env_cfg.name!r} is a turn-based game, trained by self-play with one policy against "
                          "its own snapshots; drop policies")
     groups = policy_groups(first, config.policies, env_cfg.name)
-    if copies is None:
-        copies = check_columns(env_cfg.num_envs, len(first.possible_agents), env_cfg.name)
+    copies = env_cfg.num_envs if copies is None else copies
     envs = [first, *(make_pettingzoo_env(env_cfg, render_mode) for _ in range(copies - 1))]
     return ParallelEnvs(envs, groups, env_cfg.name, env_cfg.agent_id_in_obs, config.model.action_mask_key,
                         env_cfg.global_state)
@@ -321,6 +319,43 @@ def is_self_play(cfg: EnvConfig) -> bool:
         return is_turn_based(env)
     finally:
         env.close()
+
+
+def names_pettingzoo_module(cfg: EnvConfig) -> bool:
+    """env.id names an importable module (no gymnasium id) that has parallel_env() or, for a turn-based game, env():
+    a PettingZoo env of one's own, named as ``--env mymodule`` without env.multiagent."""
+    env_id = cfg.id
+    if cfg.multiagent or cfg.entry_point or not env_id or ":" in env_id or env_id in gym.registry:
+        return False
+    try:
+        if importlib.util.find_spec(env_id) is None:
+            return False
+    except (ImportError, ValueError):  # not a module name, or its parent package is missing
+        return False
+    module = import_module(env_id, f"env {env_id!r}")
+    return any(callable(getattr(module, name, None)) for name in ("parallel_env", "env"))
+
+
+def with_agents(config: Config) -> Config:
+    """``config`` with what its env's agents decide, found by making one env (and closing it) when it is a
+    PettingZoo env: env.multiagent for a module of one's own named by env.id (:func:`names_pettingzoo_module`), and
+    env.columns_per_copy (a Parallel env's agents; a turn-based game: 1). Validated again: the batch these size is
+    checked against the minibatches."""
+    multiagent = config.env.multiagent or names_pettingzoo_module(config.env)
+    columns = None
+    if multiagent:
+        first = make_pettingzoo_env(config.env.model_copy(update={"multiagent": True}))
+        try:
+            columns = 1 if is_turn_based(first) else len(first.possible_agents)
+        finally:
+            first.close()
+    if (multiagent, columns) == (config.env.multiagent, config.env.columns_per_copy):
+        return config
+    from dppo.config.load import validate
+
+    data = config.model_dump(mode="json")
+    data["env"].update(multiagent=multiagent, columns_per_copy=columns)
+    return validate(data, warn=False)
 
 
 def env_spaces(config: Config) -> tuple[gym.Space, gym.Space]:

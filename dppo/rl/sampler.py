@@ -96,9 +96,10 @@ class Sampler:
     """Env + policy + transforms of one actor. Plain Python, so tests and benchmarks use it without Ray.
 
     ``policy``: what acts (default: a local Agent seeded like the actor). A policy with two ``halves`` gets two
-    vector envs of E/2 each, seeded as the one vector env of E would be (env i with seed + i), stepped in turn
-    so one half steps while the other's actions are computed elsewhere (a self-play vector env draws seats and
-    opponents from one generator per half, so there one and two halves differ).
+    vector envs of E/2 env copies each, seeded as the one vector env of E would be (copy i with seed + i), stepped
+    in turn so one half steps while the other's actions are computed elsewhere (a self-play vector env draws seats
+    and opponents from one generator per half, so there one and two halves differ). A copy of a multi-agent env
+    is one column per agent: the sampler's rows are the columns its vector envs report.
 
     ``make_envs``: what makes the vector env (default :func:`make_vector_env`); ``policy_name``: the policy of the
     run's policy map this sampler acts for, stamped on its segments. A joint sampler (:mod:`dppo.rl.joint`) gives
@@ -113,11 +114,12 @@ class Sampler:
         self.make_envs, self.policy_name = make_envs, policy_name
         self.seed = actor_seed(config.run.seed, actor_id) if seed is None else seed
         self.env_resets = 0
-        num_envs = config.env.num_envs
-        halves = 1 if policy is None else policy.halves
-        self.rows = [slice(h * num_envs // halves, (h + 1) * num_envs // halves) for h in range(halves)]
+        copies, halves = config.env.num_envs, 1 if policy is None else policy.halves
+        self.copies = [range(h * copies // halves, (h + 1) * copies // halves) for h in range(halves)]
+        self.rows: list[slice] = []  # each half's columns, set when its vector env is made
         self.opponents: SnapshotOpponents | None = None  # self-play: the pool's snapshots, once one is broadcast
         self.halves = self._start_envs()
+        num_envs = self.num_columns
         space = self.halves[0]
         self.policy: Policy = policy or Agent(space.single_observation_space, space.single_action_space,
                                               config.model, seed=self.seed)
@@ -127,6 +129,11 @@ class Sampler:
         self.learning_reward = LearningReward(env.clip_reward, env.normalize_reward, num_envs, config.ppo.gamma,
                                               env.reward_clip)
         self.episodes = EpisodeStats(num_envs)
+
+    @property
+    def num_columns(self) -> int:
+        """Columns of this sampler's vector envs: env copies x agents (one per copy of a gymnasium env)."""
+        return self.rows[-1].stop
 
     @property
     def agent(self) -> Agent:
@@ -146,18 +153,20 @@ class Sampler:
 
     def _start_envs(self) -> list[VectorEnv]:
         seed = self.seed + 1_000 * self.env_resets
-        halves, self.half_obs, self.half_active, lives = [], [], [], []
-        for rows in self.rows:
+        halves, self.half_obs, self.half_active, lives, self.rows = [], [], [], [], []
+        for copies in self.copies:
             config = self.config
-            if len(self.rows) > 1:
-                env = config.env.model_copy(update={"num_envs": rows.stop - rows.start})
+            if len(self.copies) > 1:
+                env = config.env.model_copy(update={"num_envs": len(copies)})
                 config = config.model_copy(update={"env": env})
             envs = self.make_envs(config)
+            start = self.rows[-1].stop if self.rows else 0
+            self.rows.append(slice(start, start + envs.num_envs))
             if isinstance(envs, SelfPlayVectorEnv) and self.opponents is not None:  # a restart keeps the pool
                 envs.opponents = self.opponents
             halves.append(envs)
             try:
-                obs, info = envs.reset(seed=seed + rows.start)
+                obs, info = envs.reset(seed=seed + copies.start)
             except Exception:
                 old = old_api_error(self.config.env, seed)  # gymnasium's unpack error does not say why
                 if old is None:
@@ -169,7 +178,7 @@ class Sampler:
             self.half_obs.append(obs)
             self.half_active.append(info.get("active"))
             lives.append(info.get("lives"))
-            envs.action_space.seed(seed + rows.start)
+            envs.action_space.seed(seed + copies.start)
         self.life_loss = None
         if self.config.env.terminal_on_life_loss:
             if any(part is None for part in lives):
@@ -185,8 +194,8 @@ class Sampler:
                 envs.close()
         self.env_resets += 1
         self.halves = self._start_envs()
-        self.learning_reward.end_episodes(np.ones(self.config.env.num_envs, bool))
-        self.policy.end_episodes(np.ones(self.config.env.num_envs, bool))
+        self.learning_reward.end_episodes(np.ones(self.num_columns, bool))
+        self.policy.end_episodes(np.ones(self.num_columns, bool))
         self.episodes.reset()
 
     def set_weights(self, weights: Weights, version: int, obs_stats: RunningStats | None = None,
@@ -241,7 +250,7 @@ class Sampler:
         """The step loop of one segment. It yields (half, the env actions of that half) and is sent what that half's
         ``step`` returned, so whoever holds the env steps it: this sampler, or a joint sampler stepping one env with
         several policies' actions. It returns the segment."""
-        steps, num_envs = self.config.ppo.segment_length, self.config.env.num_envs
+        steps, num_envs = self.config.ppo.segment_length, self.num_columns
         spec, action_spec, policy = self.obs_spec, self.action_spec, self.policy
         obs_buf = spec.empty((steps, num_envs))
         act_buf = np.empty((steps, num_envs, *action_spec.stored_shape), action_spec.stored_dtype)
