@@ -199,7 +199,11 @@ class ShmClient:
         if kind != WELCOME:
             self.close()
             raise TransportError(f"malformed message from the inference service: a {KINDS[kind]} before welcome")
-        self.segment = attach(body.decode())
+        try:
+            self.segment = attach(body.decode())
+        except OSError as err:  # removed already: the service went while welcoming
+            self.close()
+            raise InferenceLost(f"the inference service's segment cannot be opened ({type(err).__name__})") from None
         if self.segment.size < layout.size:
             self.close()
             raise TransportError(f"the inference service's segment holds {self.segment.size} bytes, this actor's "
