@@ -32,6 +32,7 @@ from dppo.distributed.shm_transport import (
     Endpoint,
     Layout,
     TransportError,
+    create,
     new_endpoint,
     pack,
     remove,
@@ -59,7 +60,7 @@ class Peer:
     def welcome(self, layout: Layout, token: str) -> None:
         """Its segment, created now, named for the service and this connection, and the welcome naming it."""
         self.layout = layout
-        self.segment = SharedMemory(f"{SEGMENT_PREFIX}{token}_{self.number}", create=True, size=layout.size)
+        self.segment = create(f"{SEGMENT_PREFIX}{token}_{self.number}", layout.size)
         self.views = [layout.views(self.segment.buf, slot) for slot in range(layout.slots)]
         assert self.conn is not None
         self.conn.send_bytes(pack(WELCOME, body=self.segment.name.lstrip("/").encode()))

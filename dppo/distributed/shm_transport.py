@@ -154,9 +154,26 @@ class Layout:
         return Heads(views["out"][:rows].copy(), log_std, views["values"][:rows].copy(), memory)
 
 
+_CREATED: set[str] = set()  # the segments this process created (a service's): its resource tracker holds them
+
+
+def create(name: str, size: int) -> SharedMemory:
+    """A new segment, left to this process's resource tracker should the process die before removing it."""
+    segment = SharedMemory(name, create=True, size=size)
+    _CREATED.add(segment.name)
+    return segment
+
+
+def _untracked(name: str) -> bool:
+    """Whether :func:`attach` keeps ``name`` from this process's tracker (it does unless this process created it)."""
+    return name not in _CREATED
+
+
 def attach(name: str) -> SharedMemory:
     """The service's segment, not handed to this process's resource tracker (Python < 3.13 registers every segment
     a process opens, so the actor's exit would unlink the service's segment: python/cpython#82300)."""
+    if not _untracked(name):  # this process's own (a test serving itself): tracked once, as created
+        return SharedMemory(name)
     if sys.version_info >= (3, 13):
         return SharedMemory(name, track=False)
     segment = SharedMemory(name)
@@ -167,13 +184,15 @@ def attach(name: str) -> SharedMemory:
 def remove(segment: SharedMemory, attached: bool) -> None:
     """Close and unlink ``segment`` (gone already: nothing to do); ``attached``: opened with :func:`attach`."""
     segment.close()
-    if attached and sys.version_info < (3, 13):  # unlink() unregisters it from this process's tracker: register it
+    balance = attached and _untracked(segment.name) and sys.version_info < (3, 13)
+    if balance:  # unlink() unregisters it from this process's tracker, which attach() kept it from: register it
         resource_tracker.register(segment._name, "shared_memory")  # type: ignore[attr-defined]
     try:
         segment.unlink()
     except FileNotFoundError:
-        if attached and sys.version_info < (3, 13):
+        if balance:
             resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+    _CREATED.discard(segment.name)
 
 
 class ShmClient:
