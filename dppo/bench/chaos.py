@@ -33,12 +33,13 @@ from dppo.bench.chaos_cluster import (
     FINISHED,
     Cluster,
     alive,
-    kill_tree,
+    crash,
     probe,
     run_processes_left,
     saved_token,
     shm_in_use,
     start_worker,
+    tree,
     victims,
 )
 from dppo.bench.chaos_report import RunLog, recovery_rows, run_row
@@ -58,6 +59,7 @@ from dppo.cli_args import positive
 from dppo.errors import UsageError
 from dppo.markdown import table
 
+SETTLE_S = 2.0  # a line read this soon after a kill was written before it: no sign of recovery
 # What the bench sets so that chaos is not taken for a crash loop (the guards would end the run on purpose).
 CHAOS_SETS = ["faults.max_actor_restarts=100000", "faults.max_learner_restarts=100000", "metrics.port=0",
               "run.tensorboard=false"]
@@ -77,6 +79,8 @@ class Chaos:
         self.job_id = ""
         self.full_at = 0.0  # when the last progress line with every actor's segment appeared
         self.full = 0  # that many segments (run.actors)
+        self.node_shm: dict[str, set[str]] = {}  # per node: the /dev/shm entries its processes had, last seen
+        self.shm_with_nodes: list[str] = []  # removed with their killed node (a machine's /dev/shm goes with it)
         self.loads: list[float] = []  # the machine's 1-minute load, every 2 s under chaos
 
     def run_once(self, index: int, run_dir: Path, chaos_s: float | None, timeout_s: float) -> RunLog:
@@ -147,6 +151,8 @@ class Chaos:
             with contextlib.suppress(psutil.Error):
                 self.pids.setdefault(process.pid, process.create_time())
         self.shm |= shm_in_use(processes)
+        for name, node in (self.cluster.local.nodes.items() if self.cluster.local else []):
+            self.node_shm[name] = shm_in_use(tree(node.pid))
 
     def kill_due(self, now: float, chaos_until: float, run: int) -> None:
         """The planned kills whose time has come and whose kind has a victim now (else they wait for one), one of a
@@ -159,7 +165,7 @@ class Chaos:
         processes, kinds = None, set()
         for kill in waiting:
             last = max((k["at"] for k in self.done if k["kind"] == kill.kind), default=0.0)
-            if kill.kind in kinds or self.full_at <= last:
+            if kill.kind in kinds or self.full_at <= last + SETTLE_S:
                 continue  # one of a kind at a time, and only once the run has recovered from the last one
             if kill.kind == "node":
                 up = [n for n in (self.cluster.local.nodes if self.cluster.local else {}) if n != "head"]
@@ -167,6 +173,7 @@ class Chaos:
                     continue  # one node down at a time: two raylets registering at once can time out
                 name = pick(up, self.seed, len(self.done))
                 self.cluster.local.kill(name)  # type: ignore[union-attr]
+                self.lose_node_shm(name)
                 self.down[name] = time.monotonic() + self.node_down_s
                 victim: Any = name
             else:
@@ -175,13 +182,23 @@ class Chaos:
                 if not found:
                     continue
                 victim = pick(list(found), self.seed, len(self.done))
-                kill_tree(found[victim])
+                crash(found[victim])
                 processes = None
             self.plan.remove(kill)
             kinds.add(kill.kind)
             self.done.append({"kind": kill.kind, "planned_s": kill.at_s, "done_s": round(now - start, 2),
                               "at": time.monotonic(), "victim": victim, "run": run})
             print(f"chaos: t={now - start:.1f}s killed {kill.kind} {victim} (run {run})", flush=True)
+
+    def lose_node_shm(self, name: str) -> None:
+        """The /dev/shm entries of a killed node's processes go with it, as a machine's memory does (here the nodes
+        share one /dev/shm): removed unless a process of another node has them too; counted apart, not leftovers."""
+        others = set().union(*(paths for node, paths in self.node_shm.items() if node != name))
+        for path in sorted(self.node_shm.pop(name, set()) - others):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                self.shm_with_nodes.append(path)
+            self.shm.discard(path)
 
     def bring_back(self, now: float) -> None:
         """Start a killed node again when its time is up (a rescheduled pod), and again if its start failed (a
@@ -315,6 +332,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         time.sleep(1.0)
     leftovers["processes"] += [str(pid) for pid in left]
     leftovers["shm"] = sorted(path for path in chaos.shm if Path(path).exists())
+    leftovers["shm_gone_with_nodes"] = chaos.shm_with_nodes
     write_schedule(out / "schedule.json", plan, chaos.done, settings)
     steps = config.env.num_envs * config.ppo.segment_length
     row, accounts = run_row(runs, chaos.done, steps, config.run.actors, baseline, leftovers)
@@ -364,8 +382,10 @@ NOTE = (
     "segments x E x T, their sum summary.json's trained steps, and every line seen before a resume unchanged "
     "after it unless cut by the resume (`steps_rewound`, at most one rewind per driver kill); `short_rounds`: "
     "rounds a kill left without some actor's segment (named in results.json); the steps sampled are counted by the "
-    "driver's rounds, not by the actors. `shm_left`: /dev/shm entries the cluster's processes had open or mapped that "
-    "still exist after the run; `processes_left`: the run's processes alive 60 s after its last job ended, and any "
+    "driver's rounds, not by the actors. `shm_left`: /dev/shm entries the cluster's processes had open or mapped "
+    "that still exist after the run (a killed node's are removed with it, as a machine's memory goes with it, and "
+    "listed apart in results.json; a victim process is SIGKILLed alone, as a crash would be); "
+    "`processes_left`: the run's processes alive 60 s after its last job ended, and any "
     "process of the cluster alive after it was stopped. `final_return`: the mean of the runs' final 100-episode "
     "returns, against one run of the same config without chaos. `load_avg`: the machine's 1-minute load during "
     "the run (it is shared)."

@@ -84,13 +84,19 @@ def victims(kind: str, processes: list[psutil.Process], marker: str) -> list[psu
             and not t.startswith(("bash", "/bin/sh", "sh "))]
 
 
-def kill_tree(process: psutil.Process) -> None:
-    """SIGKILL a process and its children (an actor's own subprocesses), by pid."""
+def crash(process: psutil.Process) -> None:
+    """SIGKILL the process alone, by pid, as a crash or the OOM killer would: its own children (Python's resource
+    tracker, which removes the shared memory a killed process made) live on and do what they do after a crash."""
     with contextlib.suppress(psutil.Error):
-        for child in process.children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                child.kill()
         process.kill()
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    """A process and its descendants (a node's: its `ray start` process)."""
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    return []
 
 
 def shm_in_use(processes: list[psutil.Process]) -> set[str]:

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 KINDS = ["actor", "learner", "inference", "evaluation", "node", "driver"]
-RATES = {"node": 1.0, "driver": 1.0}  # kills per minute; 2.5 for the others (each kind hit at least once)
+# Kills per minute, 6 for the others: with seed 1 each process kind's first kill comes in the first 10 s of
+# training, the node's at 36 s and the driver's (whose restart takes the run's processes with it) at 111 s.
+RATES = {"node": 1.0, "driver": 0.5}
 
 
 @pytest.mark.slow
@@ -23,14 +25,14 @@ def test_two_minutes_of_chaos_lose_no_step_and_leave_nothing(tmp_path: Path) -> 
                            "--set", "run.learners=2", "--set", "run.inference=server",
                            "--set", "run.total_steps=60000", "--set", "run.checkpoint_every=5",
                            "--minutes", "2", "--seed", "1", "--kinds", ",".join(KINDS),
-                           *[arg for kind in KINDS for arg in ("--rate", f"{kind}={RATES.get(kind, 2.5)}")],
+                           *[arg for kind in KINDS for arg in ("--rate", f"{kind}={RATES.get(kind, 6.0)}")],
                            "--node-down-s", "10", "--no-baseline", "--out", str(out), "--json", str(rows),
                            "--write-docs", str(docs)],
                           capture_output=True, text=True, timeout=1400, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((out / "results.json").read_text())
     run, kills = result["run"], {row["kind"]: row for row in result["kills"]}
-    assert all(kills[kind]["kills"] >= 1 for kind in KINDS), (kills, done.stdout[-3000:])
+    assert all(kills[kind]["kills"] >= 1 for kind in KINDS), f"{[(k, r['kills']) for k, r in kills.items()]}"
     assert set(run["final_status"].split(",")) == {"SUCCEEDED"}, result["runs"]
     assert run["accounting_exact"], result["runs"]
     assert run["steps_trained"] == run["steps_in_progress"] > 0
