@@ -40,7 +40,7 @@ def load_broadcast(sampler: Sampler, broadcast: Broadcast) -> None:
     """This round's weights, normalizer statistics and (self-play) opponents into one policy's sampler."""
     sampler.set_weights(broadcast.weights, broadcast.version, broadcast.obs_stats, broadcast.return_stats)
     if broadcast.opponents is not None:
-        known = sampler.opponents.agents if sampler.opponents is not None else ()
+        known = sampler.opponents.snapshots if sampler.opponents is not None else ()
         sampler.set_opponents(fetch_new_snapshots(broadcast.opponents, known))
 
 

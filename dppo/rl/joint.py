@@ -95,23 +95,23 @@ class JointSampler:
 
 
 class JointPlayers:
-    """Every policy's Agent and frozen observation normalizer over one env copy, playing whole episodes together:
-    ``dppo eval`` and the evaluation actor of a run of several policies (one policy plays through
-    :func:`dppo.rl.episodes.run_episodes`)."""
+    """Every policy's Agent (``runners``, by policy name) and frozen observation normalizer over one env copy,
+    playing whole episodes together: ``dppo eval`` and the evaluation actor of a run of several policies (one
+    policy plays through :func:`dppo.rl.episodes.run_episodes`)."""
 
     def __init__(self, joint: ParallelEnvs, config: Config, seed: int | None = None) -> None:
         self.joint = joint
-        self.agents = {view.group.name: Agent(view.single_observation_space, view.single_action_space, config.model,
-                                              seed=None if seed is None else seed + POLICY_SEED_OFFSET * g)
+        self.runners = {view.group.name: Agent(view.single_observation_space, view.single_action_space, config.model,
+                                               seed=None if seed is None else seed + POLICY_SEED_OFFSET * g)
                        for g, view in enumerate(joint.views)}
         self.normalizers = {name: ObsNormalizer(False, config.env.obs_clip, agent.obs_spec.vector_dim)
-                            for name, agent in self.agents.items()}
+                            for name, agent in self.runners.items()}
 
     def load(self, name: str, weights: Weights, version: int, obs_stats: RunningStats | None) -> None:
         """Policy ``name``'s weights and the observation statistics it was trained with (None: raw observations)."""
-        self.agents[name].load(weights, version)
+        self.runners[name].load(weights, version)
         normalize = self.normalizers[name]
-        normalize.enabled = obs_stats is not None and self.agents[name].obs_spec.vector_dim > 0
+        normalize.enabled = obs_stats is not None and self.runners[name].obs_spec.vector_dim > 0
         if obs_stats is not None:
             normalize.stats = obs_stats
 
@@ -123,7 +123,7 @@ class JointPlayers:
         watch = watch or (lambda _episode, _done: None)
         views = self.joint.views
         agents = sum(view.num_envs for view in views)
-        overall, by_policy = [], {name: [] for name in self.agents}
+        overall, by_policy = [], {name: [] for name in self.runners}
         for episode in range(episodes):
             self.joint.reset(seed=seed + episode)
             totals, done = [np.zeros(view.num_envs) for view in views], False
@@ -131,7 +131,7 @@ class JointPlayers:
             while not done:
                 actions = []
                 for g, view in enumerate(views):
-                    agent, normalize = self.agents[view.group.name], self.normalizers[view.group.name]
+                    agent, normalize = self.runners[view.group.name], self.normalizers[view.group.name]
                     action, _, _ = agent.act(normalize(agent.obs_spec.encode(self.joint.batch(g))), greedy=greedy)
                     actions.append(agent.action_spec.to_env(action))
                 for total, (_, reward, terminated, truncated, _) in zip(totals, self.joint.step(actions),

@@ -39,19 +39,19 @@ class SnapshotOpponents:
         self.obs_space, self.action_space, self.config, self.epsilon = obs_space, action_space, config, epsilon
         self.max_opening = opening
         self.rng = np.random.default_rng(seed)
-        self.agents: dict[int, Agent] = {}
+        self.snapshots: dict[int, Agent] = {}  # snapshot id -> the Agent that plays it
         self.view = PoolView()
 
     def update(self, view: PoolView, in_play: Collection[int] = ()) -> None:
         """Take this round's pool: new snapshots get an Agent; dropped ones lose theirs once no game still in
         play (``in_play``: the opponents of the games going on) is against them. New games draw from ``view``."""
         for snapshot, weights in zip(view.ids, view.weights, strict=True):
-            if snapshot not in self.agents:
+            if snapshot not in self.snapshots:
                 agent = Agent(self.obs_space, self.action_space, self.config, seed=int(self.rng.integers(2**62)))
                 agent.load(weights, snapshot)
-                self.agents[snapshot] = agent
-        for snapshot in set(self.agents) - set(view.ids) - set(in_play):
-            del self.agents[snapshot]
+                self.snapshots[snapshot] = agent
+        for snapshot in set(self.snapshots) - set(view.ids) - set(in_play):
+            del self.snapshots[snapshot]
         self.view = view
 
     def draw(self, rng: np.random.Generator) -> int:
@@ -67,7 +67,7 @@ class SnapshotOpponents:
         observations = [game.observe() for game in games]
         if opponent == RANDOM:
             return [legal_random(obs, self.rng, self.action_space) for obs in observations]
-        agent = self.agents[opponent]
+        agent = self.snapshots[opponent]
         actions, _, _ = agent.act(agent.obs_spec.encode_many(observations))
         moves = list(agent.action_spec.to_env(actions))
         if self.epsilon:  # selfplay.opponent_epsilon: some moves random, drawn after the policy's (same stream)

@@ -238,12 +238,12 @@ def test_snapshot_opponents_act_with_the_broadcast_weights() -> None:
     moves = opponents.act(4, [env.game] * 3)
     mask = env.game.observe()["action_mask"]
     assert len(moves) == 3 and all(mask[m] for m in moves)
-    assert isinstance(opponents.agents[4], Agent) and opponents.agents[4].version == 4
+    assert isinstance(opponents.snapshots[4], Agent) and opponents.snapshots[4].version == 4
     opponents.update(PoolView([5], [weights], [1.0]), in_play={4})  # 4 left the pool, a game still plays it
-    assert set(opponents.agents) == {4, 5} and len(opponents.act(4, [env.game])) == 1
+    assert set(opponents.snapshots) == {4, 5} and len(opponents.act(4, [env.game])) == 1
     assert opponents.draw(np.random.default_rng(0)) == 5  # new games only draw from the pool
     opponents.update(PoolView([5], [weights], [1.0]))
-    assert set(opponents.agents) == {5}
+    assert set(opponents.snapshots) == {5}
 
 
 def test_a_game_against_a_snapshot_the_pool_drops_plays_on() -> None:
@@ -264,7 +264,7 @@ def test_a_game_against_a_snapshot_the_pool_drops_plays_on() -> None:
     assert 0 in results[:, 0]  # the games against 0 finished and were scored against it
     assert all(game.opponent == 1 for game in sampler.envs.games)  # and new ones drew from the pool
     sampler.set_opponents(PoolView([1], [weights], [1.0]))
-    assert set(sampler.opponents.agents) == {1}  # no game plays 0 any more: its Agent is gone
+    assert set(sampler.opponents.snapshots) == {1}  # no game plays 0 any more: its Agent is gone
 
 
 def test_opponent_epsilon_replaces_that_share_of_a_snapshots_moves_by_random_legal_ones() -> None:
