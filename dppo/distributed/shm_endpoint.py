@@ -27,7 +27,6 @@ from dppo.distributed.shm_transport import (
     KINDS,
     REPLY,
     REQUEST,
-    SEGMENT_PREFIX,
     WELCOME,
     Endpoint,
     Layout,
@@ -36,6 +35,8 @@ from dppo.distributed.shm_transport import (
     new_endpoint,
     pack,
     remove,
+    segment_name,
+    sweep_stale,
     unpack,
 )
 from dppo.errors import first_line
@@ -60,7 +61,7 @@ class Peer:
     def welcome(self, layout: Layout, token: str) -> None:
         """Its segment, created now, named for the service and this connection, and the welcome naming it."""
         self.layout = layout
-        self.segment = create(f"{SEGMENT_PREFIX}{token}_{self.number}", layout.size)
+        self.segment = create(segment_name(token, self.number), layout.size)
         self.views = [layout.views(self.segment.buf, slot) for slot in range(layout.slots)]
         assert self.conn is not None
         self.conn.send_bytes(pack(WELCOME, body=self.segment.name.lstrip("/").encode()))
@@ -83,6 +84,7 @@ class ShmEndpoint:
     def open(self, loop: asyncio.AbstractEventLoop, node: str) -> Endpoint:
         """Listen (once) on a fresh address; actors' connections join ``loop``."""
         if self.endpoint is None:
+            sweep_stale()  # a killed run's, on this node
             endpoint = new_endpoint(node)
             self.listener = Listener(endpoint.address, "AF_UNIX", backlog=BACKLOG, authkey=endpoint.authkey)
             self.loop, self.endpoint = loop, endpoint

@@ -16,6 +16,7 @@ module is the protocol and the actor's side; neither imports Ray.
 
 from __future__ import annotations
 
+import os
 import secrets
 import struct
 import sys
@@ -24,8 +25,10 @@ from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Client, Connection
 from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
 
 import numpy as np
+import psutil
 
 from dppo.config import ModelConfig
 from dppo.rl.actions import ActionSpec
@@ -39,7 +42,8 @@ HEADER = struct.Struct("<4sHBBqI")  # magic, protocol, kind, slot, weights versi
 HELLO, WELCOME, REQUEST, REPLY, ERROR = 1, 2, 3, 4, 5  # kinds: actor->service, service->actor, ...
 KINDS = {HELLO: "hello", WELCOME: "welcome", REQUEST: "request", REPLY: "reply", ERROR: "error"}
 SLOTS = 3  # requests an actor has in flight at most: one per half of its envs, and a value query
-SEGMENT_PREFIX = "dppo_"  # every segment's name: dppo_<service token>_<actor's connection>
+SEGMENT_PREFIX = "dppo_"  # every segment's name: dppo_<service's pid>_<service token>_<actor's connection>
+SHM_DIR = Path("/dev/shm")  # where Linux lists the segments (stale ones are swept from there)
 CONNECT_TIMEOUT_S = 60.0  # a service that accepts but never welcomes is lost
 ALIGN = 64
 
@@ -157,11 +161,29 @@ class Layout:
 _CREATED: set[str] = set()  # the segments this process created (a service's): its resource tracker holds them
 
 
+def segment_name(token: str, number: int) -> str:
+    """Named for this process (the service), so a segment whose service is gone can be told (:func:`sweep_stale`)."""
+    return f"{SEGMENT_PREFIX}{os.getpid()}_{token}_{number}"
+
+
 def create(name: str, size: int) -> SharedMemory:
     """A new segment, left to this process's resource tracker should the process die before removing it."""
     segment = SharedMemory(name, create=True, size=size)
     _CREATED.add(segment.name)
     return segment
+
+
+def sweep_stale(directory: Path = SHM_DIR) -> list[str]:
+    """Remove the segments whose service process is gone, and say which. A service removes its segments when it
+    closes, and its resource tracker when it is killed; but when a run's driver is killed outright Ray ends the
+    service and its tracker together, and nothing else would (each service sweeps as it starts)."""
+    swept = []
+    for path in directory.glob(f"{SEGMENT_PREFIX}*_*_*"):
+        pid = path.name[len(SEGMENT_PREFIX):].split("_", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            path.unlink(missing_ok=True)
+            swept.append(path.name)
+    return swept
 
 
 def _untracked(name: str) -> bool:

@@ -67,9 +67,9 @@ def test_served_greedy_actions_are_the_in_actor_ones_by_ray_calls_and_shared_mem
                 np.testing.assert_array_equal(actions, want_actions)
                 np.testing.assert_allclose(values, want_values, atol=1e-6)
                 obs = local.obs_spec.encode_many([e.step(a)[0] for e, a in zip(envs, actions.tolist(), strict=True)])
-        assert len(list(SHM.glob(f"dppo_{endpoint.token}_*"))) == 1 and not remote.client.closed
+        assert len(list(SHM.glob(f"dppo_*_{endpoint.token}_*"))) == 1 and not remote.client.closed
         ray.get(service.close.remote())  # what the driver asks before it kills the service
-        assert not list(SHM.glob(f"dppo_{endpoint.token}_*"))
+        assert not list(SHM.glob(f"dppo_*_{endpoint.token}_*"))
         remote.client.close()
     finally:
         ray.kill(service)
@@ -136,13 +136,16 @@ def our_processes(name: str) -> list[int]:
     return found
 
 
-def wait_for_iterations(run_dir: Path, count: int, proc: subprocess.Popen, seen: set[str]) -> None:
-    """Until the run has ``count`` iterations, noting the shared-memory segments that appear meanwhile."""
+def wait_for_iterations(run_dir: Path, count: int, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + 120
     while not (run_dir / "progress.jsonl").exists() or len(progress(run_dir)) < count:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        seen |= {p.name for p in SHM.glob("dppo_*")}
         time.sleep(0.1)
+
+
+def segments_of(service_pid: int) -> set[str]:
+    """The shared-memory segments a service created (named for its pid; another run's on the machine are not)."""
+    return {p.name for p in SHM.glob(f"dppo_{service_pid}_*")}
 
 
 @pytest.mark.slow
@@ -150,22 +153,25 @@ def test_an_actor_and_the_service_killed_mid_run_are_replaced_and_no_shared_memo
                                                                                           tmp_path: Path) -> None:
     """The actors share the service's node, so they reach it through shared memory: a killed actor's segment is
     removed by the service, a killed service's by its actors, the rest when the run ends."""
-    before = {p.name for p in SHM.glob("dppo_*")}
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run_dir), "--actors", "2",
            "--envs-per-actor", "4", "--segment-length", "64", "--total-steps", "12000", "--seed", "3",
            "--set", "run.inference=server", "--set", "run.tensorboard=false"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    seen: set[str] = set()
     try:
-        wait_for_iterations(run_dir, 2, proc, seen)
-        actors = our_processes("ray::Actor")
-        assert len(actors) == 2 and len(seen - before) == 2, (actors, seen)  # one segment per actor
+        wait_for_iterations(run_dir, 2, proc)
+        actors, services = our_processes("ray::Actor"), our_processes("ray::InferenceService")
+        assert len(actors) == 2 and len(services) == 1
+        first = segments_of(services[0])
+        assert len(first) == 2, first  # one segment per actor
         os.kill(actors[0], signal.SIGKILL)
-        wait_for_iterations(run_dir, 4, proc, seen)
-        services = our_processes("ray::InferenceService")
-        assert len(services) == 1
+        wait_for_iterations(run_dir, 4, proc)
+        after = segments_of(services[0])
+        assert len(first & after) == 1, (first, after)  # the killed actor's removed (its replacement's may be new)
         os.kill(services[0], signal.SIGKILL)
+        wait_for_iterations(run_dir, 6, proc)
+        replacements = our_processes("ray::InferenceService")
+        assert len(replacements) == 1 and replacements[0] != services[0]
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
@@ -174,5 +180,5 @@ def test_an_actor_and_the_service_killed_mid_run_are_replaced_and_no_shared_memo
     assert "the inference service was lost" in out + err and "loss 1" in out + err
     assert progress(run_dir)[-1]["env_steps"] >= 12000
     assert json.loads((run_dir / "summary.json").read_text())["reason"] == "total_steps"
-    left = {p.name for p in SHM.glob("dppo_*")} & (seen - before)
+    left = segments_of(services[0]) | segments_of(replacements[0])
     assert not left, left

@@ -41,6 +41,8 @@ from dppo.distributed.shm_transport import (
     TransportError,
     new_endpoint,
     pack,
+    segment_name,
+    sweep_stale,
     unpack,
 )
 from dppo.rl.agent import export_weights
@@ -86,7 +88,7 @@ def running_service(obs_space: gym.Space, action_space: gym.Space, config: Model
 
 
 def segments(endpoint: Endpoint) -> list[str]:
-    return sorted(p.name for p in SHM.glob(f"dppo_{endpoint.token}_*"))
+    return sorted(p.name for p in SHM.glob(f"dppo_*_{endpoint.token}_*"))
 
 
 def wait_until(condition: Any, timeout: float = 30.0) -> bool:
@@ -172,7 +174,7 @@ def scripted_service(answer: Any) -> Iterator[Endpoint]:
         conn = listener.accept()
         _kind, _slots, _version, rows, _ = unpack(conn.recv_bytes(), "actor")
         env, config, _ = cartpole()
-        segment = SharedMemory(f"dppo_{endpoint.token}_0", create=True, size=layout_of(env, config, rows).size)
+        segment = SharedMemory(segment_name(endpoint.token, 0), create=True, size=layout_of(env, config, rows).size)
         conn.send_bytes(pack(WELCOME, body=segment.name.encode()))
         _kind, slot, version, rows, _ = unpack(conn.recv_bytes(), "actor")
         answer(conn, slot, version, rows)
@@ -246,3 +248,18 @@ def test_an_actor_killed_outright_has_its_segment_removed_by_the_service_which_s
         client = ShmClient(endpoint, layout_of(env, config, rows=4))  # the service goes on
         assert client.result(client.submit(request(env, config, 1, 4))).version == 1
     assert segments(endpoint) == []
+
+
+def test_a_segment_whose_service_process_is_gone_is_swept_and_no_other() -> None:
+    """A run whose driver was killed outright: Ray ends its service and the service's resource tracker together."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = SharedMemory(f"dppo_{gone.pid}_feedbeef_0", create=True, size=64)
+    live = SharedMemory(segment_name("feedbeef", 0), create=True, size=64)
+    try:
+        assert stale.name in sweep_stale() and not (SHM / stale.name).exists() and (SHM / live.name).exists()
+    finally:
+        for segment in (stale, live):
+            segment.close()
+            if (SHM / segment.name).exists():
+                segment.unlink()
