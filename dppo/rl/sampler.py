@@ -118,9 +118,9 @@ class Sampler:
         self.copies = [range(h * copies // halves, (h + 1) * copies // halves) for h in range(halves)]
         self.rows: list[slice] = []  # each half's columns, set when its vector env is made
         self.opponents: SnapshotOpponents | None = None  # self-play: the pool's snapshots, once one is broadcast
-        self.halves = self._start_envs()
+        self.half_envs = self._start_envs()
         num_envs = self.num_columns
-        space = self.halves[0]
+        space = self.half_envs[0]
         self.policy: Policy = policy or Agent(space.single_observation_space, space.single_action_space,
                                               config.model, seed=self.seed)
         self.obs_spec, self.action_spec = self.policy.obs_spec, self.policy.action_spec
@@ -144,7 +144,7 @@ class Sampler:
     @property
     def envs(self) -> VectorEnv:
         """The vector env of a one-half sampler (the local policy's)."""
-        return self.halves[0]
+        return self.half_envs[0]
 
     @property
     def obs(self) -> object:
@@ -153,7 +153,7 @@ class Sampler:
 
     def _start_envs(self) -> list[VectorEnv]:
         seed = self.seed + 1_000 * self.env_resets
-        halves, self.half_obs, self.half_active, lives, self.rows = [], [], [], [], []
+        half_envs, self.half_obs, self.half_active, lives, self.rows = [], [], [], [], []
         for copies in self.copies:
             config = self.config
             if len(self.copies) > 1:
@@ -164,14 +164,14 @@ class Sampler:
             self.rows.append(slice(start, start + envs.num_envs))
             if isinstance(envs, SelfPlayVectorEnv) and self.opponents is not None:  # a restart keeps the pool
                 envs.opponents = self.opponents
-            halves.append(envs)
+            half_envs.append(envs)
             try:
                 obs, info = envs.reset(seed=seed + copies.start)
             except Exception:
                 old = old_api_error(self.config.env, seed)  # gymnasium's unpack error does not say why
                 if old is None:
                     raise
-                for made in halves:
+                for made in half_envs:
                     with contextlib.suppress(Exception):
                         made.close(terminate=True)  # an async vector env's half-done reset cannot be waited for
                 raise old from None
@@ -185,15 +185,15 @@ class Sampler:
                 raise UsageError(f"env.terminal_on_life_loss needs an env that reports info['lives'] (Atari); "
                                  f"{self.config.env.name} does not: set it to false")
             self.life_loss = LifeLoss(np.concatenate([np.asarray(part) for part in lives]))
-        return halves
+        return half_envs
 
     def restart_envs(self) -> None:
         """Replace a vector env that raised: a fresh one, differently seeded, episodes restart."""
-        for envs in self.halves:
+        for envs in self.half_envs:
             with contextlib.suppress(Exception):
                 envs.close()
         self.env_resets += 1
-        self.halves = self._start_envs()
+        self.half_envs = self._start_envs()
         self.learning_reward.end_episodes(np.ones(self.num_columns, bool))
         self.policy.end_episodes(np.ones(self.num_columns, bool))
         self.episodes.reset()
@@ -210,9 +210,9 @@ class Sampler:
     def set_opponents(self, view: PoolView) -> None:
         """Self-play: this round's opponent pool, drawn from by the games that start from now on (those going on
         keep their opponent, even one the pool dropped)."""
-        games = [envs for envs in self.halves if isinstance(envs, SelfPlayVectorEnv)]
+        games = [envs for envs in self.half_envs if isinstance(envs, SelfPlayVectorEnv)]
         if self.opponents is None:
-            space, selfplay = self.halves[0], self.config.selfplay
+            space, selfplay = self.half_envs[0], self.config.selfplay
             self.opponents = SnapshotOpponents(space.single_observation_space, space.single_action_space,
                                                self.config.model, self.seed + OPPONENT_SEED_OFFSET,
                                                selfplay.opponent_epsilon, selfplay.random_opening)
@@ -222,7 +222,7 @@ class Sampler:
 
     def _match_results(self) -> np.ndarray | None:
         """Self-play: the games finished since the last segment, as (opponent id, score) rows."""
-        games = [envs.take_results() for envs in self.halves if isinstance(envs, SelfPlayVectorEnv)]
+        games = [envs.take_results() for envs in self.half_envs if isinstance(envs, SelfPlayVectorEnv)]
         return np.array([row for part in games for row in part], np.float64).reshape(-1, 2) if games else None
 
     def _encode(self, obs: object, out: Obs) -> bool:
@@ -242,7 +242,7 @@ class Sampler:
         half, actions = next(loop)
         while True:
             try:
-                half, actions = loop.send(self.halves[half].step(actions))
+                half, actions = loop.send(self.half_envs[half].step(actions))
             except StopIteration as end:
                 return end.value
 
@@ -365,5 +365,5 @@ class Sampler:
         return {"initial_memory": initial, "starts": np.empty((steps, num_envs), bool)}
 
     def close(self) -> None:
-        for envs in self.halves:
+        for envs in self.half_envs:
             envs.close()

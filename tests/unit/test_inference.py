@@ -150,7 +150,7 @@ def test_a_served_mlp_policy_samples_exactly_what_the_in_actor_policy_samples(ov
             else:
                 assert left == right, field.name
     halves = 2 if served.config.env.num_envs > 1 else 1
-    assert len(served.halves) == halves
+    assert len(served.half_envs) == halves
     if transport == "in-process":
         assert client.requests >= 2 * halves * served.config.ppo.segment_length
 
@@ -184,7 +184,7 @@ def test_a_served_lstm_policy_carries_each_envs_memory_as_the_update_replays_it(
     overrides = {"env.id": "dppo/CueCorridor-v0", "env.kwargs": {"length": 3}, "model.recurrent": "lstm",
                  "model.lstm_hidden_size": 16, "env.num_envs": 4, "ppo.segment_length": 16}
     sampler, _, weights = served_sampler(overrides, transport=transport, stack=stack)
-    half = sampler.halves[0]
+    half = sampler.half_envs[0]
     model = build_model(half.single_observation_space, half.single_action_space, sampler.config.model)
     model.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
     for _ in range(2):  # the second segment starts mid-episode, from the memory the first left

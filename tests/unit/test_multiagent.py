@@ -245,7 +245,7 @@ def test_two_halves_split_env_copies_not_agent_columns() -> None:
     policy = OverlappedPolicy(plain.envs.single_observation_space, plain.envs.single_action_space, cfg.model,
                               plain.seed, cfg.columns, 2)
     halves = Sampler(cfg, policy=policy)
-    assert [h.num_envs for h in halves.halves] == [6, 6] and halves.rows == [slice(0, 6), slice(6, 12)]
+    assert [h.num_envs for h in halves.half_envs] == [6, 6] and halves.rows == [slice(0, 6), slice(6, 12)]
     assert halves.sample().rewards.shape == (8, 12)
     for sampler in (plain, halves):
         sampler.close()

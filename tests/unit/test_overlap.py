@@ -82,7 +82,7 @@ def test_an_mlp_policy_on_the_worker_samples_exactly_what_the_in_actor_agent_sam
     for _ in range(2):  # env state and episodes carry across segments
         seg = mine.sample()
         assert_same(seg, local.sample(), exact=True)
-    assert len(mine.halves) == halves
+    assert len(mine.half_envs) == halves
     if seg.obs.mask is not None:
         taken = np.take_along_axis(seg.obs.mask, seg.actions[..., None].astype(np.int64), axis=-1)
         assert taken.all() and not seg.obs.mask.all()  # some actions were masked, none of those taken
@@ -149,7 +149,7 @@ def test_the_actor_makes_the_overlapped_policy_only_when_asked() -> None:
     assert not isinstance(make_sampler(config, 0, SEED).policy, OverlappedPolicy)  # today's path by default
     halved = config.model_copy(update={"run": config.run.model_copy(update={"actor_halves": 2})})
     sampler = make_sampler(halved, 0, SEED)
-    assert isinstance(sampler.policy, OverlappedPolicy) and len(sampler.halves) == 2
+    assert isinstance(sampler.policy, OverlappedPolicy) and len(sampler.half_envs) == 2
     assert sampler.policy.agent.device == "cpu"
 
 

@@ -153,7 +153,7 @@ def test_with_two_halves_the_wait_for_the_service_and_the_stepping_add_up_within
     sampler = Sampler(cfg, seed=7, policy=policy)
     sampler.set_weights({}, 0)
     seg = sampler.sample()
-    assert len(sampler.halves) == 2
+    assert len(sampler.half_envs) == 2
     assert seg.policy_seconds >= service.replies * 0.003 and service.replies >= 2 * steps
     assert seg.env_seconds >= steps * num_envs * 0.002
     assert seg.env_seconds + seg.policy_seconds <= seg.sample_seconds
