@@ -115,11 +115,12 @@ def timed_coordinator(config: Config, run_dir: Path, ledger: Ledger,
             assert learners.local is not None
             trainer = learners.local.trainer
 
-            def train_on(segments: list[Any], lr_clock: float) -> Any:  # Trainer.train_on, its two steps timed
+            def train_on(segments: list[Any], lr_clock: float, version: int) -> Any:  # Trainer.train_on, timed
                 with ledger.timing("batch"):
-                    batch = build_batch(segments, trainer.config.gamma, trainer.config.gae_lambda, trainer.device)
+                    batch = build_batch(segments, trainer.config.gamma, trainer.config.gae_lambda, trainer.device,
+                                        trainer.value_normalizer)
                 with ledger.timing("sgd"):
-                    return trainer.update(batch, lr_clock, int(lr_clock) + 1)
+                    return trainer.update(batch, lr_clock, version)
 
             trainer.train_on = train_on  # type: ignore[method-assign]
 
@@ -239,7 +240,7 @@ def measure(config: Config, iterations: int) -> Row:
         started = time.perf_counter()
         coordinator.start()
         startup_s = time.perf_counter() - started
-        pids = actor_pids([coordinator.pool.members.slots[i].handle for i in coordinator.pool.alive])
+        pids = actor_pids([coordinator.pool.membership.slots[i].handle for i in coordinator.pool.alive])
         rss, pss = actor_memory_mib(pids)
         coordinator.run_dir.path.mkdir(parents=True, exist_ok=True)
         ledger.take()
