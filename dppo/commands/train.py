@@ -168,8 +168,7 @@ def start_line(config: Config, source: str, resumed: bool) -> str:
     run = config.run
     device = (f"{learners(run.learners)} on {run.device}" if run.device != "auto"
               else f"{learners(run.learners)} device auto (decided at start-up)")
-    inference = (f"inference {INFERENCE[run.inference]}" if run.inference != "auto"
-                 else "inference auto (decided at start-up)")
+    inference = f"inference {INFERENCE['actor' if run.inference == 'auto' else run.inference]}"  # auto: the actors
     address = run.address or os.environ.get("RAY_ADDRESS")
     return (f"{'resuming' if resumed else 'training'} {config.env.name} from {source}: {counted(run.actors, 'actor')} "
             f"x {counted(config.env.num_envs, 'env')}, {device}, {inference}, run dir {run.run_dir}; "

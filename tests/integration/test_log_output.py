@@ -36,7 +36,7 @@ def test_the_first_line_comes_before_ray_and_the_last_gives_the_time_from_launch
     assert proc.returncode == 0, err
     assert running, "the first line came only when the process ended: not flushed"
     assert first == (f"training CartPole-v1 from the preset {preset_path('CartPole-v1')}: 2 actors "
-                     "x 4 envs, learner device auto (decided at start-up), inference auto (decided at start-up), "
+                     "x 4 envs, learner device auto (decided at start-up), inference in the actors, "
                      f"run dir {run_dir}; joining Ray at {ray_address}"), first
     lines = out.splitlines()
     assert re.fullmatch(r"started in \d+\.\d s from launch \(Ray \d+\.\d s\): learner on cpu, inference in the actors",
