@@ -50,14 +50,14 @@ class Gathered:
 
 
 class ActorPool:
-    """Dispatch and gather rounds over the run's actors; ``members`` keeps the actors themselves."""
+    """Dispatch and gather rounds over the run's actors; ``membership`` keeps the actors themselves."""
 
     def __init__(self, config: Config, events: PoolEvents, should_stop: Callable[[], bool],
                  calls: RayCalls | None = None) -> None:
         """``calls``: the Ray calls to make (default: the real ones; tests hand in fakes)."""
         self.config, self.events, self.should_stop = config, events, should_stop
-        self.members = Membership(config, events, should_stop, calls)
-        self.calls = self.members.calls
+        self.membership = Membership(config, events, should_stop, calls)
+        self.calls = self.membership.calls
         self.returns = len(config.policy_names)  # segments per sample call: one per policy
 
     def start(self) -> None:
@@ -65,20 +65,20 @@ class ActorPool:
         actors asking a GPU share that no node has included (they would wait for ever)."""
         if self.config.run.actor_gpus > 0 and (short := gpu_shortage(self.config.run.actor_gpus, ray.nodes())):
             raise UsageError(short)
-        self.members.start()
+        self.membership.start()
 
     @property
     def alive(self) -> list[int]:
-        return self.members.alive
+        return self.membership.alive
 
     @property
     def pending(self) -> list[int]:
-        return self.members.pending
+        return self.membership.pending
 
     def dispatch(self, broadcast: Broadcast | PolicyBroadcasts | ray.ObjectRef) -> Round:
         """Ask every alive actor for a segment sampled with ``broadcast`` (replacements that became ready join;
         below the floor, wait for them first)."""
-        self.members.wait_for(self.members.floor_met, "to come back")
+        self.membership.wait_for(self.membership.floor_met, "to come back")
         return self._ask(self.alive, broadcast)
 
     def gather(self, round_: Round) -> Gathered:
@@ -93,7 +93,7 @@ class ActorPool:
             lost, cut = self._collect(round_, segments, needed)
             if len(segments) >= faults.min_actors or cut or not lost:
                 break
-            self.members.wait_for(self.members.floor_met, "to come back")
+            self.membership.wait_for(self.membership.floor_met, "to come back")
             round_ = self._ask([i for i in self.alive if i not in segments], round_.broadcast)
         if not segments:
             raise RunFailure("no usable segment arrived this iteration; see the messages above")
@@ -102,10 +102,10 @@ class ActorPool:
 
     def _ask(self, indices: list[int], broadcast: Broadcast | PolicyBroadcasts | ray.ObjectRef) -> Round:
         if self.returns == 1:
-            return Round(broadcast, {self.members.slots[i].handle.sample.remote(broadcast): i for i in indices})
+            return Round(broadcast, {self.membership.slots[i].handle.sample.remote(broadcast): i for i in indices})
         round_ = Round(broadcast, {})
         for i in indices:
-            refs = self.members.slots[i].handle.sample.options(num_returns=self.returns).remote(broadcast)
+            refs = self.membership.slots[i].handle.sample.options(num_returns=self.returns).remote(broadcast)
             round_.pending[refs[0]] = i
             round_.outputs[refs[0]] = list(refs)
         return round_
@@ -143,7 +143,7 @@ class ActorPool:
                         raise RunFailure(f"actor {index}: {err.cause}", err.cause.details) from err
                     raise RunFailure(f"actor {index}: {first_line(err)}", str(err)) from err
                 except ray.exceptions.RayActorError as err:
-                    self.members.replace(index, err)
+                    self.membership.replace(index, err)
                     lost = True
                     continue
                 if all(self._usable(index, segment) for segment in delivered):
@@ -169,4 +169,4 @@ class ActorPool:
                                 "deadline; dropped")
 
     def shutdown(self) -> None:
-        self.members.shutdown()
+        self.membership.shutdown()

@@ -113,7 +113,7 @@ class Evaluation:
 
     @property
     def actor(self) -> ray.actor.ActorHandle | None:
-        return self.group.members[0].handle if self.group.members else None
+        return self.group.slots[0].handle if self.group.slots else None
 
     @property
     def on(self) -> bool:
@@ -124,7 +124,7 @@ class Evaluation:
         is running."""
         if not self.on or iteration == 0 or iteration % self.every or self.in_flight is not None:
             return
-        if not self.group.members:
+        if not self.group.slots:
             self.group.start(1)
         if isinstance(broadcast, ray.ObjectRef):
             broadcast = self.calls.get(broadcast)
@@ -148,7 +148,7 @@ class Evaluation:
             return EvalResult(iteration, env_steps, returns, broadcast)
         except ray.exceptions.RayActorError as err:  # the actor's process or node went away: a new one next time
             self.group.lose(0, err)
-            self.group.members = []
+            self.group.slots = []
             return None
         except ray.exceptions.RayError as err:
             cause = getattr(err, "cause", None) or err

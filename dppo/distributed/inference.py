@@ -294,7 +294,7 @@ class Inference:
 
     @property
     def handle(self) -> ray.actor.ActorHandle | None:
-        return self.group.members[0].handle if self.group.members else None
+        return self.group.slots[0].handle if self.group.slots else None
 
     @property
     def generation(self) -> int:
@@ -314,7 +314,7 @@ class Inference:
         self._ready()
 
     def _ready(self) -> None:
-        ready = self.group.members[0].starting
+        ready = self.group.slots[0].starting
         if not self.calls.wait([ready], 1, self.start_timeout_s):
             raise RunFailure(f"the inference service was not ready within faults.actor_start_timeout_s="
                              f"{self.start_timeout_s:g} s (on {self.device} it asks Ray for "

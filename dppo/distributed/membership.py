@@ -21,7 +21,7 @@ import ray
 
 from dppo.config import Config
 from dppo.distributed.actor import start_actor
-from dppo.distributed.lifecycle import ActorGroup, Member
+from dppo.distributed.lifecycle import ActorGroup, Slot
 from dppo.distributed.ray_calls import RayCalls
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.user_code import EnvLoadError
@@ -65,8 +65,8 @@ class Membership:
         self.group = ActorGroup(self.calls, lambda index, spawn: actor_seed(config.run.seed, index, spawn), crashes)
 
     @property
-    def slots(self) -> list[Member]:
-        return self.group.members
+    def slots(self) -> list[Slot]:
+        return self.group.slots
 
     @property
     def crashes(self) -> RestartBudget:

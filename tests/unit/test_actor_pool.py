@@ -183,4 +183,4 @@ def test_under_actors_failing_at_random_every_round_has_the_floor_or_the_run_fai
             rounds += 1
     except RunFailure as err:
         assert "actor restarts within" in str(err) and "exceeds faults.max_actor_restarts=3" in str(err)
-    assert rounds == 40 or actor_pool.members.crashes.limit == 3
+    assert rounds == 40 or actor_pool.membership.crashes.limit == 3

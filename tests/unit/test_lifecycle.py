@@ -69,7 +69,7 @@ def drive(group: ActorGroup, calls: FakeRayCalls, rounds: int) -> None:
                 group.replace(index, err)
                 continue
             group.mark_ready(index, node)
-        refs = {group.members[i].handle.sample.remote(None): i for i in group.alive}
+        refs = {group.slots[i].handle.sample.remote(None): i for i in group.alive}
         if not refs:
             continue
         for ref in calls.wait(list(refs), len(refs), timeout=math.inf):
@@ -87,7 +87,7 @@ def test_random_failures_are_counted_by_cause_and_only_crashes_spend_the_budget(
     group = ActorGroup(calls, lambda index, spawn: actor_seed(seed, index, spawn), budget)
     group.start(5)
     drive(group, calls, rounds=60)
-    doomed = sum(group.members[i].handle.script.ready_error is not None for i in group.pending)  # not failed yet
+    doomed = sum(group.slots[i].handle.script.ready_error is not None for i in group.pending)  # not failed yet
     assert group.losses + Counter(node=doomed) == failures.planned
     assert group.losses["crash"] and group.losses["node"]
     assert len(budget.times) == group.losses["crash"]
@@ -96,9 +96,9 @@ def test_random_failures_are_counted_by_cause_and_only_crashes_spend_the_budget(
     assert len({actor.seed for actor in started}) == len(started)  # every replacement has a fresh seed
     assert [a.seed for a in started] == [actor_seed(seed, a.index, n) for n, a in enumerate(started)]
     assert sum(actor.killed for actor in started) == len(started) - 5  # each lost one killed, the current ones not
-    assert not any(member.handle.killed for member in group.members)
+    assert not any(slot.handle.killed for slot in group.slots)
     group.shutdown()
-    assert all(actor.killed for actor in started) and group.members == []
+    assert all(actor.killed for actor in started) and group.slots == []
 
 
 def test_a_crash_loop_ends_the_run_and_node_losses_never_do() -> None:
@@ -124,7 +124,7 @@ def test_a_group_without_ready_calls_is_alive_at_once_and_an_owner_may_keep_the_
     assert group.alive == [0, 1, 2] and group.pending == [] and group.starting() == {}
     loss = group.replace(1, crash(1))
     assert (loss.index, loss.cause, loss.node) == (1, "crash", "node-a") and group.alive == [0, 1, 2]
-    assert calls.actors[1].killed and group.members[1].handle is calls.actors[3] and group.members[1].replacement
+    assert calls.actors[1].killed and group.slots[1].handle is calls.actors[3] and group.slots[1].replacement
 
 
 def test_a_lost_evaluation_actor_is_counted_and_replaced_when_the_next_evaluation_is_due() -> None:
