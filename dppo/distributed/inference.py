@@ -289,7 +289,7 @@ class Inference:
         self.endpoint: Endpoint | None = None  # where the current service takes shared-memory actors
         faults = config.faults  # a service that keeps crashing spends the actors' crash-loop budget
         crashes = RestartBudget("actor", faults.max_actor_restarts, faults.restart_window_s, clock=self.calls.now)
-        # the n-th service started gets seed n (its generation: a round names the one it was sent to)
+        # the n-th service started gets seed n (its spawns count: a round names the one it was sent to)
         self.group = ActorGroup(self.calls, lambda index, spawn: spawn + 1, crashes)
 
     @property
@@ -297,7 +297,7 @@ class Inference:
         return self.group.slots[0].handle if self.group.slots else None
 
     @property
-    def generation(self) -> int:
+    def spawns(self) -> int:
         return self.group.spawns
 
     @property
@@ -351,12 +351,12 @@ class Inference:
         """``broadcast`` for the actors, naming the current service (a round sent again after a replacement)."""
         return ServedBroadcast(weights={}, version=broadcast.version, obs_stats=broadcast.obs_stats,
                                return_stats=broadcast.return_stats, opponents=broadcast.opponents,
-                               service=self.handle, generation=self.generation, endpoint=self.endpoint)
+                               service=self.handle, spawns=self.spawns, endpoint=self.endpoint)
 
     def recover(self, broadcast: ServedBroadcast, err: Exception) -> ServedBroadcast:
         """A round that failed because its service was lost: the service replaced (unless that was done since the
         round was sent) and the round's broadcast for sending it again."""
-        if broadcast.generation == self.generation:
+        if broadcast.spawns == self.spawns:
             self.replace(err)
         return self.again(broadcast)
 

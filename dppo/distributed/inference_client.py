@@ -21,7 +21,7 @@ class ServedBroadcast(Broadcast):
     service to ask, without the weights (the service holds them)."""
 
     service: Any = None
-    generation: int = 0  # which service it names: the driver's count of services started
+    spawns: int = 0  # which service it names: the driver's count of services started (ActorGroup.spawns)
     endpoint: Endpoint | None = None  # where actors on the service's node reach it through shared memory
 
 

@@ -289,13 +289,13 @@ def test_a_lost_service_is_replaced_once_holding_the_last_two_versions_and_round
     first = broadcast(1)
     served = inference.serve(first)
     first.weights["w"][:] = -1  # the learner's update changes exported weights in place
-    assert served.weights == {} and served.service is calls.started[0] and served.generation == 1
+    assert served.weights == {} and served.service is calls.started[0] and served.spawns == 1
     inference.serve(broadcast(2))
     calls.started[0].dead = True
     third = inference.serve(broadcast(3))  # the load finds it gone: replaced, then loaded
     assert len(calls.started) == 2 and calls.killed == [calls.started[0]] and inference.losses == 1
     assert [(v, w["w"][0]) for v, w in calls.started[1].loaded] == [(2, 2.0), (3, 3.0)]
-    assert third.service is calls.started[1] and third.generation == 2
+    assert third.service is calls.started[1] and third.spawns == 2
     assert len(said) == 1 and "the inference service was lost" in said[0] and "loss 1" in said[0]
     # a round sent to the lost service fails after the replacement: sent again, nothing replaced twice
     again = inference.recover(served, InferenceLost("gone"))
