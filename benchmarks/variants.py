@@ -65,11 +65,11 @@ def steps_to_reach(run_dir: Path, level: float) -> int | None:
 def actor_us_per_step(env_id: str, sets: list[str], segments: int = 5) -> float:
     """Microseconds per env step of one Sampler with the variant's policy (random weights), after a warm-up."""
     from dppo.config import load_config
-    from dppo.rl.joint import make_sampler
+    from dppo.rl.joint import local_sampler
 
     config = load_config(overrides={"env.id": env_id}, sets=sets)
     with torch_threads(1):
-        sampler = make_sampler(config)
+        sampler = local_sampler(config)
         sampler.sample()
         start = time.perf_counter()
         for _ in range(segments):

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from dppo.rl.sampler import Sampler
 
 
-def make_sampler(config: Config, actor_id: int, seed: int) -> Sampler | JointSampler:
-    """The actor's sampler: its policies in the actor (:func:`dppo.rl.joint.make_sampler`), the one policy's
+def actor_sampler(config: Config, actor_id: int, seed: int) -> Sampler | JointSampler:
+    """The actor's sampler: its policies in the actor (:func:`dppo.rl.joint.local_sampler`), the one policy's
     served by the inference service (run.inference=server), or computed on a worker thread of the actor, in two
     halves or on its GPU share (run.actor_halves, run.actor_gpus)."""
     from dppo.rl import joint
@@ -32,7 +32,7 @@ def make_sampler(config: Config, actor_id: int, seed: int) -> Sampler | JointSam
 
     policy = remote_policy(config, seed) or overlapped_policy(config, seed)
     if policy is None:
-        return joint.make_sampler(config, actor_id, seed)
+        return joint.local_sampler(config, actor_id, seed)
     return Sampler(config, actor_id, seed=seed, policy=policy, policy_name=config.policy_names[0])
 
 
@@ -82,7 +82,7 @@ class Actor:
         self.actor_id = actor_id
         self.problem: str | None = None
         try:
-            self.sampler = make_sampler(config, actor_id, seed)
+            self.sampler = actor_sampler(config, actor_id, seed)
         except Exception as err:  # the user's env cannot be imported, made or reset here
             where = f"actor {actor_id} on node {ray.util.get_node_ip_address()}"
             what = first_line(err) if isinstance(err, UsageError) else (

@@ -27,7 +27,7 @@ from dppo.rl.transforms import ObsNormalizer
 POLICY_SEED_OFFSET = 3_001  # each policy's action stream, apart from the others' (the env's is the actor's)
 
 
-def make_sampler(config: Config, actor_id: int = 0, seed: int | None = None) -> Sampler | JointSampler:
+def local_sampler(config: Config, actor_id: int = 0, seed: int | None = None) -> Sampler | JointSampler:
     """An actor's sampler with its policies in its own process: one policy's Sampler, or, with a policy map of
     several policies, the joint sampler of all of them."""
     if len(config.policy_names) > 1:

@@ -18,7 +18,7 @@ from gymnasium.vector import VectorWrapper
 
 import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import Config, ConfigError, load_config
-from dppo.distributed.actor import gpu_shortage, make_sampler
+from dppo.distributed.actor import actor_sampler, gpu_shortage
 from dppo.envs.make import make_vector_env
 from dppo.rl.agent import export_weights
 from dppo.rl.build import build_model
@@ -146,9 +146,9 @@ def test_an_env_that_raises_is_restarted_and_the_segment_sampled_again_as_in_the
 
 def test_the_actor_makes_the_overlapped_policy_only_when_asked() -> None:
     config = load_config(overrides={"env.num_envs": 4, "ppo.num_minibatches": 1})
-    assert not isinstance(make_sampler(config, 0, SEED).policy, OverlappedPolicy)  # today's path by default
+    assert not isinstance(actor_sampler(config, 0, SEED).policy, OverlappedPolicy)  # today's path by default
     halved = config.model_copy(update={"run": config.run.model_copy(update={"actor_halves": 2})})
-    sampler = make_sampler(halved, 0, SEED)
+    sampler = actor_sampler(halved, 0, SEED)
     assert isinstance(sampler.policy, OverlappedPolicy) and len(sampler.half_envs) == 2
     assert sampler.policy.agent.device == "cpu"
 
