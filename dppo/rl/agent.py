@@ -147,7 +147,7 @@ class Agent:
 
     def _policy_vector(self, vector: np.ndarray) -> np.ndarray:
         """What the policy sees of the encoded vector (model.value_only_key's columns are the critic's alone)."""
-        columns = self.obs_spec.policy_columns
+        columns = self.obs_spec.policy_features
         return vector if columns is None else vector[:, columns]
 
     def _mlp(self, layers: Layers, obs: np.ndarray) -> np.ndarray:

@@ -116,8 +116,8 @@ class ActorCritic(nn.Module):
             self.encoder = image_encoder(self.obs_spec.image_shape, config.encoder)
         self.feature_dim = self.obs_spec.vector_dim + (self.encoder.out_dim if self.encoder is not None else 0)
         width = head_inputs or self.feature_dim
-        columns = self.obs_spec.policy_columns  # a centralized critic's global state: the value head's alone
-        self.policy_columns = None if columns is None else nn.Buffer(torch.as_tensor(columns), persistent=False)
+        columns = self.obs_spec.policy_features  # a centralized critic's global state: the value head's alone
+        self.policy_features = None if columns is None else nn.Buffer(torch.as_tensor(columns), persistent=False)
         if self.obs_spec.has_vector or self.encoder.kind != "nature":
             policy_width = width if columns is None else len(columns)
             self.policy_head: nn.Module = mlp(policy_width, config.hidden_sizes, out_dim, config.activation, 0.01)
@@ -145,7 +145,7 @@ class ActorCritic(nn.Module):
 
     def policy_input(self, features: torch.Tensor) -> torch.Tensor:
         """What the policy head sees of the features: all of them, or all but the critic-only key's columns."""
-        return features if self.policy_columns is None else features.index_select(-1, self.policy_columns)
+        return features if self.policy_features is None else features.index_select(-1, self.policy_features)
 
     def distribution(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> ActionDist:
         return ActionDist(self.action_spec, self.policy_head(self.policy_input(features)),

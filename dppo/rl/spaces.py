@@ -145,11 +145,11 @@ class ObsSpec:
         self.leaves: list[tuple[tuple[Any, ...], Leaf]] = []
         self._walk(space, (), skip=None if mask_in_network else self.mask_key)
         self.vector_dim = sum(leaf.width for _, leaf in self.leaves)
-        self.policy_columns = self._policy_columns(value_only_key)
+        self.policy_features = self._policy_features(value_only_key)  # indices into the encoded vector
 
-    def _policy_columns(self, value_only_key: str | None) -> np.ndarray | None:
-        """The vector's columns the policy sees: all but those of ``value_only_key`` (model.value_only_key: a
-        centralized critic's global state); None when the policy sees the whole vector."""
+    def _policy_features(self, value_only_key: str | None) -> np.ndarray | None:
+        """The indices of the vector's features the policy sees: all but those of ``value_only_key``
+        (model.value_only_key: a centralized critic's global state); None when the policy sees the whole vector."""
         if value_only_key is None:
             return None
         if not isinstance(self.space, gym.spaces.Dict) or value_only_key not in self.space.spaces:
