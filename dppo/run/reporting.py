@@ -60,7 +60,7 @@ def sampling_phases(segments: list[Segment]) -> dict[str, float]:
     return {"sample": slowest.sample_seconds, "env": slowest.env_seconds, "inference": slowest.policy_seconds}
 
 
-def policy_columns(state: RunState, stats: dict[str, TrainStats]) -> dict[str, Any]:
+def policy_diagnostics(state: RunState, stats: dict[str, TrainStats]) -> dict[str, Any]:
     """Each policy's update diagnostics: a run of one policy has them as top-level keys; a run of several has, per
     policy, ``POLICY/key`` for every diagnostic and for the mean return and length of its agents' last episodes."""
     if len(stats) == 1:
@@ -77,7 +77,7 @@ def policy_columns(state: RunState, stats: dict[str, TrainStats]) -> dict[str, A
 def progress_record(state: RunState, segments: list[Segment], steps: int, stats: dict[str, TrainStats],
                     phases: dict[str, float], iteration_s: float) -> dict[str, Any]:
     """One line of progress.jsonl: counters, episode means, throughput, each policy's diagnostics
-    (:func:`policy_columns`), per-phase seconds (``phases``: the coordinator's sync, sample, wait, update and, of
+    (:func:`policy_diagnostics`), per-phase seconds (``phases``: the coordinator's sync, sample, wait, update and, of
     sample, env and inference; see :func:`sampling_phases`)."""
     c = state.counters
     return {
@@ -88,7 +88,7 @@ def progress_record(state: RunState, segments: list[Segment], steps: int, stats:
         "policy_version": c.policy_version, "segments": len(segments) // len(stats),  # one per actor and policy
         "policy_lag": max(c.policy_version - 1 - s.policy_version for s in segments),
         "env_failures": c.env_failures,
-        **policy_columns(state, stats),
+        **policy_diagnostics(state, stats),
         **{f"{k}_s": v for k, v in phases.items()},
     }
 

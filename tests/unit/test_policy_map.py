@@ -24,7 +24,7 @@ from dppo.rl.ppo import TrainStats
 from dppo.rl.sampler import Sampler
 from dppo.run.checkpoint import CheckpointError, compose, decode, encode, policy_entry
 from dppo.run.logs import text_line
-from dppo.run.reporting import policy_columns
+from dppo.run.reporting import policy_diagnostics
 from dppo.run.state import RunState
 from dppo.run.tensorboard import tag
 
@@ -243,7 +243,7 @@ def test_state_checkpoint_and_records_are_kept_per_policy() -> None:
     np.testing.assert_array_equal(restored.policies["thief"].obs_stats.mean, state.policies["thief"].obs_stats.mean)
     assert list(restored.policies["guard"].recent_returns) == [4.0] * 8
     stats = TrainStats(0.1, 2.0, 1.0, 0.01, 0.1, 0.5, 3e-4, 0.2, 4, 0)
-    columns = policy_columns(state, {"guard": stats, "thief": stats})
+    columns = policy_diagnostics(state, {"guard": stats, "thief": stats})
     assert columns["thief/episode_return_mean"] == 20.0 and columns["guard/value_loss"] == 2.0
     assert "value_loss" not in columns and "epochs_run" not in " ".join(columns)
     line = text_line({"iteration": 1, "env_steps": 96, "episodes": 12, **columns})
