@@ -3,7 +3,7 @@ env.
 
 :class:`ParallelEnvs` holds the copies and steps them with every policy's actions at once. Each policy of the map
 (:mod:`dppo.envs.policy_map`; one shared policy by default) sees its agents as the columns of one gymnasium vector
-env, :class:`PolicyColumns`: column ``c`` is agent ``agents[c % M]`` of copy ``c // M`` (M: the policy's agents).
+env, :class:`PolicyView`: column ``c`` is agent ``agents[c % M]`` of copy ``c // M`` (M: the policy's agents).
 Each view follows what :mod:`dppo.rl.sampler` expects of every vector env: gymnasium's SAME_STEP autoreset, the last
 observation of an episode in ``info["final_obs"]``, each agent's own reward, terminated and truncated. With one
 policy the view steps the copies itself (:class:`ParallelVectorEnv`); with several, the joint sampler steps
@@ -56,7 +56,7 @@ class ParallelEnvs:
         self.with_state = state_space is not None
         self.observations = [AgentObservations(g.observation_space, g.agents, agent_id_in_obs, mask_key, state_space)
                              for g in self.groups]
-        self.views = [PolicyColumns(self, index) for index in range(len(self.groups))]
+        self.views = [PolicyView(self, index) for index in range(len(self.groups))]
         self._obs: list[list[Any]] = [[None] * view.num_envs for view in self.views]
         self.reset_infos: list[dict[str, Any]] = [{} for _ in self.groups]
         # per copy: the agents that left its current episode -> (terminated, truncated) when they left
@@ -160,7 +160,7 @@ class ParallelEnvs:
             env.close()
 
 
-class PolicyColumns(VectorEnv):
+class PolicyView(VectorEnv):
     """One policy's columns of :class:`ParallelEnvs` as a gymnasium vector env. With one policy it resets and steps
     the copies itself; with several, their owner (the joint sampler) does, and ``reset`` returns what the last
     reset or step left for this policy."""
@@ -207,7 +207,7 @@ class PolicyColumns(VectorEnv):
             self.joint.close()
 
 
-class ParallelVectorEnv(PolicyColumns):
+class ParallelVectorEnv(PolicyView):
     """E copies of a Parallel env as one vector env of E x M columns, one policy acting for every agent."""
 
     def __init__(self, envs: Sequence[ParallelEnv], name: str, agent_id_in_obs: bool = False,

@@ -26,7 +26,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 
 from dppo.config.selfplay import fixed_player
 from dppo.envs.atari import make_ale_vector_env, make_atari_env, require_ale
-from dppo.envs.columns import ParallelEnvs, PolicyColumns
+from dppo.envs.columns import ParallelEnvs, PolicyView
 from dppo.envs.failures import RecreateOnFailure
 from dppo.envs.latency import LatencyWrapper
 from dppo.envs.minimax import MinimaxOpponents
@@ -258,7 +258,7 @@ def make_parallel_envs(config: Config, copies: int | None = None, render_mode: s
                         env_cfg.global_state)
 
 
-def make_multiagent_vector_env(config: Config) -> PolicyColumns | SelfPlayVectorEnv:
+def make_multiagent_vector_env(config: Config) -> PolicyView | SelfPlayVectorEnv:
     """Agents as columns of one policy's vector env (several policies' are stepped together by the joint sampler:
     :func:`make_parallel_envs`); a turn-based game: env.num_envs games, the learner's seat in each."""
     env_cfg = config.env

@@ -1,7 +1,7 @@
 """Several policies over one multi-agent env (the run's policy map): the joint sampler, and whole episodes.
 
 Each policy's :class:`~dppo.rl.sampler.Sampler` acts for its agents' columns
-(:class:`~dppo.envs.columns.PolicyColumns`) with its own network, action stream, normalizers and episode counts,
+(:class:`~dppo.envs.columns.PolicyView`) with its own network, action stream, normalizers and episode counts,
 and returns its own Segment, stamped with its policy's name; the learners of each policy train on those alone. The
 Sampler stays single-policy: this class runs the policies' step loops (:meth:`Sampler.steps`) in lockstep and steps
 the env once per step with all their actions. An env that raises restarts every policy's episodes together.
