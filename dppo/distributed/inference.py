@@ -147,35 +147,35 @@ class InferenceServer:
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig,
                  device: str = "cpu") -> None:
         self.obs_space, self.action_space, self.config, self.device = obs_space, action_space, config, device
-        self.agents: dict[int, Agent] = {}  # version -> the networks with those weights
+        self.runners: dict[int, Agent] = {}  # version -> the Agent with those weights
 
     @property
     def versions(self) -> list[int]:
-        return sorted(self.agents)
+        return sorted(self.runners)
 
     def load(self, weights: Weights, version: int) -> None:
         """Hold ``version`` (the oldest held is dropped beyond KEEP_VERSIONS; its networks are reused)."""
-        if version in self.agents:
+        if version in self.runners:
             return
-        if len(self.agents) >= KEEP_VERSIONS:
-            agent = self.agents.pop(min(self.agents))
+        if len(self.runners) >= KEEP_VERSIONS:
+            agent = self.runners.pop(min(self.runners))
         else:
             agent = Agent(self.obs_space, self.action_space, self.config, seed=0, device=self.device)
         agent.load(weights, version)
-        self.agents[version] = agent
+        self.runners[version] = agent
 
     def forward(self, requests: list[Request]) -> list[Reply]:
         """One forward pass per version among ``requests`` over all their rows; replies in request order."""
         replies: list[Reply | None] = [None] * len(requests)
         for version in sorted({r.version for r in requests}):
-            if version not in self.agents:
+            if version not in self.runners:
                 raise KeyError(f"weights version {version} is not held by the inference service "
                                f"(it holds {self.versions}): the driver loads each broadcast before a round")
             picked = [i for i, r in enumerate(requests) if r.version == version]
             batch = [requests[i] for i in picked]
             obs = Obs(image=_join([r.obs.image for r in batch]), vector=_join([r.obs.vector for r in batch]))
-            heads = self.agents[version].heads(obs, _join([r.memory for r in batch], axis=1),
-                                               _join([r.starts for r in batch]))
+            heads = self.runners[version].heads(obs, _join([r.memory for r in batch], axis=1),
+                                                _join([r.starts for r in batch]))
             for i, part in zip(picked, _split(heads, [len(r.obs) for r in batch]), strict=True):
                 replies[i] = Reply(version, part)
         return replies  # type: ignore[return-value]
