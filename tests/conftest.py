@@ -81,6 +81,13 @@ def run_benchmark(*args: str, cwd: Path | None = None, timeout: float = 300) -> 
                           timeout=timeout, cwd=cwd, env=env)
 
 
+def train_small(ray_address: str, run_dir: Path, *args: str, total_steps: int = 2048) -> subprocess.CompletedProcess:
+    """A short seeded CartPole `dppo train` on the session's cluster (2 actors x 4 envs x 64 steps), output captured."""
+    return run_dppo("train", "--address", ray_address, "--run-dir", str(run_dir), "--actors", "2", "--envs-per-actor",
+                    "4", "--segment-length", "64", "--total-steps", str(total_steps), "--seed", "3", "--set",
+                    "run.tensorboard=false", *args, timeout=240)
+
+
 def progress_records(run: Path) -> list[dict]:
     """A run directory's progress.jsonl, one dict per iteration."""
     return [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]

@@ -20,6 +20,8 @@ import psutil
 import pytest
 import ray
 import torch
+from conftest import progress_records, without_timings
+from conftest import train_small as train
 
 import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import load_config
@@ -100,17 +102,9 @@ def test_replies_carry_the_version_asked_for_with_two_live(ray_address: str) -> 
         ray.kill(service)
 
 
-def train(ray_address: str, run_dir: Path, *args: str, total_steps: int = 2048) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run_dir),
-           "--actors", "2", "--envs-per-actor", "4", "--segment-length", "64", "--total-steps", str(total_steps),
-           "--seed", "3", "--set", "run.tensorboard=false", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-
-
 def progress(run_dir: Path) -> list[dict]:
     """Each iteration's record without its timings."""
-    records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not (k.endswith("_s") or "per_s" in k or "seconds" in k)} for r in records]
+    return without_timings(progress_records(run_dir))
 
 
 @pytest.mark.slow

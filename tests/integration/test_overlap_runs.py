@@ -3,25 +3,18 @@ trains and gives the in-actor run's progress; a GPU share that no node of the cl
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
+from conftest import progress_records, train_small, without_timings
 
-
-def train(ray_address: str, run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run_dir),
-           "--actors", "2", "--envs-per-actor", "4", "--segment-length", "64", "--total-steps", "1536",
-           "--seed", "3", "--set", "run.tensorboard=false", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+train = partial(train_small, total_steps=1536)
 
 
 def progress(run_dir: Path) -> list[dict]:
     """Each iteration's record without its timings."""
-    records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not (k.endswith("_s") or "per_s" in k or "seconds" in k)} for r in records]
+    return without_timings(progress_records(run_dir))
 
 
 @pytest.mark.slow
