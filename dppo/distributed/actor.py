@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import ray
@@ -11,37 +12,44 @@ import ray
 from dppo.config import Config
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, fetch_new_snapshots
 from dppo.distributed.inference_client import ServedBroadcast, service_client
+from dppo.envs.make import make_vector_env
 from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import UsageError, first_line
 from dppo.rl.agent import Agent
+from dppo.rl.opponents import SelfPlayGames
 from dppo.rl.overlap import OverlappedPolicy
 from dppo.rl.policy import RemotePolicy
 from dppo.rl.segment import Segment
 
 if TYPE_CHECKING:
+    from gymnasium.vector import VectorEnv
+
     from dppo.rl.joint import JointSampler
     from dppo.rl.sampler import Sampler
 
 
-def actor_sampler(config: Config, actor_id: int, seed: int) -> Sampler | JointSampler:
-    """The actor's sampler: its policies in the actor (:func:`dppo.rl.joint.local_sampler`), the one policy's
-    served by the inference service (run.inference=server), or computed on a worker thread of the actor, in two
-    halves or on its GPU share (run.actor_halves, run.actor_gpus)."""
-    from dppo.rl import joint
+def actor_sampler(config: Config, actor_id: int, seed: int,
+                  make_envs: Callable[[Config], VectorEnv] = make_vector_env) -> Sampler | JointSampler:
+    """The actor's sampler: its policies in the actor (several: :class:`dppo.rl.joint.JointSampler`), the one
+    policy's served by the inference service (run.inference=server), or computed on a worker thread of the actor, in
+    two halves or on its GPU share (run.actor_halves, run.actor_gpus). ``make_envs``: what makes one policy's vector
+    env (the actor's self-play games wrap :func:`dppo.envs.make.make_vector_env`)."""
+    from dppo.rl.joint import JointSampler
     from dppo.rl.sampler import Sampler
 
     policy = remote_policy(config, seed) or overlapped_policy(config, seed)
-    if policy is None:
-        return joint.local_sampler(config, actor_id, seed)
-    return Sampler(config, actor_id, seed=seed, policy=policy, policy_name=config.policy_names[0])
+    if policy is None and len(config.policy_names) > 1:
+        return JointSampler(config, actor_id, seed)
+    return Sampler(config, actor_id, seed=seed, policy=policy, make_envs=make_envs,
+                   policy_name=config.policy_names[0])
 
 
-def load_broadcast(sampler: Sampler, broadcast: Broadcast) -> None:
-    """This round's weights, normalizer statistics and (self-play) opponents into one policy's sampler."""
+def load_broadcast(sampler: Sampler, broadcast: Broadcast, games: SelfPlayGames | None = None) -> None:
+    """This round's weights and normalizer statistics into one policy's sampler, and (self-play) its opponent
+    pool into the actor's ``games``, fetching only the snapshots they do not hold yet."""
     sampler.set_weights(broadcast.weights, broadcast.version, broadcast.obs_stats, broadcast.return_stats)
-    if broadcast.opponents is not None:
-        known = sampler.opponents.snapshots if sampler.opponents is not None else ()
-        sampler.set_opponents(fetch_new_snapshots(broadcast.opponents, known))
+    if broadcast.opponents is not None and games is not None:
+        games.set_pool(fetch_new_snapshots(broadcast.opponents, games.snapshots))
 
 
 def remote_policy(config: Config, seed: int) -> RemotePolicy | None:
@@ -81,8 +89,9 @@ class Actor:
         add_import_paths(import_paths or [])
         self.actor_id = actor_id
         self.problem: str | None = None
+        self.games = SelfPlayGames(config, seed)  # self-play's opponents and results, behind the sampler's envs
         try:
-            self.sampler = actor_sampler(config, actor_id, seed)
+            self.sampler = actor_sampler(config, actor_id, seed, self.games.make_envs)
         except Exception as err:  # the user's env cannot be imported, made or reset here
             where = f"actor {actor_id} on node {ray.util.get_node_ip_address()}"
             what = first_line(err) if isinstance(err, UsageError) else (
@@ -111,8 +120,10 @@ class Actor:
             return tuple(self.sampler.sample())
         if isinstance(broadcast, ServedBroadcast):  # the service named in each round: a replacement's too
             self.sampler.policy.client = service_client(broadcast, self.sampler.policy)
-        load_broadcast(self.sampler, broadcast)
-        return self.sampler.sample()
+        load_broadcast(self.sampler, broadcast, self.games)
+        segment = self.sampler.sample()
+        segment.match_results = self.games.take_results()
+        return segment
 
     def ready(self) -> tuple[str | None, str]:
         """(None once the envs are made, else the one-line reason this actor cannot sample; this actor's node)."""

@@ -248,6 +248,7 @@ class SelfPlayVectorEnv(VectorEnv):
                            create_empty_array(self.single_observation_space, self.num_envs))
 
     def close_extras(self, **kwargs: Any) -> None:
+        self.closed = True  # its games are over even if closing one raises (their results are no longer taken)
         for game in self.games:
             game.env.close()
 

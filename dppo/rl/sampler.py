@@ -23,12 +23,10 @@ from dppo.config.policies import DEFAULT_POLICY
 from dppo.envs.checks import old_api_error, old_step_error
 from dppo.envs.failures import EnvFailure, describe, failed_envs
 from dppo.envs.make import make_vector_env
-from dppo.envs.selfplay import SelfPlayVectorEnv
 from dppo.errors import UsageError
 from dppo.rl.actions import NoLegalAction
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.normalizer import RunningStats
-from dppo.rl.opponents import PoolView, SnapshotOpponents
 from dppo.rl.policy import InferenceError, InferenceLost, Policy
 from dppo.rl.segment import Segment
 from dppo.rl.spaces import Obs
@@ -41,9 +39,6 @@ def agent_cut(info: dict[str, Any], width: int) -> np.ndarray:
     goes on with its copy's."""
     cut = info.get("agent_truncated")
     return np.zeros(width, bool) if cut is None else np.asarray(cut, bool)
-
-
-OPPONENT_SEED_OFFSET = 500_009  # self-play opponents' stream: apart from every env's and half's seed
 
 
 def actor_seed(run_seed: int, actor: int, spawn: int = 0) -> int:
@@ -97,13 +92,15 @@ class Sampler:
 
     ``policy``: what acts (default: a local Agent seeded like the actor). A policy with two ``halves`` gets two
     vector envs of E/2 env copies each, seeded as the one vector env of E would be (copy i with seed + i), stepped
-    in turn so one half steps while the other's actions are computed elsewhere (a self-play vector env draws seats
-    and opponents from one generator per half, so there one and two halves differ). A copy of a multi-agent env
-    is one column per agent: the sampler's rows are the columns its vector envs report.
+    in turn so one half steps while the other's actions are computed elsewhere (a vector env whose copies draw from
+    one generator, as self-play's do, differs between one and two halves). A copy of a multi-agent env is one column
+    per agent: the sampler's rows are the columns its vector envs report.
 
-    ``make_envs``: what makes the vector env (default :func:`make_vector_env`); ``policy_name``: the policy of the
-    run's policy map this sampler acts for, stamped on its segments. A joint sampler (:mod:`dppo.rl.joint`) gives
-    each policy's sampler its columns of one multi-agent env and steps that env itself, through :meth:`steps`.
+    ``make_envs``: what makes the vector env, each half's and each restart's (default :func:`make_vector_env`; what
+    an env needs beside the sampler, such as self-play's opponents, it gets there: :mod:`dppo.rl.opponents`);
+    ``policy_name``: the policy of the run's policy map this sampler acts for, stamped on its segments. A joint
+    sampler (:mod:`dppo.rl.joint`) gives each policy's sampler its columns of one multi-agent env and steps that env
+    itself, through :meth:`steps`.
     """
 
     def __init__(self, config: Config, actor_id: int = 0, seed: int | None = None,
@@ -117,7 +114,6 @@ class Sampler:
         copies, halves = config.env.num_envs, 1 if policy is None else policy.halves
         self.copies = [range(h * copies // halves, (h + 1) * copies // halves) for h in range(halves)]
         self.rows: list[slice] = []  # each half's columns, set when its vector env is made
-        self.opponents: SnapshotOpponents | None = None  # self-play: the pool's snapshots, once one is broadcast
         self.half_envs = self._start_envs()
         num_envs = self.num_columns
         space = self.half_envs[0]
@@ -162,8 +158,6 @@ class Sampler:
             envs = self.make_envs(config)
             start = self.rows[-1].stop if self.rows else 0
             self.rows.append(slice(start, start + envs.num_envs))
-            if isinstance(envs, SelfPlayVectorEnv) and self.opponents is not None:  # a restart keeps the pool
-                envs.opponents = self.opponents
             half_envs.append(envs)
             try:
                 obs, info = envs.reset(seed=seed + copies.start)
@@ -206,24 +200,6 @@ class Sampler:
             self.normalize_obs.stats = obs_stats
         if return_stats is not None:
             self.learning_reward.stats = return_stats
-
-    def set_opponents(self, view: PoolView) -> None:
-        """Self-play: this round's opponent pool, drawn from by the games that start from now on (those going on
-        keep their opponent, even one the pool dropped)."""
-        games = [envs for envs in self.half_envs if isinstance(envs, SelfPlayVectorEnv)]
-        if self.opponents is None:
-            space, selfplay = self.half_envs[0], self.config.selfplay
-            self.opponents = SnapshotOpponents(space.single_observation_space, space.single_action_space,
-                                               self.config.model, self.seed + OPPONENT_SEED_OFFSET,
-                                               selfplay.opponent_epsilon, selfplay.random_opening)
-        self.opponents.update(view, {game.opponent for envs in games for game in envs.games})
-        for envs in games:
-            envs.opponents = self.opponents
-
-    def _match_results(self) -> np.ndarray | None:
-        """Self-play: the games finished since the last segment, as (opponent id, score) rows."""
-        games = [envs.take_results() for envs in self.half_envs if isinstance(envs, SelfPlayVectorEnv)]
-        return np.array([row for part in games for row in part], np.float64).reshape(-1, 2) if games else None
 
     def _encode(self, obs: object, out: Obs) -> bool:
         """Encode raw env observations into ``out``; True when NaN/Inf had to be scrubbed."""
@@ -327,7 +303,7 @@ class Sampler:
             sample_seconds=ended - start, env_seconds=env_s, policy_seconds=policy_s + ended - asked,
             obs_stats=self.normalize_obs.summary(None if padded is None else padded[1:]),
             return_stats=self.learning_reward.summary(None if padded is None else padded[:-1]),
-            nonfinite=nonfinite, match_results=self._match_results(), **(memory or {}),
+            nonfinite=nonfinite, **(memory or {}),
             active=padded, env_failures=self.episodes.take_failures(),
         )
 

@@ -55,7 +55,9 @@ class Segment:
     nonfinite: bool = False  # NaN/Inf seen in raw observations or rewards
     initial_memory: np.ndarray | None = None  # recurrent policies: (2, E, hidden) float32, the LSTM's (h, c) at t=0
     starts: np.ndarray | None = None  # recurrent policies: (T, E) bool, obs_t starts an episode (memory zeroed)
-    match_results: np.ndarray | None = None  # self-play: (games, 2) float64, each finished game's opponent id, score
+    # self-play: (games, 2) float64, each game finished since the last segment: its opponent id, score (the actor's
+    # :class:`dppo.rl.opponents.SelfPlayGames` fills it; the sampler knows no games)
+    match_results: np.ndarray | None = None
     policy_name: str = DEFAULT_POLICY  # the policy of the run's policy map that sampled it (and trains on it)
     # many agents: (T + 1, E) bool, obs_t is a live agent's (row T: the bootstrap's); False where the agent had left
     # and its column saw padding, a step the losses skip. None: every step live (every single-agent segment)

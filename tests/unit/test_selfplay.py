@@ -13,7 +13,7 @@ import pytest
 import torch
 from pettingzoo import AECEnv
 
-from dppo.config import load_config
+from dppo.config import Config, load_config
 from dppo.envs.make import is_self_play, make_env, make_vector_env
 from dppo.envs.minimax import Minimax, MinimaxOpponents, worst_case
 from dppo.envs.selfplay import RANDOM, SelfPlayEnv, SelfPlayVectorEnv
@@ -21,8 +21,8 @@ from dppo.envs.user_code import EnvLoadError
 from dppo.errors import UsageError
 from dppo.rl.agent import Agent, export_weights
 from dppo.rl.build import build_model
-from dppo.rl.opponents import PoolView, SnapshotOpponents
-from dppo.rl.sampler import Sampler
+from dppo.rl.opponents import PoolView, SelfPlayGames, SnapshotOpponents
+from dppo.rl.sampler import Sampler, actor_seed
 from dppo.run.checkpoint import FORMAT, decode, encode
 from dppo.run.league import START_ELO, League
 from dppo.run.opponent_choice import make_opponents
@@ -35,6 +35,14 @@ def tictactoe():
     from pettingzoo.classic import tictactoe_v3
 
     return tictactoe_v3.env()
+
+
+def selfplay_sampler(config: Config) -> tuple[Sampler, SelfPlayGames]:
+    """Actor 0's sampler with the actor's self-play games behind its envs (as :class:`dppo.distributed.actor.Actor`
+    builds them)."""
+    seed = actor_seed(config.run.seed, 0)
+    games = SelfPlayGames(config, seed)
+    return Sampler(config, 0, seed, make_envs=games.make_envs), games
 
 
 class Solo(AECEnv):
@@ -250,21 +258,88 @@ def test_a_game_against_a_snapshot_the_pool_drops_plays_on() -> None:
     """An actor's games outlive a round: one drawn against a snapshot the next round's pool no longer holds goes on
     against it (the sampler names the opponents in play) and is scored against it."""
     config = load_config(None, {"env.id": TICTACTOE, "env.num_envs": 4, "ppo.segment_length": 2})
-    from dppo.rl.sampler import Sampler
-
-    sampler = Sampler(config, 0)
+    sampler, games = selfplay_sampler(config)
     weights = export_weights(sampler.agent.model)
-    sampler.set_opponents(PoolView([0], [weights], [1.0]))
+    games.set_pool(PoolView([0], [weights], [1.0]))
     for game in sampler.envs.games:  # the games under way were drawn before the pool: give them snapshot 0
         game.opponent = 0
     sampler.sample()
-    sampler.set_opponents(PoolView([1], [weights], [1.0]))  # snapshot 0 dropped mid-game
-    segments = [sampler.sample() for _ in range(4)]
-    results = np.concatenate([s.match_results for s in segments])
+    games.take_results()
+    games.set_pool(PoolView([1], [weights], [1.0]))  # snapshot 0 dropped mid-game
+    for _ in range(4):
+        sampler.sample()
+    results = games.take_results()
     assert 0 in results[:, 0]  # the games against 0 finished and were scored against it
     assert all(game.opponent == 1 for game in sampler.envs.games)  # and new ones drew from the pool
-    sampler.set_opponents(PoolView([1], [weights], [1.0]))
-    assert set(sampler.opponents.snapshots) == {1}  # no game plays 0 any more: its Agent is gone
+    games.set_pool(PoolView([1], [weights], [1.0]))
+    assert set(games.snapshots) == {1}  # no game plays 0 any more: its Agent is gone
+
+
+def test_the_sampler_knows_no_games() -> None:
+    """Self-play lives behind the envs (:class:`SelfPlayGames`): the sampler imports none of it, holds no opponents
+    and reports no results; a game's sampler steps it like any vector env."""
+    import ast
+    import inspect
+
+    import dppo.rl.sampler
+
+    tree = ast.parse(inspect.getsource(dppo.rl.sampler))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert "dppo.envs.make" in imported  # the check sees the imports
+    assert not imported & {"dppo.envs.selfplay", "dppo.rl.opponents", "dppo.run.league"}
+    assert not any(hasattr(Sampler, name) for name in ("set_opponents", "opponents", "_match_results"))
+    config = load_config(None, {"env.id": TICTACTOE, "env.num_envs": 4, "ppo.segment_length": 8})
+    segment = Sampler(config).sample()
+    assert segment.match_results is None and len(segment.episode_returns) > 0
+
+
+def test_the_actors_games_hand_the_pool_to_their_envs_and_take_each_result_once() -> None:
+    config = load_config(None, {"env.id": TICTACTOE, "env.num_envs": 8, "ppo.segment_length": 16})
+    sampler, games = selfplay_sampler(config)
+    segment = sampler.sample()  # before any pool: the random player, every finished game scored against it
+    first = games.take_results()
+    assert first.shape == (len(segment.episode_returns), 2) and len(first) > 0
+    assert set(first[:, 0]) == {RANDOM} and set(first[:, 1]) <= {0.0, 0.5, 1.0}
+    assert games.take_results().shape == (0, 2)  # taken once
+    # a finished game's score is the sign of the learner's return
+    assert first[:, 1].tolist() == [{1.0: 1.0, 0.0: 0.5, -1.0: 0.0}[r] for r in segment.episode_returns]
+    weights = export_weights(sampler.agent.model)
+    games.set_pool(PoolView([3], [weights], [1.0]))
+    assert sampler.envs.opponents is games.opponents and set(games.snapshots) == {3}
+    sampler.sample()
+    sampler.restart_envs()  # a recreated env plays the same pool; the closed one's games and results are gone
+    assert sampler.envs.opponents is games.opponents and games.games == [sampler.envs]
+    assert games.take_results().shape == (0, 2)
+    assert {game.opponent for game in sampler.envs.games} == {3}
+    for _ in range(3):
+        sampler.sample()
+    results = games.take_results()
+    assert len(results) > 0 and set(results[:, 0]) == {3.0}
+
+
+def test_an_actors_segments_carry_the_results_of_its_games() -> None:
+    """What the driver's league reads: each segment's finished games, against the broadcast pool once one arrived."""
+    from dppo.distributed.actor import Actor
+    from dppo.distributed.broadcast import Broadcast
+
+    config = load_config(None, {"env.id": TICTACTOE, "env.num_envs": 8, "ppo.segment_length": 16})
+    actor = Actor(config, 0, seed=5)
+    weights = export_weights(actor.sampler.agent.model)
+    segments = [actor.sample(Broadcast(weights, v, None, None, PoolView([0], [weights], [1.0]))) for v in range(3)]
+    for segment in segments:
+        assert segment.match_results.shape == (len(segment.episode_returns), 2)
+    assert set(segments[0].match_results[:, 0]) <= {RANDOM, 0} and set(segments[2].match_results[:, 0]) == {0}
+    assert set(actor.games.snapshots) == {0}
+
+
+def test_the_actors_games_leave_other_envs_alone() -> None:
+    config = load_config(None, {"env.num_envs": 2, "ppo.segment_length": 4}, ["ppo.minibatch_size=8"])  # CartPole
+    games = SelfPlayGames(config, seed=0)
+    sampler = Sampler(config, make_envs=games.make_envs)
+    sampler.sample()
+    games.set_pool(PoolView([0], [export_weights(sampler.agent.model)], [1.0]))
+    assert games.take_results() is None and games.opponents is None and not games.games
 
 
 def test_opponent_epsilon_replaces_that_share_of_a_snapshots_moves_by_random_legal_ones() -> None:
@@ -335,8 +410,8 @@ def test_tictactoe_with_four_random_opening_moves_plays_on() -> None:
     env = make_env(config.env)
     torch.manual_seed(0)  # the snapshot's weights: the same games whatever ran before
     league.add(export_weights(build_model(env.observation_space, env.action_space, config.model)), 0)
-    sampler = Sampler(config)
-    sampler.set_opponents(league.view())
+    sampler, games = selfplay_sampler(config)
+    games.set_pool(league.view())
     for _ in range(3):  # 3 x 64 steps x 16 games: many openings of 4 leave a winning reply (10 of 64 did)
         segment = sampler.sample()
     assert sampler.env_resets == 0 and len(segment.episode_returns) > 0
@@ -347,10 +422,11 @@ def test_the_samplers_snapshot_opponents_open_games_with_the_configured_random_m
                          ["selfplay.random_opening=2", "ppo.minibatch_size=16"])
     league = League(config.selfplay)
     league.add({"w": np.zeros(1, np.float32)}, 0)
-    sampler = Sampler(config)
-    sampler.set_opponents(league.view())
+    sampler, games = selfplay_sampler(config)
+    games.set_pool(league.view())
     rng = np.random.default_rng(0)
-    assert {sampler.opponents.opening(rng) for _ in range(100)} == {0, 1, 2}
+    assert sampler.envs.opponents is games.opponents
+    assert {games.opponents.opening(rng) for _ in range(100)} == {0, 1, 2}
     env = make_env(config.env)
     unopened = SnapshotOpponents(env.observation_space, env.action_space, config.model, seed=0)  # dppo eval's
     assert unopened.opening(rng := np.random.default_rng(0)) == 0
