@@ -50,7 +50,7 @@ demo: $(STAMP)
 
 test: $(STAMP) tools
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/ruff check .
-	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/pytest -q -ra
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/pytest -q -ra --durations=30  # the slowest tests named at the end: where the suite's time goes
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not slow"
