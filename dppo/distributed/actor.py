@@ -34,12 +34,12 @@ def actor_sampler(config: Config, actor_id: int, seed: int,
     policy's served by the inference service (run.inference=server), or computed on a worker thread of the actor, in
     two halves or on its GPU share (run.actor_halves, run.actor_gpus). ``make_envs``: what makes one policy's vector
     env (the actor's self-play games wrap :func:`dppo.envs.make.make_vector_env`)."""
-    from dppo.rl.joint import JointSampler
+    from dppo.rl.joint import local_sampler
     from dppo.rl.sampler import Sampler
 
     policy = remote_policy(config, seed) or overlapped_policy(config, seed)
-    if policy is None and len(config.policy_names) > 1:
-        return JointSampler(config, actor_id, seed)
+    if policy is None:
+        return local_sampler(config, actor_id, seed, make_envs)
     return Sampler(config, actor_id, seed=seed, policy=policy, make_envs=make_envs,
                    policy_name=config.policy_names[0])
 

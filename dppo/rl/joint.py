@@ -12,27 +12,32 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dppo.config import Config
 from dppo.envs.columns import ParallelEnvs
-from dppo.envs.make import make_parallel_envs
+from dppo.envs.make import make_parallel_envs, make_vector_env
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.sampler import Sampler, actor_seed, sample_with_retries
 from dppo.rl.segment import Segment
 from dppo.rl.transforms import ObsNormalizer
 
+if TYPE_CHECKING:
+    from gymnasium.vector import VectorEnv
+
 POLICY_SEED_OFFSET = 3_001  # each policy's action stream, apart from the others' (the env's is the actor's)
 
 
-def local_sampler(config: Config, actor_id: int = 0, seed: int | None = None) -> Sampler | JointSampler:
-    """An actor's sampler with its policies in its own process: one policy's Sampler, or, with a policy map of
-    several policies, the joint sampler of all of them."""
+def local_sampler(config: Config, actor_id: int = 0, seed: int | None = None,
+                  make_envs: Callable[[Config], VectorEnv] = make_vector_env) -> Sampler | JointSampler:
+    """An actor's sampler with its policies in its own process: one policy's Sampler (its vector env made by
+    ``make_envs``), or, with a policy map of several policies, the joint sampler of all of them."""
     if len(config.policy_names) > 1:
         return JointSampler(config, actor_id, seed)
-    return Sampler(config, actor_id, seed, policy_name=config.policy_names[0])
+    return Sampler(config, actor_id, seed, make_envs=make_envs, policy_name=config.policy_names[0])
 
 
 def policy_config(config: Config, agents: int) -> Config:
