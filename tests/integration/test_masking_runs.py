@@ -4,6 +4,7 @@ input when the env starts that way, as a run failure when it turns up later."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,5 +50,6 @@ def test_a_mask_that_allows_nothing_later_stops_the_run_naming_the_env(ray_addre
     done = dppo("train", *GRID, "--set", "env.kwargs.empty_mask_at=3", "--address", ray_address, "--run-dir",
                 str(run))
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
-    assert "actor 0: env dppo/MaskedGrid-v0 returned an action mask that allows no action" in done.stderr
+    # every actor's env empties its mask at the same step: whichever actor's failure reaches the driver first is named
+    assert re.search(r"actor \d+: env dppo/MaskedGrid-v0 returned an action mask that allows no action", done.stderr)
     assert not list((run / "checkpoints").glob("ckpt-*.pt"))  # nothing was trained: no checkpoint of nothing
