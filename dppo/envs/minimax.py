@@ -50,7 +50,11 @@ class Minimax:
     def values(self, seed: int | None, moves: list[Any], depth: int | None = None) -> dict[int, float]:
         """The values of the moves of the position ``moves`` lead to from a reset with ``seed``."""
         depth = self.depth if depth is None else depth
-        env = self._replay(seed, moves)
+        return self._values_here(self._replay(seed, moves), seed, moves, depth)
+
+    def _values_here(self, env: Any, seed: int | None, moves: list[Any], depth: int | None) -> dict[int, float]:
+        """The values of the position the scratch env is in (``moves`` from the reset): a child is reached by one
+        replay, not two (replays are where a search spends its time)."""
         key = position_key(env, -1 if depth is None else depth)
         if key not in self.memory:
             self.memory[key] = {action: self._after(seed, moves, action, depth) for action in legal_actions(env)}
@@ -65,7 +69,7 @@ class Minimax:
         if depth is not None and depth <= 1:
             return 0.0
         same_mover = env.agent_selection == mover
-        best = max(self.values(seed, [*moves, action], None if depth is None else depth - 1).values())
+        best = max(self._values_here(env, seed, [*moves, action], None if depth is None else depth - 1).values())
         return best if same_mover else -best
 
 

@@ -37,6 +37,14 @@ def tictactoe():
     return tictactoe_v3.env()
 
 
+@pytest.fixture(scope="module")
+def solved_tictactoe() -> Minimax:
+    """The whole tic-tac-toe tree searched once (about 15 s of replays) for the tests that play against minimax."""
+    search = Minimax(tictactoe)
+    search.values(None, [])
+    return search
+
+
 def selfplay_sampler(config: Config) -> tuple[Sampler, SelfPlayGames]:
     """Actor 0's sampler with the actor's self-play games behind its envs (as :class:`dppo.distributed.actor.Actor`
     builds them)."""
@@ -173,9 +181,11 @@ def test_the_league_survives_a_checkpoint() -> None:
     assert (restored.snapshots[0].games, restored.snapshots[0].score, restored.next_id) == (2, 1.5, 1)
 
 
-def test_minimax_solves_tictactoe_and_never_loses_to_random() -> None:
-    assert set(Minimax(tictactoe).values(None, []).values()) == {0.0}  # perfect play draws
-    env = SelfPlayEnv(tictactoe(), "ttt", MinimaxOpponents(tictactoe, seed=0))
+def test_minimax_solves_tictactoe_and_never_loses_to_random(solved_tictactoe: Minimax) -> None:
+    assert set(solved_tictactoe.values(None, []).values()) == {0.0}  # perfect play draws
+    opponents = MinimaxOpponents(tictactoe, seed=0)
+    opponents.search = solved_tictactoe  # the games below replay no search of their own
+    env = SelfPlayEnv(tictactoe(), "ttt", opponents)
     rng, results = np.random.default_rng(0), []
     for episode in range(20):
         obs, _ = env.reset(seed=episode)
@@ -464,12 +474,13 @@ def test_the_evaluation_plays_the_configured_fixed_player() -> None:
     assert max(results["random"]) == 1  # and does win some games against random
 
 
-def test_an_evaluation_against_minimax_replays_itself() -> None:
+def test_an_evaluation_against_minimax_replays_itself(solved_tictactoe: Minimax) -> None:
     """The same weights and seeds play the same games, however many were played before (best.pt compares
     evaluations): minimax breaks its ties by each game's seed, the seat follows the seed's parity."""
     config = load_config(None, {"env.id": TICTACTOE})
     env = make_env(config.env)
     env.opponents = MinimaxOpponents(tictactoe, seed=3)
+    env.opponents.search = solved_tictactoe
 
     def games(seeds: range) -> list[list[int]]:
         played = []
