@@ -3,7 +3,7 @@
 # KubeRay's probes and init container need), CPU torch, and dppo with the Box2D, MuJoCo and Atari envs.
 #   docker build -t dppo:0.1.0 .                                   (make image)
 #   docker build --build-arg VARIANT=gpu -t dppo:0.1.0-gpu .       (CUDA torch, for head.gpus > 0)
-# tests/deploy/test_dockerfile.py runs every RUN step below, in order, against a fresh venv.
+# tests/deploy/test_image.py builds this file and checks what its RUN steps installed.
 ARG RAY_VERSION=2.60.0
 ARG PYTHON=py311
 ARG VARIANT=cpu

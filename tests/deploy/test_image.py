@@ -1,8 +1,9 @@
 """The real image: `make image` builds the project's Dockerfile (unchanged) with buildah (once per session,
 tests/deploy/image_build.py, with a stand-in for Ray's base image where Docker Hub is unreachable), Docker's
-daemon runs it as uid 1000 with a read-only root filesystem, and `dppo --help` and a short CartPole
-`dppo train` work in it; the final image holds no wheels or build trees. What the stand-in does not prove:
-Ray's own image (conda Python, its extra packages and size), the CUDA variant, and pulls from a registry.
+daemon runs it as uid 1000 with a read-only root filesystem; its RUN steps installed the pinned Ray and the CPU
+torch, and `dppo --help` and a short CartPole `dppo train` work in it; the final image holds no wheels or build
+trees. What the stand-in does not prove: Ray's own image (conda Python, its extra packages and size), the CUDA
+variant, and pulls from a registry.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from image_build import BASE, DockerImage
+from image_build import BASE, RAY_VERSION, TORCH_VERSION, DockerImage
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +49,11 @@ def test_image_builds_and_trains(tmp_path: Path, docker_image: DockerImage) -> N
                "-e", "RAY_AUTH_MODE=token", "-e", f"RAY_AUTH_TOKEN={secrets.token_hex(32)}"]
     help_text = docker_image.docker(*sandbox, image, "dppo", "--help").stdout
     assert "train" in help_text
+    # What the RUN steps installed: the pinned Ray and the CPU build of the pinned torch, not a CUDA one.
+    versions = docker_image.docker(*sandbox, image, "python", "-c",
+                                   "import ray, torch; print(ray.__version__, torch.__version__)").stdout.split()
+    assert versions[0] == RAY_VERSION, versions
+    assert versions[1].startswith(TORCH_VERSION) and "+cu" not in versions[1], versions
     start = time.monotonic()
     train = docker_image.docker(*sandbox, image, "dppo", "train", "--env", "CartPole-v1", "--actors", "2",
                                 "--run-dir", "/data/cartpole", "--set", "run.total_steps=8192")
