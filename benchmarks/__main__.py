@@ -7,12 +7,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from benchmarks import env_engines, learn, peer, selfplay, solve, sweeps, variants
+from benchmarks import env_engines, learn, learning_checks, peer, selfplay, solve, sweeps, variants
 from dppo.cli_args import Parser, fail
 from dppo.errors import UsageError, first_line
 
 PROGRAM = ["python", "-m", "benchmarks"]  # the command each docs section shows
-BENCHMARKS = (solve, learn, variants, sweeps, env_engines, selfplay, peer)  # in --help order
+BENCHMARKS = (solve, learn, learning_checks, variants, sweeps, env_engines, selfplay, peer)  # in --help order
 
 
 def build_parser() -> Parser:
