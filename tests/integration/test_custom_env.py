@@ -144,42 +144,44 @@ def test_module_only_the_driver_can_import_stops_with_exit_2_then_runtime_env_sh
     assert summary(run_dir)["env_steps"] == 256
 
 
-@pytest.mark.slow
-def test_frozenlake_non_slippery_learns_the_optimal_return(tmp_path: Path, ray_address: str) -> None:
-    """Discrete observations (one-hot)."""
+def test_frozenlake_discrete_observations_train_and_evaluate(tmp_path: Path, ray_address: str) -> None:
+    """Discrete observations (one-hot), four short iterations; that it learns the optimal return is a benchmark
+    (`python -m benchmarks learning-checks --only frozenlake-non-slippery`)."""
     run_dir = tmp_path / "run"
     done = run_cli(tmp_path, "train", "--env", "FrozenLake-v1", "--set", "env.kwargs.is_slippery=false",
-                   "--actors", "2", "--total-steps", "30000", "--target-return", "0.95", "--seed", "1",
-                   "--run-dir", str(run_dir), *FAST, address=ray_address)
+                   "--actors", "2", "--total-steps", "1024", "--seed", "1", "--run-dir", str(run_dir), *FAST,
+                   address=ray_address)
     assert done.returncode == 0, done.stderr
-    assert summary(run_dir)["solved"]
-    assert eval_mean(tmp_path, run_dir, episodes=5) == 1.0
+    assert summary(run_dir)["env_steps"] == 1024
+    assert 0.0 <= eval_mean(tmp_path, run_dir, episodes=5) <= 1.0
 
 
-@pytest.mark.slow
-def test_blackjack_trains_to_near_optimal_play(tmp_path: Path, ray_address: str) -> None:
-    """Tuple(Discrete, Discrete, Discrete) observations; basic strategy loses about 0.05 per hand."""
+def test_blackjack_tuple_observations_train_and_evaluate(tmp_path: Path, ray_address: str) -> None:
+    """Tuple(Discrete, Discrete, Discrete) observations, two iterations; near-optimal play is a benchmark
+    (`python -m benchmarks learning-checks --only blackjack`)."""
     run_dir = tmp_path / "run"
     done = run_cli(tmp_path, "train", "--env", "Blackjack-v1", "--actors", "2", "--envs-per-actor", "8",
-                   "--segment-length", "64", "--total-steps", "60000", "--seed", "1", "--set", "ppo.gamma=1.0",
+                   "--segment-length", "64", "--total-steps", "2048", "--seed", "1", "--set", "ppo.gamma=1.0",
                    "--set", "ppo.learning_rate=0.001", "--run-dir", str(run_dir), address=ray_address)
     assert done.returncode == 0, done.stderr
-    assert eval_mean(tmp_path, run_dir, episodes=2000) > -0.15  # a random policy: about -0.4
+    assert summary(run_dir)["env_steps"] == 2048
+    assert -1.0 <= eval_mean(tmp_path, run_dir, episodes=20) <= 1.0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("env_id", ["dppo/MatchBits-v0", "dppo/MatchDigits-v0", "dppo/DictMatch-v0"])
-def test_multibinary_multidiscrete_and_dict_spaces_learn(tmp_path: Path, ray_address: str, env_id: str) -> None:
+def test_multibinary_multidiscrete_and_dict_spaces_train_and_evaluate(
+        tmp_path: Path, ray_address: str, env_id: str) -> None:
     """MultiBinary and MultiDiscrete actions (independent Bernoullis / categoricals); a Dict of an image and
-    a Discrete (CNN on the image, the one-hot after it). Optimal return 10."""
+    a Discrete (CNN on the image, the one-hot after it); four short iterations. That each reaches the optimal
+    return 10 is a benchmark (`python -m benchmarks learning-checks --only spaces-MatchBits,...`)."""
     run_dir = tmp_path / "run"
-    done = run_cli(tmp_path, "train", "--env", env_id, "--actors", "2", "--total-steps", "30000",
-                   "--target-return", "9.5", "--seed", "1", "--run-dir", str(run_dir), "--envs-per-actor", "4",
+    done = run_cli(tmp_path, "train", "--env", env_id, "--actors", "2", "--total-steps", "1024",
+                   "--seed", "1", "--run-dir", str(run_dir), "--envs-per-actor", "4",
                    "--segment-length", "32", "--set", "ppo.minibatch_size=64", "--set", "ppo.learning_rate=0.002",
                    "--set", "ppo.gamma=0.5", address=ray_address)
     assert done.returncode == 0, done.stderr
-    assert summary(run_dir)["solved"], summary(run_dir)
-    assert eval_mean(tmp_path, run_dir, episodes=5) >= 9.5
+    assert summary(run_dir)["env_steps"] == 1024
+    assert 0.0 <= eval_mean(tmp_path, run_dir, episodes=5) <= 10.0
 
 
 def test_wrappers_apply_in_order_with_kwargs(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
