@@ -1,5 +1,5 @@
 """ppo.normalize_value: the value head learns standardized returns; GAE, the value loss and the checkpoint see the
-right scale. The math against hand-computed numbers; a short in-process CartPole run with it on still learns."""
+right scale. The math against hand-computed numbers; a short in-process CartPole run with it on trains."""
 
 from __future__ import annotations
 
@@ -136,22 +136,20 @@ def test_after_a_restart_from_an_older_trainer_state_the_statistics_follow_the_p
                                rtol=1e-6)
 
 
-def test_a_short_cartpole_run_with_value_normalization_learns() -> None:
-    """Actor and learner in one process, 12 iterations of 512 steps: the losses stay finite and the critic
-    explains most of the returns' variance (with the values turned back by version, as a real run does)."""
+def test_a_short_cartpole_run_with_value_normalization_trains() -> None:
+    """Actor and learner in one process, 2 iterations of 512 steps: the losses stay finite and the normalizer counts
+    one version per update (with the values turned back by version, as a real run does). That the critic learns
+    with it is a benchmark (`python -m benchmarks learning-checks --only cartpole-value-normalization`)."""
     cfg = load_config(sets=["ppo.normalize_value=true", "ppo.num_minibatches=2", "run.actors=1"])
     torch.manual_seed(cfg.run.seed)
     model = ActorCritic(*env_spaces(cfg), cfg.model)
     trainer = Trainer(model, cfg.ppo, cfg.num_iterations, cfg.run.seed, torch.device("cpu"))
     sampler = Sampler(cfg)
-    evs = []
     try:
-        for version in range(12):
+        for version in range(2):
             sampler.set_weights(export_weights(model), version)
             stats = trainer.train_on([sampler.sample()], version, version + 1)
             assert all(math.isfinite(v) for v in (stats.policy_loss, stats.value_loss, stats.entropy)), stats
-            evs.append(stats.explained_variance)
     finally:
         sampler.close()
-    assert trainer.value_normalizer is not None and trainer.value_normalizer.version == 12
-    assert max(evs[-4:]) > 0.5, evs
+    assert trainer.value_normalizer is not None and trainer.value_normalizer.version == 2
