@@ -6,7 +6,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 PROGRESS_KEYS = {"iteration", "env_steps", "wall_s", "episodes", "episode_return_mean", "episode_length_mean",
@@ -33,17 +32,18 @@ def progress(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow
-def test_cartpole_two_actors_solves_within_budget(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+def test_cartpole_two_actors_runs_to_its_budget_records_and_evaluates(
+        dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
+    """The whole run, four iterations: its summary, records, config and checkpoint, then `dppo eval`. That it solves
+    CartPole within 300k steps is a benchmark (`python -m benchmarks learning-checks --only cartpole-two-actors`)."""
     run_dir = tmp_path / "run"
-    done = train(dppo_cmd, ray_address, run_dir, "--actors", "2", "--seed", "1", "--total-steps", "300000")
+    done = train(dppo_cmd, ray_address, run_dir, "--actors", "2", "--seed", "1", "--total-steps", "4096")
     assert done.returncode == 0, done.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary.keys() >= SUMMARY_KEYS
-    assert summary["solved"] is True and summary["reason"] == "target_return"
-    assert summary["episode_return_mean"] >= 475
-    assert summary["env_steps"] <= 300_000
-    assert "solved (target_return)" in done.stdout
+    assert summary["solved"] is False and summary["reason"] == "total_steps" and summary["target_return"] == 475
+    assert summary["env_steps"] == 4096
+    assert "stopped (total_steps)" in done.stdout
     records = progress(run_dir)
     assert all(r.keys() >= PROGRESS_KEYS for r in records)
     assert [r["iteration"] for r in records] == list(range(1, len(records) + 1))
@@ -56,7 +56,7 @@ def test_cartpole_two_actors_solves_within_budget(dppo_cmd: list[str], ray_addre
                                capture_output=True, text=True, timeout=120)
     assert evaluated.returncode == 0, evaluated.stderr
     mean = float(evaluated.stdout.split("mean return ")[1].split()[0])
-    assert mean >= 200, evaluated.stdout  # greedy play of a trained policy (random play: about 20)
+    assert 8 <= mean <= 500, evaluated.stdout  # CartPole's shortest and longest episodes
 
 
 def test_resume_continues_counters(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
