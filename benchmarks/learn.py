@@ -30,10 +30,10 @@ EVAL_SEED = 10_000  # evaluation episodes use seeds no training env saw
 _MEAN = re.compile(r"mean return (-?[\d.]+(?:e[-+]?\d+)?)")
 
 
-def evaluate_run(run_dir: Path, episodes: int, timeout_s: float) -> float:
-    """Mean return of `dppo eval` on the run's final checkpoint."""
+def evaluate_run(run_dir: Path, episodes: int, timeout_s: float, seed: int | None = EVAL_SEED) -> float:
+    """Mean return of `dppo eval` on the run's final checkpoint (``seed`` None: eval's own default seed)."""
     cmd = [sys.executable, "-m", "dppo", "eval", "--checkpoint", str(run_dir), "--episodes", str(episodes),
-           "--seed", str(EVAL_SEED)]
+           *(["--seed", str(seed)] if seed is not None else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     match = _MEAN.search(done.stdout)
     if done.returncode != 0 or match is None:

@@ -14,13 +14,13 @@ import json
 import operator
 import re
 import shlex
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from benchmarks.learn import evaluate_run
 from dppo.bench.common import Row, add_common_args, machine
 from dppo.bench.docs import emit
 from dppo.bench.runs import run_train
@@ -29,7 +29,6 @@ from dppo.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS_PAGES = ("README.md", "docs/environments.md", "docs/sweeps.md")  # where the user docs' `dppo` lines are
-_MEAN = re.compile(r"mean return (-?[\d.]+(?:e[-+]?\d+)?)")
 COMPARE: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, ">": operator.gt, "==": operator.eq,
                                                       "<=": operator.le}
 # the fast settings of tests/integration/test_custom_env.py (FAST there)
@@ -113,21 +112,10 @@ def train_argv(check: Check) -> list[str]:
     return [str(REPO / arg) if (REPO / arg).is_file() else arg for arg in docs_command(head[5:])] + rest
 
 
-def eval_mean(run_dir: Path, episodes: int, timeout_s: float) -> float:
-    """Mean return of `dppo eval` on the run's final checkpoint, with eval's own default seed (as the tests ran it)."""
-    cmd = [sys.executable, "-m", "dppo", "eval", "--checkpoint", str(run_dir), "--episodes", str(episodes)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    match = _MEAN.search(done.stdout)
-    if done.returncode != 0 or match is None:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"`dppo eval --checkpoint {run_dir}` exited {done.returncode}: {last}")
-    return float(match.group(1))
-
-
 def measure(check: Check, run_dir: Path, timeout_s: float) -> float:
     records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
     if check.measure == "eval":
-        return eval_mean(run_dir, check.eval_episodes, timeout_s)
+        return evaluate_run(run_dir, check.eval_episodes, timeout_s, seed=None)  # as the tests ran it
     if check.measure == "last_return":
         return records[-1]["episode_return_mean"]
     if check.measure == "explained_variance":
