@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 from collections.abc import Callable
 from itertools import count
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection, Listener
 from multiprocessing.shared_memory import SharedMemory
 
 from dppo.distributed.shm_transport import (
@@ -44,6 +45,7 @@ from dppo.rl.policy import Reply, Request
 
 MAX_SLOTS = 255  # a slot is one byte of the header
 BACKLOG = 256  # actors connecting at once (a run's start)
+WAKE_TIMEOUT_S = 1.0  # the most a closing service waits to reach its own listener
 
 Answer = Callable[[Reply | Exception], None]
 
@@ -187,8 +189,11 @@ class ShmEndpoint:
         if self.listener is None or self.endpoint is None:
             return
         self.closing = True
-        with contextlib.suppress(OSError, EOFError, AuthenticationError):  # wakes the accepting thread
-            Client(self.endpoint.address, "AF_UNIX", authkey=self.endpoint.authkey).close()
+        # Wakes the accepting thread with a bare connection: its handshake fails at once, and nothing here waits on
+        # it (a multiprocessing Client would wait for a handshake with no timeout, forever if that thread had ended).
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as wake:
+            wake.settimeout(WAKE_TIMEOUT_S)
+            wake.connect(self.endpoint.address)
         if self.accepting is not None:
             self.accepting.join(timeout=5)
         self.listener.close()

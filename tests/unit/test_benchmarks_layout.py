@@ -14,7 +14,7 @@ from dppo.cli_args import Parser
 from dppo.commands.bench import register
 
 REPO = Path(__file__).resolve().parents[2]
-REPRODUCTIONS = {"solve", "learn", "variants", "sweep", "envs", "selfplay", "peer"}
+REPRODUCTIONS = {"solve", "learn", "learning-checks", "variants", "sweep", "envs", "selfplay", "peer"}
 
 
 def commands(parser: argparse.ArgumentParser) -> set[str]:
