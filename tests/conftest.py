@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from prepared import Prepared, ordered_last
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -213,7 +215,10 @@ def dppo_cmd() -> list[str]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Under CI=true a skipped test is a failure: every test must run there (a user's clone included)."""
+    """Under CI=true a skipped test is a failure: every test must run there (a user's clone included). The
+    background resources are taken down first."""
+    for resource in PREPARED.values():  # the image's daemon stopped and the image removed
+        resource.close()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = reporter.stats.get("skipped", []) if reporter else []
     if IN_CI and skipped and session.exitstatus == 0:
@@ -221,15 +226,74 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def image_maker() -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
+    """How the image is built (tests/deploy/image_build.py), or None where it cannot be: the fixture says why."""
+    build = load_module(REPO / "tests" / "deploy" / "image_build.py")
+    return build.built_image if not build.missing_tools() and os.geteuid() == 0 else None
+
+
+def peer_venv() -> Path:
+    """The RLlib peer's venv under the clone's .cache/ (git-ignored; `make clean` removes it): built with the
+    packages `python -m benchmarks peer`'s hint names (CPU torch from the machine's wheel first), kept while it
+    works. Its python."""
+    from benchmarks.peer import PEER_PACKAGES, PEER_SCRIPT, PEER_VENV
+
+    venv = REPO / PEER_VENV
+    python = venv / "bin" / "python"
+    if python.exists() and subprocess.run([str(python), str(PEER_SCRIPT), "--check"], capture_output=True,
+                                          timeout=300).returncode == 0:
+        return python
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
+    for group in PEER_PACKAGES:
+        done = subprocess.run([str(python), "-m", "pip", "install", "-q", *group], capture_output=True, text=True,
+                              timeout=900)
+        assert done.returncode == 0, f"pip install {' '.join(group)}: {done.stderr[-2000:]}"
+    return python
+
+
+PREPARED: dict[str, Prepared] = {}  # fixture name -> its resource, being made in the background
+
+
+def makers() -> dict[str, Callable[[], contextlib.AbstractContextManager[Any]] | None]:
+    """The session fixtures made in the background (tests/prepared.py) and how each is made."""
+    return {"docker_image": image_maker(), "peer_python": lambda: contextlib.nullcontext(peer_venv())}
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow resources the selected tests use start being made now, and those tests run last."""
+    how = makers()
+    items[:] = ordered_last(items, set(how))
+    if config.option.collectonly:
+        return
+    for name in sorted({name for item in items for name in item.fixturenames if name in how}):
+        if (make := how[name]) is not None:
+            PREPARED[name] = Prepared(name, make)
+
+
+def prepared(name: str) -> Any:
+    """The background resource ``name`` (made now if the session did not start it), once it is made."""
+    if name not in PREPARED:
+        make = makers()[name]
+        assert make is not None, name
+        PREPARED[name] = Prepared(name, make)
+    return PREPARED[name].result()
+
+
 @pytest.fixture(scope="session")
-def docker_image() -> Iterator[Any]:
+def docker_image() -> Any:
     """The real image, built once per session and loaded into a private Docker daemon (tests/deploy/image_build.py):
     the image test and the emulation of the chart's pods as containers share it. Both live under the clone's
-    .cache/ (buildah's store, the daemon's data), not in the machine's stores; the session removes what it made."""
+    .cache/ (buildah's store, the daemon's data), not in the machine's stores; the session removes what it made.
+    The build starts in the background when the session starts (tests/prepared.py)."""
     build = load_module(REPO / "tests" / "deploy" / "image_build.py")
     missing = build.missing_tools()
     require(not missing, f"the image tests need {', '.join(missing)}: apt-get install buildah mmdebstrap "
                          "docker.io (.ci/run does), or run them where they are")
     require(os.geteuid() == 0, "the image tests run buildah (chroot isolation) and dockerd as root")
-    with build.built_image() as image:
-        yield image
+    return prepared("docker_image")
+
+
+@pytest.fixture(scope="session")
+def peer_python() -> Path:
+    """The RLlib peer's venv (see peer_venv), made in the background from the session's start."""
+    return prepared("peer_python")

@@ -1,42 +1,26 @@
 """`python -m benchmarks peer` end to end: dppo and the real RLlib peer script, in the peer's own venv built the way the
-command's hint tells a user to (under the clone's .cache/, reused when it works), both trained to the same tiny
-budget; the section, its two rows and its figure written. The pipeline, not learning. Then bad input: one line."""
+command's hint tells a user to (conftest's peer_venv: under the clone's .cache/, reused when it works, built in the
+background while other tests run), both trained to the same tiny budget; the section, its two rows and its figure
+written. The pipeline, not learning. Then bad input: one line."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import REPO, run_benchmark
 
-from benchmarks.peer import PEER_PACKAGES, PEER_SCRIPT, PEER_VENV, VENV_COMMANDS
+from benchmarks.peer import VENV_COMMANDS
 
 BUDGET = 4800  # agent steps: two iterations of examples/simple-spread.yaml on each side
 
 
-def peer_python() -> Path:
-    """The peer's venv under the clone's .cache/ (git-ignored; `make clean` removes it): built with the packages the
-    command's hint names (about a minute; CPU torch from the machine's wheel first), kept while it works."""
-    venv = REPO / PEER_VENV
-    python = venv / "bin" / "python"
-    if python.exists() and subprocess.run([str(python), str(PEER_SCRIPT), "--check"], capture_output=True,
-                                          timeout=300).returncode == 0:
-        return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
-    for group in PEER_PACKAGES:
-        done = subprocess.run([str(python), "-m", "pip", "install", "-q", *group], capture_output=True, text=True,
-                              timeout=900)
-        assert done.returncode == 0, f"pip install {' '.join(group)}: {done.stderr[-2000:]}"
-    return python
-
-
 @pytest.mark.slow
-def test_bench_peer_trains_both_sides_to_the_same_steps_and_writes_its_section(tmp_path: Path) -> None:
-    python = peer_python()
+def test_bench_peer_trains_both_sides_to_the_same_steps_and_writes_its_section(tmp_path: Path,
+                                                                               peer_python: Path) -> None:
+    python = peer_python
     docs = tmp_path / "docs" / "benchmarks.md"
     done = run_benchmark("peer", "--peer-python", str(python), "--seeds", "1", "--total-steps", str(BUDGET),
                     "--patched-peer", "--out-dir", str(tmp_path / "runs"), "--json", str(tmp_path / "rows.json"),
