@@ -236,8 +236,9 @@ def train(spec: Spec) -> None:
     probe.close()
     if spec.columns_per_runner % agents:
         raise SystemExit(f"columns_per_runner {spec.columns_per_runner} is not a multiple of the {agents} agents")
-    ray.init(num_cpus=max(os.cpu_count() or 1, spec.runners), include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+    # A Ray of its own, as dppo's side starts (a bare ray.init() would join any `ray start` cluster on the machine)
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, spec.runners), include_dashboard=False,
+             log_to_driver=False, logging_level="ERROR")
     algo = algo_config(spec, agents).build_algo()
     emit("start", agents=agents, t=time.time(), **versions())
     agent_steps, iteration, episodes = 0, 0, 0
