@@ -14,7 +14,8 @@ import pytest
 KINDS = ["actor", "learner", "inference", "evaluation", "node", "driver"]
 # Kills per minute, 6 for the others: with seed 1 each process kind's first kill comes in the first 10 s of
 # training, the node's at 36 s and the driver's (whose restart takes the run's processes with it) at 56 s
-# (chaos_schedule.make_schedule; a minute holds them all, and each kind but those two is killed 6 times).
+# (chaos_schedule.make_schedule: a minute holds them all). 6 kills of each other kind are planned; a kill waits for a
+# victim and for the run to recover from the last of its kind, and what the minute does not reach is not done.
 RATES = {"node": 1.0, "driver": 1.0}
 
 

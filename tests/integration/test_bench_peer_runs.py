@@ -20,9 +20,8 @@ BUDGET = 4800  # agent steps: two iterations of examples/simple-spread.yaml on e
 @pytest.mark.slow
 def test_bench_peer_trains_both_sides_to_the_same_steps_and_writes_its_section(tmp_path: Path,
                                                                                peer_python: Path) -> None:
-    python = peer_python
     docs = tmp_path / "docs" / "benchmarks.md"
-    done = run_benchmark("peer", "--peer-python", str(python), "--seeds", "1", "--total-steps", str(BUDGET),
+    done = run_benchmark("peer", "--peer-python", str(peer_python), "--seeds", "1", "--total-steps", str(BUDGET),
                     "--patched-peer", "--out-dir", str(tmp_path / "runs"), "--json", str(tmp_path / "rows.json"),
                     "--write-docs", str(docs), cwd=REPO, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
