@@ -12,6 +12,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TOOLS := .tools/bin
 TORCH_VERSION := 2.13.0
+# `make test` runs the suite on this many pytest-xdist workers (tests/parallel.py says what stays together or
+# alone); 2 keeps a 2-core machine busy while tests wait on process start-ups. TEST_WORKERS=0 runs one process.
+TEST_WORKERS ?= 2
 TORCH_INDEX_cpu := https://download.pytorch.org/whl/cpu
 TORCH_INDEX_cuda := https://pypi.org/simple
 TORCH ?= $(if $(shell nvidia-smi -L 2>/dev/null | grep '^GPU '),cuda,cpu)
@@ -50,10 +53,10 @@ demo: $(STAMP)
 
 test: $(STAMP) tools
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/ruff check .
-	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/pytest -q -ra --durations=30  # the slowest tests named at the end: where the suite's time goes
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/pytest -q -ra -n $(TEST_WORKERS) --durations=30  # the slowest tests named at the end: where the suite's time goes
 
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -15,7 +15,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from prepared import Prepared, ordered_last
+from parallel import ResourceScheduling, turn, unlisted_users
+from prepared import Prepared, first_used, ordered_last
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -260,14 +261,38 @@ def makers() -> dict[str, Callable[[], contextlib.AbstractContextManager[Any]] |
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The slow resources the selected tests use start being made now, and those tests run last."""
+    """Alone, the slow resources the selected tests use start being made now and those tests run last. In a worker
+    of `pytest -n` their tests run first, on one worker (tests/parallel.py), which makes each resource when its
+    first test asks: the other workers' tests overlap it."""
     how = makers()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        if unlisted := unlisted_users(items, set(how)):
+            raise pytest.UsageError(f"{unlisted[0]} uses a resource its module is not given in tests/parallel.py "
+                                    "RESOURCE_MODULES: add the module there")
+        items[:] = first_used(items, set(how))
+        return
     items[:] = ordered_last(items, set(how))
     if config.option.collectonly:
         return
     for name in sorted({name for item in items for name in item.fixturenames if name in how}):
         if (make := how[name]) is not None:
             PREPARED[name] = Prepared(name, make)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`pytest -n N` (xdist's default `--dist load`): the tests of one built resource on one worker."""
+    return ResourceScheduling(config, log) if config.getvalue("dist") == "load" else None
+
+
+@pytest.fixture(autouse=True)
+def taking_turns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """In a worker of `pytest -n`, a test marked `alone` runs while no other test does (tests/parallel.py)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    alone = request.node.get_closest_marker("alone") is not None
+    with turn(tmp_path_factory.getbasetemp().parent / "turns.lock", alone):
+        yield
 
 
 def prepared(name: str) -> Any:

@@ -41,3 +41,9 @@ def ordered_last(items: list[Any], fixtures: set[str]) -> list[Any]:
     """``items`` with those that use any of ``fixtures`` moved to the end, each group in its own order."""
     last = [item for item in items if fixtures.intersection(getattr(item, "fixturenames", ()))]
     return [item for item in items if item not in last] + last
+
+
+def first_used(items: list[Any], fixtures: set[str]) -> list[Any]:
+    """``items`` with those that use any of ``fixtures`` moved to the front, each group in its own order."""
+    first = [item for item in items if fixtures.intersection(getattr(item, "fixturenames", ()))]
+    return first + [item for item in items if item not in first]

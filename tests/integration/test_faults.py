@@ -220,6 +220,7 @@ def env_steps_served(body: str) -> float:
                 if sample.name == "dppo_env_steps_total")
 
 
+@pytest.mark.alone  # a pace: 500 scrapes within 12 s
 def test_metrics_endpoint_serves_50_scrapes_per_second_while_training(
         dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
     """50 requests/s for 10 s (bounded) against the learner's metrics port while it trains: every one answered, at

@@ -13,7 +13,7 @@ from conftest import require
 from dppo.bench.node_loss import Scenario, measure, run_scenario
 from dppo.bench.prometheus import prometheus_binary
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # its gaps are measured in seconds
 
 
 def test_a_node_lost_for_a_while_costs_its_actors_rounds_only(tmp_path: Path) -> None:
