@@ -5,8 +5,9 @@ overlapped.
   which builds it when its first test asks while the other workers run the rest. xdist's own `--dist loadgroup`
   would do it from `xdist_group` marks, but does not group at all with pytest 9.2 (pytest-dev/pytest-xdist#1386:
   it renames node ids, which pytest 9.2 no longer reads), so :class:`ResourceScheduling` groups by module.
-- A test marked `alone` measures time (a gap while a node is down, scrapes a second) and runs while no other test
-  does: every test holds a shared lock on a file all workers see, an `alone` test an exclusive one.
+- A test marked `alone` measures time (a gap while a node is down, scrapes a second, a minute of kills) and runs
+  while no other test does: every test holds a shared lock on a file all workers see, an `alone` test an exclusive
+  one.
 """
 
 from __future__ import annotations
