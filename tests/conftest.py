@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from parallel import ResourceScheduling, turn, unlisted_users
+from parallel import RESOURCE_MODULES, ResourceScheduling, turn, unlisted_users
 from prepared import Prepared, first_used, ordered_last
 
 REPO = Path(__file__).resolve().parents[1]
@@ -264,13 +264,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     """Alone, the slow resources the selected tests use start being made now and those tests run last. In a worker
     of `pytest -n` their tests run first, on one worker (tests/parallel.py), which makes each resource when its
     first test asks: the other workers' tests overlap it."""
-    how = makers()
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        if unlisted := unlisted_users(items, set(how)):
+        resources = set(RESOURCE_MODULES.values())
+        if unlisted := unlisted_users(items, resources):
             raise pytest.UsageError(f"{unlisted[0]} uses a resource its module is not given in tests/parallel.py "
                                     "RESOURCE_MODULES: add the module there")
-        items[:] = first_used(items, set(how))
+        items[:] = first_used(items, resources)
         return
+    how = makers()
     items[:] = ordered_last(items, set(how))
     if config.option.collectonly:
         return

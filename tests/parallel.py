@@ -27,20 +27,25 @@ RESOURCE_MODULES = {  # module -> the session resource its tests share (the work
 }
 
 
+def resource_of(nodeid: str) -> str | None:
+    """The resource a test's module shares, if any."""
+    return RESOURCE_MODULES.get(nodeid.split("::")[0])
+
+
 class ResourceScheduling(LoadScopeScheduling):
     """xdist's load scheduling (one test at a time, to whichever worker is free) but for the modules of one
     resource, which form one unit. Units with more tests go first (xdist's reordering), so the resources' modules
     start at once and their builds overlap the other workers' tests."""
 
     def _split_scope(self, nodeid: str) -> str:
-        return RESOURCE_MODULES.get(nodeid.split("::")[0], nodeid)
+        return resource_of(nodeid) or nodeid
 
 
 def unlisted_users(items: list[Any], resources: set[str]) -> list[str]:
     """The tests that use one of ``resources`` from a module RESOURCE_MODULES does not give it to: each of those
     workers would build it again, beside the other."""
     return [item.nodeid for item in items for name in resources.intersection(item.fixturenames)
-            if RESOURCE_MODULES.get(item.nodeid.split("::")[0]) != name]
+            if resource_of(item.nodeid) != name]
 
 
 @contextlib.contextmanager

@@ -37,13 +37,19 @@ class Prepared:
         self.stack.close()
 
 
+def users_and_others(items: list[Any], fixtures: set[str]) -> tuple[list[Any], list[Any]]:
+    """``items`` split in those that use any of ``fixtures`` and the rest, each in its own order."""
+    users = [item for item in items if fixtures.intersection(getattr(item, "fixturenames", ()))]
+    return users, [item for item in items if item not in users]
+
+
 def ordered_last(items: list[Any], fixtures: set[str]) -> list[Any]:
-    """``items`` with those that use any of ``fixtures`` moved to the end, each group in its own order."""
-    last = [item for item in items if fixtures.intersection(getattr(item, "fixturenames", ()))]
-    return [item for item in items if item not in last] + last
+    """``items`` with those that use any of ``fixtures`` moved to the end."""
+    users, others = users_and_others(items, fixtures)
+    return others + users
 
 
 def first_used(items: list[Any], fixtures: set[str]) -> list[Any]:
-    """``items`` with those that use any of ``fixtures`` moved to the front, each group in its own order."""
-    first = [item for item in items if fixtures.intersection(getattr(item, "fixturenames", ()))]
-    return first + [item for item in items if item not in first]
+    """``items`` with those that use any of ``fixtures`` moved to the front."""
+    users, others = users_and_others(items, fixtures)
+    return users + others
