@@ -72,6 +72,7 @@ def assert_quiet_and_rounded(done: subprocess.CompletedProcess, out: Path) -> No
         assert len(value.lstrip("-0.").replace(".", "")) <= 4, (value, table)
 
 
+@pytest.mark.alone  # PBT exploits by when trials report: beside another test, one run had no trial exploited
 def test_pbt_continues_exploited_trials_with_the_perturbed_hyperparameters(ray_address: str, tmp_path: Path) -> None:
     """Also the sweep's metrics: every trial's learner metrics on the sweep driver's port, labelled trial."""
     (port,) = free_ports(1)
