@@ -19,6 +19,7 @@ from dppo.config import PPOConfig
 from dppo.rl.batch import Batch, build_batch
 from dppo.rl.model import ActorCritic
 from dppo.rl.normalizer import ValueNormalizer
+from dppo.rl.optimizer import EagerAdam
 from dppo.rl.segment import Segment
 
 
@@ -157,8 +158,8 @@ class Trainer:
         self.config = config
         self.num_iterations = num_iterations
         self.device = device
-        # fused: one kernel for all parameters instead of a dozen small ops per tensor
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=1e-5, fused=True)
+        # fused: one kernel for all parameters instead of a dozen small ops per tensor; EagerAdam: see its module
+        self.optimizer = EagerAdam(model.parameters(), lr=config.learning_rate, eps=1e-5, fused=True)
         self.generator = torch.Generator().manual_seed(seed)
         self.value_normalizer = ValueNormalizer() if config.normalize_value else None
 
