@@ -10,25 +10,23 @@ that makes an optimizer, as much as importing torch itself, spent at each run's 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from inspect import unwrap
 
 import torch
 
-
-def unwrapped(method: Callable[..., Any]) -> Callable[..., Any]:
-    """The function a torch.optim decorator wrapped (itself where a torch release wraps it no more)."""
-    return getattr(method, "__wrapped__", method)
+# Taken once, through every wrapper: an Adam made elsewhere in the process wraps Adam.step again (a profiler hook).
+ADAM_STEP = unwrap(torch.optim.Adam.step)
 
 
 class EagerAdam(torch.optim.Adam):
     """Adam for eager mode only: its methods skip the wrappers that import TorchDynamo."""
 
-    add_param_group = unwrapped(torch.optim.Optimizer.add_param_group)
-    zero_grad = unwrapped(torch.optim.Optimizer.zero_grad)
-    state_dict = unwrapped(torch.optim.Optimizer.state_dict)
-    load_state_dict = unwrapped(torch.optim.Optimizer.load_state_dict)
+    add_param_group = unwrap(torch.optim.Optimizer.add_param_group)
+    zero_grad = unwrap(torch.optim.Optimizer.zero_grad)
+    state_dict = unwrap(torch.optim.Optimizer.state_dict)
+    load_state_dict = unwrap(torch.optim.Optimizer.load_state_dict)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Adam's step; its wrapper only turned gradients off (as here) and marked graph breaks for TorchDynamo."""
-        return unwrapped(torch.optim.Adam.step)(self, closure)
+        return ADAM_STEP(self, closure)
