@@ -18,5 +18,6 @@ def make_scheduler(sweep: Sweep) -> Any:
                              reduction_factor=spec.reduction_factor, max_t=sweep.trial_config({}).num_iterations)
     if spec.name == "pbt":
         return PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=spec.perturbation_interval,
-                                       quantile_fraction=spec.quantile, hyperparam_mutations=sweep.mutated())
+                                       quantile_fraction=spec.quantile, hyperparam_mutations=sweep.mutated(),
+                                       synch=spec.synch)
     return None

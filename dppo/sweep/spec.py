@@ -108,6 +108,10 @@ class SchedulerSpec(Section):
     """pbt: the bottom fraction of trials that copy one of the top fraction."""
     mutate: list[str] | None = None
     """pbt: the space keys it perturbs (default: every key that is not a grid)."""
+    synch: bool = False
+    """pbt: trials wait for each other at every perturbation (Tune's synchronous PBT), so each exploit compares
+    them at the same iteration whatever the order they report in; the faster ones idle until the slowest catches
+    up. Off: each trial is compared whenever it reaches the interval, against where the others are then."""
 
 
 class SweepSpec(Section):

@@ -55,11 +55,12 @@ def run_trial(params: dict[str, Any], sweep: Sweep, sweep_dir: str) -> None:
         config.run.checkpoint_every = sweep.spec.scheduler.perturbation_interval
     run_dir = Path(sweep_dir) / "trials" / trial_id
     config.run.run_dir, config.run.name = str(run_dir), trial_id
-    resume = None
+    resume, source = None, trial_id
     restored = tune.get_checkpoint()
     if restored is not None:
         with restored.as_directory() as directory:
             resume = decode((Path(directory) / CHECKPOINT_FILE).read_bytes(), f"trial {trial_id}'s checkpoint")
+        source = resume["config"]["run"].get("name") or trial_id  # another trial's, when PBT exploits it
         resume["config"] = config.model_dump(mode="json")  # continue with this trial's (perturbed) values
         _drop_later_checkpoints(run_dir / "checkpoints", resume["counters"]["iteration"])
     coordinator = Coordinator(config, run_dir, resume, on_iteration=_reporter(config.run.seed))
@@ -68,8 +69,9 @@ def run_trial(params: dict[str, Any], sweep: Sweep, sweep_dir: str) -> None:
     coordinator.run_dir.path.mkdir(parents=True, exist_ok=True)
     coordinator.run_dir.write_config(config.to_yaml())
     if resume is not None:
-        coordinator.reporter.message(f"trial {trial_id} resumes at iteration {coordinator.state.counters.iteration} "
-                                     f"with {params}")
+        exploited = f" from trial {source}'s checkpoint" if source != trial_id else ""
+        coordinator.reporter.message(f"trial {trial_id} resumes at iteration {coordinator.state.counters.iteration}"
+                                     f"{exploited} with {params}")
     try:
         coordinator.run()
     finally:

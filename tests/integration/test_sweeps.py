@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dppo.bench.local_cluster import free_ports
 
 SMALL = {"run.total_steps": 8192, "run.actors": 1, "run.actor_cpus": 0.5, "run.tensorboard": False}
+PBT_ITERATIONS = 5  # of 1 actor x 8 envs x 64 steps (CartPole preset)
 
 
 def sweep_file(tmp_path: Path, **spec: object) -> Path:
@@ -72,13 +73,16 @@ def assert_quiet_and_rounded(done: subprocess.CompletedProcess, out: Path) -> No
         assert len(value.lstrip("-0.").replace(".", "")) <= 4, (value, table)
 
 
-@pytest.mark.alone  # PBT exploits by when trials report: beside another test, one run had no trial exploited
 def test_pbt_continues_exploited_trials_with_the_perturbed_hyperparameters(ray_address: str, tmp_path: Path) -> None:
-    """Also the sweep's metrics: every trial's learner metrics on the sweep driver's port, labelled trial."""
+    """Also the sweep's metrics: every trial's learner metrics on the sweep driver's port, labelled trial.
+    Synchronous PBT: the two trials meet at iterations 2 and 4 whatever the machine's load, so the worse one
+    exploits the better at least once (async PBT exploits by when trials report: beside another test, a run of 16
+    iterations once had none); 5 iterations, so the last is not a perturbation (each one restarts both trials)."""
     (port,) = free_ports(1)
     path = sweep_file(tmp_path, space={"ppo.learning_rate": "loguniform(1e-4, 1e-2)"},
-                      scheduler={"name": "pbt", "perturbation_interval": 2, "quantile": 0.5},
-                      metrics={"port": port, "host": "127.0.0.1", "linger_s": 5})
+                      scheduler={"name": "pbt", "perturbation_interval": 2, "quantile": 0.5, "synch": True},
+                      metrics={"port": port, "host": "127.0.0.1", "linger_s": 5},
+                      set={**SMALL, "run.total_steps": PBT_ITERATIONS * 512})
     argv = [sys.executable, "-m", "dppo", "sweep", "--config", str(path), "--out-dir", str(tmp_path / "out"),
             "--address", ray_address]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -93,18 +97,18 @@ def test_pbt_continues_exploited_trials_with_the_perturbed_hyperparameters(ray_a
     assert scrapes, "the sweep served no metrics"
     final = scrapes[-1]  # during the linger, after both trials finished
     for trial in trials:
-        assert final[("dppo_iteration", (("trial", trial),))] == 16
-        # the steps the trial sampled itself (not 8192 when an exploit moved it to another point of training)
+        assert final[("dppo_iteration", (("trial", trial),))] == PBT_ITERATIONS
+        # the steps the trial sampled itself (not the total when an exploit moved it to another point of training)
         assert final[("dppo_env_steps_total", (("trial", trial),))] > 0
         assert ("dppo_learning_rate", (("trial", trial),)) in final
     assert final[("dppo_sweep_trials", (("state", "TERMINATED"),))] == 2
     assert max(s.get(("dppo_sweep_trials", (("state", "RUNNING"),)), 0) for s in scrapes) >= 1
     assert {dict(labels).get("trial") for s in scrapes for (name, labels) in s if name == "dppo_iteration"} == trials
-    iterations = 16  # 8192 steps / (1 actor x 8 envs x 64 steps)
+    iterations = PBT_ITERATIONS
     changed = False
     for run_dir in (tmp_path / "out" / "trials").iterdir():
         own = [r for r in progress(run_dir) if r["trial"] == run_dir.name]  # (a restored line is its source's)
-        assert own and own[-1]["env_steps"] == 8192
+        assert own and own[-1]["env_steps"] == PBT_ITERATIONS * 512
         for r in own:  # the rate in effect is the trial's current value, annealed: never the source's
             expected = r["hp/ppo.learning_rate"] * (1 - (r["iteration"] - 1) / iterations)
             assert r["learning_rate"] == pytest.approx(expected, rel=1e-9), (run_dir.name, r["iteration"])
