@@ -24,7 +24,7 @@ def test_the_first_line_comes_before_ray_and_the_last_gives_the_time_from_launch
                                                                                   ray_address: str) -> None:
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run_dir),
-                             "--actors", "2", "--envs-per-actor", "4", "--segment-length", "32", "--total-steps", "256",
+                             "--actors", "1", "--envs-per-actor", "8", "--segment-length", "32", "--total-steps", "256",
                              "--set", "ppo.minibatch_size=64", "--no-tensorboard"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
@@ -35,8 +35,8 @@ def test_the_first_line_comes_before_ray_and_the_last_gives_the_time_from_launch
         proc.kill()
     assert proc.returncode == 0, err
     assert running, "the first line came only when the process ended: not flushed"
-    assert first == (f"training CartPole-v1 from the preset {preset_path('CartPole-v1')}: 2 actors "
-                     "x 4 envs, learner device auto (decided at start-up), inference in the actors, "
+    assert first == (f"training CartPole-v1 from the preset {preset_path('CartPole-v1')}: 1 actor "
+                     "x 8 envs, learner device auto (decided at start-up), inference in the actors, "
                      f"run dir {run_dir}; joining Ray at {ray_address}"), first
     lines = out.splitlines()
     assert re.fullmatch(r"started in \d+\.\d s from launch \(Ray \d+\.\d s\): learner on cpu, inference in the actors",
@@ -62,7 +62,8 @@ def test_the_first_line_says_settings_as_given_and_where_the_config_came_from(tm
                     "run dir runs/x; joining Ray at 10.0.0.1:6379")
     config = load_config(sets=["run.learners=2", "run.inference=server", "env.num_envs=4"])
     line = start_line(config, "the defaults", resumed=False)
-    assert "2 learners device auto (decided at start-up), inference in one inference service," in line, line
+    assert ("from the defaults: 2 actors x 4 envs, 2 learners device auto (decided at start-up), inference in one "
+            "inference service,") in line, line
     assert line.endswith("; starting a local Ray") or "RAY_ADDRESS" in os.environ, line
 
 
