@@ -14,8 +14,10 @@ from dppo.run.tensorboard import tag
 
 
 def train(address: str, run_dir: Path, *args: str) -> None:
+    """A short run of 256-step iterations: one actor of 8 envs (an actor's start-up less than two of 4 envs)."""
     done = subprocess.run([sys.executable, "-m", "dppo", "train", "--address", address, "--run-dir", str(run_dir),
-                           "--envs-per-actor", "4", "--segment-length", "32", "--set", "ppo.minibatch_size=64",
+                           "--actors", "1", "--envs-per-actor", "8", "--segment-length", "32", "--set",
+                           "ppo.minibatch_size=64",
                            "--set", "run.checkpoint_every=1", *args], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
 
