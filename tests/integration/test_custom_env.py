@@ -68,8 +68,12 @@ CORRIDOR = textwrap.dedent('''
 
     gym.register("Corridor-v0", entry_point=CorridorEnv, max_episode_steps=30)
 ''')
-FAST = ["--envs-per-actor", "4", "--segment-length", "32", "--set", "ppo.minibatch_size=64",
-        "--set", "ppo.learning_rate=0.003", "--set", "ppo.gamma=0.9"]
+FAST = ["--segment-length", "32", "--set", "ppo.minibatch_size=64", "--set", "ppo.learning_rate=0.003",
+        "--set", "ppo.gamma=0.9"]
+# 256-step iterations: the runs whose subject is not several actors take one actor of 8 envs (an actor's start-up,
+# about 2.3 s of CPU, less than two of 4)
+TWO_ACTORS = ["--actors", "2", "--envs-per-actor", "4"]
+ONE_ACTOR = ["--actors", "1", "--envs-per-actor", "8"]
 
 
 @pytest.fixture
@@ -109,7 +113,7 @@ def test_user_env_from_the_working_directory_trains_with_two_actors(
         user_dir: Path, ray_address: str, how: list[str]) -> None:
     """Not installed, only in the cwd: the learner and both actors import it (Ray workers get the cwd)."""
     run_dir = user_dir / "run"
-    done = run_cli(user_dir, "train", *how, "--actors", "2", "--total-steps", "40000", "--target-return", "0.9",
+    done = run_cli(user_dir, "train", *how, *TWO_ACTORS, "--total-steps", "40000", "--target-return", "0.9",
                    "--seed", "3", "--run-dir", str(run_dir), *FAST, address=ray_address)
     assert done.returncode == 0, done.stderr
     result = summary(run_dir)
@@ -128,7 +132,7 @@ def test_module_only_the_driver_can_import_stops_with_exit_2_then_runtime_env_sh
     driver.write_text(f"import sys\nsys.path.insert(0, {str(user_dir)!r})\nfrom dppo.commands.parser import main\n"
                       "raise SystemExit(main(sys.argv[1:]))\n")
     run_dir = elsewhere / "run"
-    args = ["train", "--env", "corridor_env:Corridor-v0", "--actors", "2", "--total-steps", "256",
+    args = ["train", "--env", "corridor_env:Corridor-v0", *TWO_ACTORS, "--total-steps", "256",
             "--run-dir", str(run_dir), "--address", ray_address, *FAST]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, str(driver), *args], cwd=elsewhere, capture_output=True, text=True,
@@ -149,7 +153,7 @@ def test_frozenlake_discrete_observations_train_and_evaluate(tmp_path: Path, ray
     (`python -m benchmarks learning-checks --only frozenlake-non-slippery`)."""
     run_dir = tmp_path / "run"
     done = run_cli(tmp_path, "train", "--env", "FrozenLake-v1", "--set", "env.kwargs.is_slippery=false",
-                   "--actors", "2", "--total-steps", "1024", "--seed", "1", "--run-dir", str(run_dir), *FAST,
+                   *ONE_ACTOR, "--total-steps", "1024", "--seed", "1", "--run-dir", str(run_dir), *FAST,
                    address=ray_address)
     assert done.returncode == 0, done.stderr
     assert summary(run_dir)["env_steps"] == 1024
@@ -160,7 +164,7 @@ def test_blackjack_tuple_observations_train_and_evaluate(tmp_path: Path, ray_add
     """Tuple(Discrete, Discrete, Discrete) observations, two iterations; near-optimal play is a benchmark
     (`python -m benchmarks learning-checks --only blackjack`)."""
     run_dir = tmp_path / "run"
-    done = run_cli(tmp_path, "train", "--env", "Blackjack-v1", "--actors", "2", "--envs-per-actor", "8",
+    done = run_cli(tmp_path, "train", "--env", "Blackjack-v1", "--actors", "1", "--envs-per-actor", "16",
                    "--segment-length", "64", "--total-steps", "2048", "--seed", "1", "--set", "ppo.gamma=1.0",
                    "--set", "ppo.learning_rate=0.001", "--run-dir", str(run_dir), address=ray_address)
     assert done.returncode == 0, done.stderr
@@ -175,8 +179,8 @@ def test_multibinary_multidiscrete_and_dict_spaces_train_and_evaluate(
     a Discrete (CNN on the image, the one-hot after it); four short iterations. That each reaches the optimal
     return 10 is a benchmark (`python -m benchmarks learning-checks --only spaces-MatchBits,...`)."""
     run_dir = tmp_path / "run"
-    done = run_cli(tmp_path, "train", "--env", env_id, "--actors", "2", "--total-steps", "1024",
-                   "--seed", "1", "--run-dir", str(run_dir), "--envs-per-actor", "4",
+    done = run_cli(tmp_path, "train", "--env", env_id, "--actors", "1", "--total-steps", "1024",
+                   "--seed", "1", "--run-dir", str(run_dir), "--envs-per-actor", "8",
                    "--segment-length", "32", "--set", "ppo.minibatch_size=64", "--set", "ppo.learning_rate=0.002",
                    "--set", "ppo.gamma=0.5", address=ray_address)
     assert done.returncode == 0, done.stderr
