@@ -1,6 +1,9 @@
 """Fault injection with real processes and real signals: actors, learner, checkpoints, envs, NaNs.
 
-The figures of the learner-kill drill (steps of work lost per kill) are printed; run with -s to see them.
+The figures of the learner-kill drill (steps of work lost per kill) are printed; run with -s to see them. The kill
+drills run to a budget, not to a solved env: whether a run still learns as well under kills is a learning question,
+answered by `dppo bench chaos` (its final return against a run of the same config without chaos,
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -61,9 +64,11 @@ def rollout_workers() -> list[psutil.Process]:
 
 @pytest.mark.slow
 def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
-    """SIGKILL a random actor process every few iterations; the run still solves CartPole."""
+    """SIGKILL a random actor process every few iterations (three kills within 24 iterations); the run trains to its
+    budget of 40 iterations, every kill counted and its actor back."""
     run_dir = tmp_path / "run"
-    proc = start_train(dppo_cmd, ray_address, run_dir, "--seed", "3", "--total-steps", "400000")
+    proc = start_train(dppo_cmd, ray_address, run_dir, "--seed", "3", "--total-steps", str(40 * 2 * 8 * 64),
+                       "--set", "run.target_return=null")
     rng = random.Random(0)
     kills = 0
     try:
@@ -80,7 +85,7 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["solved"], summary
+    assert summary["reason"] == "total_steps" and summary["env_steps"] >= 40 * 2 * 8 * 64, summary  # rounds of 1 or 2
     # each kill is a crash on a live node: it spends the crash-loop budget, and its replacement comes back
     assert summary["actor_restarts"] == summary["actor_crashes"] == kills and summary["node_losses"] == 0
     assert err.count(" crashed (") == kills and err.count(" back after ") == kills
@@ -91,15 +96,17 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
     assert all(r["env_steps_delta"] == r["segments"] * 8 * 64 for r in records)  # CartPole preset: E = 8, T = 64
     assert records[-1]["env_steps"] == sum(r["env_steps_delta"] for r in records) == summary["env_steps"]
     print(f"actor kills: {kills}, restarts counted: {summary['actor_restarts']}, rounds with one actor: "
-          f"{sum(r['segments'] < 2 for r in records)}, solved at {summary['env_steps']} env steps")
+          f"{sum(r['segments'] < 2 for r in records)}, return at the end {summary['episode_return_mean']}")
 
 
 @pytest.mark.slow
 def test_resume_after_learner_sigkills_loses_only_uncheckpointed_work(
         dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
-    """SIGKILL the learner at random points (checkpoints every other iteration), resume each time."""
+    """SIGKILL the learner at random points (checkpoints every other iteration), resume each time, then resume to the
+    budget (48 iterations: the three kills come after 2 iterations and up to 2 s more each)."""
     run_dir = tmp_path / "run"
-    args = ["--seed", "2", "--total-steps", "400000", "--set", "run.checkpoint_every=2"]
+    args = ["--seed", "2", "--total-steps", str(48 * 2 * 8 * 64), "--set", "run.checkpoint_every=2",
+            "--set", "run.target_return=null"]
     rng = random.Random(1)
     lost = []
     for attempt in range(3):
@@ -118,7 +125,7 @@ def test_resume_after_learner_sigkills_loses_only_uncheckpointed_work(
     _out, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["solved"]
+    assert summary["reason"] == "total_steps" and summary["env_steps"] >= 48 * 2 * 8 * 64, summary
     records = progress(run_dir)
     assert [r["iteration"] for r in records] == list(range(1, len(records) + 1))
     steps = [r["env_steps"] for r in records]
