@@ -61,8 +61,8 @@ MYSIM = textwrap.dedent('''
             return obs, reward, terminated, truncated, info
 ''')
 RAISE_LINE = next(i for i, line in enumerate(MYSIM.splitlines(), 1) if "raise ValueError" in line)
-SMALL = ["--actors", "2", "--envs-per-actor", "8", "--segment-length", "128", "--no-tensorboard",
-         "--set", "run.target_return=null"]
+SMALL = ["--segment-length", "128", "--no-tensorboard", "--set", "run.target_return=null"]
+TWO_ACTORS = ["--actors", "2", "--envs-per-actor", "8"]  # failures counted per actor and warned once across them
 
 
 @pytest.fixture
@@ -172,7 +172,7 @@ def train(project: Path, run_dir: Path, ray_address: str, *args: str) -> subproc
 
 def test_a_run_with_an_env_that_raises_now_and_then_trains_and_says_so(mysim: Path, ray_address: str) -> None:
     run_dir = mysim / "run"
-    done = train(mysim, run_dir, ray_address, "--set", "env.entry_point=mysim:FlakyCartPole",
+    done = train(mysim, run_dir, ray_address, *TWO_ACTORS, "--set", "env.entry_point=mysim:FlakyCartPole",
                  "--set", "env.kwargs.every=100", "--total-steps", "8192")
     assert done.returncode == 0, done.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -186,8 +186,9 @@ def test_a_run_with_an_env_that_raises_now_and_then_trains_and_says_so(mysim: Pa
 
 def test_failures_past_the_share_of_episodes_stop_the_run_with_one_line(mysim: Path, ray_address: str) -> None:
     run_dir = mysim / "run"
-    done = train(mysim, run_dir, ray_address, "--set", "env.entry_point=mysim:FlakyCartPole",
-                 "--set", "env.kwargs.every=4", "--total-steps", "100000")
+    # one actor (of 16 envs: the 2048-step round of two of 8): the stop needs no second actor's start-up
+    done = train(mysim, run_dir, ray_address, "--actors", "1", "--envs-per-actor", "16", "--set",
+                 "env.entry_point=mysim:FlakyCartPole", "--set", "env.kwargs.every=4", "--total-steps", "100000")
     assert done.returncode == 1, done.stderr
     last = done.stderr.splitlines()[-1]
     assert "of the" in last and "episodes ended so far were cut by the env raising" in last, done.stderr
