@@ -29,7 +29,7 @@ def test_time_limit_stops_the_run_with_a_checkpoint(tmp_path: Path, ray_address:
 
     run = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run),
-                           "--total-steps", "1e8", "--time-limit", "3", "--no-tensorboard"],
+                           "--actors", "1", "--total-steps", "1e8", "--time-limit", "3", "--no-tensorboard"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     summary = json.loads((run / "summary.json").read_text())
@@ -60,6 +60,7 @@ def test_a_progress_line_lost_after_its_checkpoint_comes_back_on_resume(tmp_path
 
     run = tmp_path / "run"
     base = [sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run),
+            "--actors", "1", "--envs-per-actor", "16",  # the preset's 1024-step rounds (2 x 8 envs), one start-up
             "--set", "run.checkpoint_every=1", "--no-tensorboard"]
     first = subprocess.run([*base, "--total-steps", "2048"], capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
