@@ -15,8 +15,11 @@ import onnxruntime as ort
 import pytest
 import torch
 
-CUE = ["--env", "dppo/CueCorridor-v0", "--actors", "2", "--envs-per-actor", "8", "--segment-length", "32",
-       "--seed", "1", "--no-tensorboard", "--set", "ppo.minibatch_size=128", "--set", "ppo.learning_rate=0.001"]
+CUE = ["--env", "dppo/CueCorridor-v0", "--segment-length", "32", "--seed", "1", "--no-tensorboard", "--set",
+       "ppo.minibatch_size=128", "--set", "ppo.learning_rate=0.001"]
+# 512-step rounds; the runs whose subject is not several actors take one actor of 16 envs (an actor's start-up less)
+TWO_ACTORS = ["--actors", "2", "--envs-per-actor", "8"]
+ONE_ACTOR = ["--actors", "1", "--envs-per-actor", "16"]
 LSTM = ["--set", "model.recurrent=lstm", "--set", "model.lstm_hidden_size=32"]
 
 
@@ -34,14 +37,15 @@ def test_the_cue_corridor_trains_with_an_lstm_and_with_a_feed_forward_policy(ray
     cue-corridor-feed-forward`)."""
     for name, extra in (("lstm", LSTM), ("feed-forward", [])):
         run = tmp_path / name
-        done = dppo("train", *CUE, *extra, "--total-steps", "1024", "--address", ray_address, "--run-dir", str(run))
+        done = dppo("train", *CUE, *ONE_ACTOR, *extra, "--total-steps", "1024", "--address", ray_address,
+                    "--run-dir", str(run))
         assert done.returncode == 0, done.stderr
         assert -1.0 <= last_return(run) <= 1.0
 
 
 def test_an_lstm_trains_with_two_learners_resumes_evaluates_and_exports(ray_address: str, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    common = [*CUE, *LSTM, "--set", "run.learners=2", "--address", ray_address, "--run-dir", str(run)]
+    common = [*CUE, *TWO_ACTORS, *LSTM, "--set", "run.learners=2", "--address", ray_address, "--run-dir", str(run)]
     assert (done := dppo("train", *common, "--total-steps", "2048")).returncode == 0, done.stderr
     resumed = dppo("train", *common, "--total-steps", "4096", "--resume")
     assert resumed.returncode == 0, resumed.stderr
@@ -69,7 +73,8 @@ def test_an_lstm_trains_with_two_learners_resumes_evaluates_and_exports(ray_addr
 def test_an_lstm_on_image_observations_trains(ray_address: str, tmp_path: Path) -> None:
     done = dppo("train", "--env", "minigrid:MiniGrid-Empty-5x5-v0", "--set", "env.wrappers=[{name: "
                 "FilterObservation, kwargs: {filter_keys: [image, direction]}}]", *LSTM, "--total-steps", "2048",
-                "--actors", "2", "--address", ray_address, "--run-dir", str(tmp_path / "run"), "--no-tensorboard")
+                "--actors", "1", "--envs-per-actor", "16",  # one 2048-step round, as the default 2 actors x 8 envs
+                "--address", ray_address, "--run-dir", str(tmp_path / "run"), "--no-tensorboard")
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "run" / "checkpoints").is_dir()
 
@@ -79,6 +84,6 @@ def test_an_lstm_on_image_observations_trains(ray_address: str, tmp_path: Path) 
     (["--env", "minigrid:MiniGrid-Empty-5x5-v0"], "obs['mission']: MissionSpace cannot be encoded"),
 ])
 def test_what_an_lstm_cannot_run_is_one_line_and_exit_2(args: list[str], words: str, tmp_path: Path) -> None:
-    done = dppo("train", *CUE, *LSTM, *args, "--run-dir", str(tmp_path / "run"))
+    done = dppo("train", *CUE, *TWO_ACTORS, *LSTM, *args, "--run-dir", str(tmp_path / "run"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
     assert not (tmp_path / "run").exists()
