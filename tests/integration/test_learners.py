@@ -66,7 +66,8 @@ def test_two_learners_make_the_same_first_updates_as_one(ray_address: str, env: 
 def test_train_with_two_learners_then_resume_with_one(tmp_path: Path, ray_address: str) -> None:
     run_dir = tmp_path / "run"
     base = [sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run_dir),
-            "--envs-per-actor", "4", "--segment-length", "64", "--set", "ppo.minibatch_size=128", "--no-tensorboard"]
+            "--actors", "1", "--envs-per-actor", "8",  # 512-step rounds from one actor: the learners are the subject
+            "--segment-length", "64", "--set", "ppo.minibatch_size=128", "--no-tensorboard"]
     first = subprocess.run([*base, "--total-steps", "1024", "--set", "run.learners=2"], capture_output=True,
                            text=True, timeout=300)
     assert first.returncode == 0, first.stderr
