@@ -14,7 +14,9 @@ import pytest
 
 from dppo.distributed.evaluation import EVAL_SEED_OFFSET
 
-CARTPOLE = ["--env", "CartPole-v1", "--seed", "3", "--no-tensorboard"]
+# one actor of 16 envs: the preset's 1024-step rounds (2 actors x 8 envs) for an actor's start-up less; evaluation,
+# not sampling, is the subject here
+CARTPOLE = ["--env", "CartPole-v1", "--seed", "3", "--no-tensorboard", "--actors", "1", "--envs-per-actor", "16"]
 
 
 def dppo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -60,11 +62,12 @@ def test_the_target_can_be_judged_on_evaluations(ray_address: str, tmp_path: Pat
 
 
 def test_an_evaluation_env_that_fails_stops_only_the_evaluation(ray_address: str, tmp_path: Path) -> None:
-    # every process's env raises once at its 300th step: the training actors recreate theirs and go on (env_retries),
-    # the evaluation has no retry and stops, saying so once
+    # every process's env raises once at its 300th step: the training actor (one, of 16 envs: the 2048-step rounds of
+    # the default 2 x 8) recreates its env and goes on (env_retries), the evaluation has no retry and stops, saying so
+    # once
     done = dppo("train", "--env", "dppo/Faulty-v0", "--set", "env.kwargs.fail_at=300", "--set", "run.eval_every=1",
-                "--set", "run.eval_episodes=20", "--total-steps", "16384", "--no-tensorboard", "--address",
-                ray_address, "--run-dir", str(tmp_path / "run"))
+                "--set", "run.eval_episodes=20", "--total-steps", "16384", "--no-tensorboard", "--actors", "1",
+                "--envs-per-actor", "16", "--address", ray_address, "--run-dir", str(tmp_path / "run"))
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("evaluation stopped: env dppo/Faulty-v0 raised in the evaluation actor") == 1
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
