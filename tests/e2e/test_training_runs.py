@@ -61,7 +61,8 @@ def test_cartpole_two_actors_runs_to_its_budget_records_and_evaluates(
 
 def test_resume_continues_counters(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    first = train(dppo_cmd, ray_address, run_dir, "--total-steps", "3000", "--set", "run.checkpoint_every=1")
+    first = train(dppo_cmd, ray_address, run_dir, "--total-steps", "3000", "--set", "run.checkpoint_every=1",
+                  "--actors", "1", "--envs-per-actor", "16")  # the preset's 1024-step rounds, one actor to start
     assert first.returncode == 0, first.stderr
     before = progress(run_dir)
     second = train(dppo_cmd, ray_address, run_dir, "--resume", "--total-steps", "6000")
