@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,11 @@ def silence_tune() -> None:
     even at verbose=0 (the legacy one, RAY_AIR_NEW_OUTPUT=0, prints nothing at verbose=0); a failed trial's
     traceback goes to its error file only (TUNE_PRINT_ALL_TRIAL_ERRORS=0; the failed line names the file); and
     the closing "Trials did not complete" repeats the summary's count of failed trials (filtered). Ray's
-    documented switches, read when the Tuner runs."""
+    documented switches, read when the Tuner runs. Under PBT Tune also warns its own users to reuse actors and write
+    reset_config, which a dppo user cannot act on (filtered)."""
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     os.environ["TUNE_PRINT_ALL_TRIAL_ERRORS"] = "0"
+    warnings.filterwarnings("ignore", message="Consider boosting PBT performance", category=UserWarning)
     logging.getLogger("ray.tune.tune").addFilter(
         lambda record: not record.getMessage().startswith("Trials did not complete"))
 

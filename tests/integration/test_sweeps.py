@@ -60,7 +60,8 @@ def assert_quiet_and_rounded(done: subprocess.CompletedProcess, out: Path) -> No
     rounded in the log and in trials.md (returns like the iteration lines, floats to 4 significant digits)."""
     output = done.stdout + done.stderr
     for tune_says in ("Configuration for experiment", "View detailed results", "To visualize your results",
-                      "driver_artifacts", "Traceback (most recent call last)", "Trials did not complete"):
+                      "driver_artifacts", "Traceback (most recent call last)", "Trials did not complete",
+                      "Consider boosting PBT performance"):
         assert tune_says not in output, output[-3000:]
     assert "sweep 'sweep': 2 trials, " in done.stdout
     values = re.findall(r"return (-?[\d.]+)", done.stderr) + re.findall(r"=(-?\d+\.\d+)", output)
