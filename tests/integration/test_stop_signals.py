@@ -109,8 +109,8 @@ def test_a_stop_in_the_first_round_writes_complete_files_and_no_checkpoint(tmp_p
 def test_sigint_during_training_ends_with_a_checkpoint_and_exit_130(tmp_path: Path, ray_address: str) -> None:
     """Ctrl-C: the round in progress ends, a final checkpoint of every iteration trained, exit 130."""
     run_dir = tmp_path / "run"
-    proc = launch("--address", ray_address, "--run-dir", str(run_dir), "--total-steps", "10000000", "--set",
-                  "run.checkpoint_every=1000")
+    proc = launch("--address", ray_address, "--run-dir", str(run_dir), "--actors", "1", "--total-steps", "10000000",
+                  "--set", "run.checkpoint_every=1000")
     progress = run_dir / "progress.jsonl"
     wait_until(lambda: progress.exists() and len(progress.read_text().splitlines()) >= 2, proc, "two iterations")
     send(proc, signal.SIGINT)
