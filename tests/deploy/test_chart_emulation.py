@@ -495,15 +495,17 @@ def test_chart_runs_two_learner_pods(helm_bin: str, cluster_root: Path) -> None:
 @pytest.mark.timeout(420)
 def test_chart_trains_a_policy_map(helm_bin: str, cluster_root: Path) -> None:
     """The policies values example (simple_adversary, a policy per role) through the rendered RayJob: the run
-    trains both policies with its actors in the worker pods and reports each in its iteration lines and
-    progress.jsonl."""
-    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
+    trains both policies with its actors in the worker pod (one, holding both actors: the pods are not the
+    subject) and reports each in its iteration lines and progress.jsonl."""
+    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 2)
     objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "-f", str(REPO / "tests/deploy/values/policies.yaml"),
                      "--set", f"metrics.port={metrics}", "--set", "metrics.lingerSeconds=0", "--set",
-                     "totalSteps=4800", "--set", "actors=2", "--set", "envsPerActor=2", "--set", "segmentLength=50",
-                     "--set", "config.ppo.minibatch_size=100", "--set", "config.run.tensorboard=false")
+                     "totalSteps=4800", "--set", "actors=2", "--set", "actorsPerPod=2", "--set", "envsPerActor=2",
+                     "--set", "segmentLength=50", "--set", "config.ppo.minibatch_size=100", "--set",
+                     "config.run.tensorboard=false")
     spec, config, run_dir, entrypoint = local_job(objects, cluster_root)
     assert config["policies"] == {"adversary": ["adversary_*"], "agent": ["agent_*"]}
+    assert spec["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 1
     local = LocalCluster(cluster_root)
     try:
         address, env, done = run_job(local, spec, cluster_root, (gcs, dash, client, node_ports), "policies",
