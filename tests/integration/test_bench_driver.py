@@ -28,11 +28,11 @@ def run_bench(argv: list[str]) -> int:
 
 def test_driver_command_breaks_the_iteration_down_per_n(ray_address: str, tmp_path: Path) -> None:
     out, docs = tmp_path / "driver.json", tmp_path / "benchmarks.md"
-    argv = ["driver", "--actors", "2,4", "--iterations", "3", "--segment-length", "4", "--inference", "actor,server",
+    argv = ["driver", "--actors", "1,2", "--iterations", "3", "--segment-length", "4", "--inference", "actor,server",
             "--json", str(out), "--write-docs", str(docs), "--address", ray_address]
     assert run_bench(argv) == 0
     rows = json.loads(out.read_text())
-    assert [(r["actors"], r["inference"]) for r in rows] == [(2, "actor"), (2, "server"), (4, "actor"), (4, "server")]
+    assert [(r["actors"], r["inference"]) for r in rows] == [(1, "actor"), (1, "server"), (2, "actor"), (2, "server")]
     for row in rows:
         n = row["actors"]
         if row["inference"] == "server":  # a pass per env step and one for the last values, at most N rows each
