@@ -1,8 +1,8 @@
-"""`python -m benchmarks peer` end to end: dppo and the real RLlib peer script, in a venv of its own with the packages the
-command's hint tells a user to install (conftest's peer_venv: layered on the project's venv, whose torch and Ray are
-the pinned ones, so pip adds only RLlib's own; under the clone's .cache/, reused when it works, built in the
-background while other tests run), both trained to the same tiny budget; the section, its two rows and its figure
-written. The pipeline, not learning. Then bad input: one line."""
+"""`python -m benchmarks peer` end to end: dppo and the real RLlib peer script, in a venv of its own with the
+packages the command's hint tells a user to install (conftest's peer_venv: layered on the project's venv, whose
+torch and Ray are the pinned ones, so pip adds only RLlib's own; under the clone's .cache/, reused when it works,
+built in the background while other tests run), both trained to the same tiny budget; the section, its two rows and
+its figure written. The pipeline, not learning. Then bad input: one line."""
 
 from __future__ import annotations
 
