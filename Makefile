@@ -13,8 +13,9 @@ STAMP := $(VENV)/.installed-stamp
 TOOLS := .tools/bin
 TORCH_VERSION := 2.13.0
 # `make test` runs the suite on this many pytest-xdist workers (tests/parallel.py says what stays together or
-# alone); 2 keeps a 2-core machine busy while tests wait on process start-ups. TEST_WORKERS=0 runs one process.
-TEST_WORKERS ?= 2
+# alone). 3 on a 2-core machine: with 2 it was 84% busy (tests wait on process start-ups, the image's downloads, timed
+# phases), a reading by hand of /proc/stat during a run. TEST_WORKERS=0 runs one process.
+TEST_WORKERS ?= 3
 TORCH_INDEX_cpu := https://download.pytorch.org/whl/cpu
 TORCH_INDEX_cuda := https://pypi.org/simple
 TORCH ?= $(if $(shell nvidia-smi -L 2>/dev/null | grep '^GPU '),cuda,cpu)
