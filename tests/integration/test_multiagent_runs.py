@@ -110,15 +110,16 @@ def test_a_users_module_whose_agents_leave_early_trains_with_masks_and_evaluatio
 
 def test_pettingzoo_envs_named_as_users_name_them_train_with_the_defaults(ray_address: str, tmp_path: Path) -> None:
     """env.num_envs counts env copies (8 by default: 24 agent columns of simple_spread), and a module of one's own
-    with parallel_env() is a PettingZoo env without env.multiagent. One actor: a second tells nothing here."""
+    with parallel_env() is a PettingZoo env without env.multiagent. The defaults whole, actors included: what a user
+    who names the env gets."""
     (tmp_path / "crowd.py").write_text(textwrap.dedent(CROWD))
     for args, columns in ((["--env", "mpe2.simple_spread_v3"], 24), (["--env", "crowd"], 8 * 3)):
         run = tmp_path / args[1]
-        done = dppo("train", *args, "--actors", "1", "--total-steps", "1", "--no-tensorboard", "--address",
-                    ray_address, "--run-dir", str(run), cwd=tmp_path)
+        done = dppo("train", *args, "--total-steps", "1", "--no-tensorboard", "--address", ray_address,
+                    "--run-dir", str(run), cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         (record,) = progress(run)
-        assert record["env_steps"] == columns * 128  # the defaults: 8 copies x agents x 128 steps, from one actor
+        assert record["env_steps"] == 2 * columns * 128  # the defaults: 2 actors x 8 copies x agents x 128 steps
         assert yaml.safe_load((run / "config.yaml").read_text())["env"]["multiagent"] is True
 
 
