@@ -143,6 +143,15 @@ def run_curves(figure) -> list[dict[str, list]]:
              if not line.get_label().startswith("_")} for ax in figure.axes]
 
 
+def error_line(stderr: str) -> str:
+    """The one line a failed run ends with. Only the progress lines of a slow actor start (one every 10 s while
+    actors make their envs, more likely on a busy machine) may come before it."""
+    *progress, line = stderr.strip().splitlines()
+    assert all(p.startswith("waiting for actors to be placed and start") for p in progress), stderr
+    assert "Traceback" not in stderr, stderr
+    return line
+
+
 def processes_with(marker: str) -> list[int]:
     """Pids whose environment holds ``marker`` (a run's processes and every Ray process it started inherit it)."""
     found = []
