@@ -64,10 +64,13 @@ def test_the_target_can_be_judged_on_evaluations(ray_address: str, tmp_path: Pat
 def test_an_evaluation_env_that_fails_stops_only_the_evaluation(ray_address: str, tmp_path: Path) -> None:
     # every process's env raises once at its 300th step: the training actor (one, of 16 envs: the 2048-step rounds of
     # the default 2 x 8) recreates its env and goes on (env_retries), the evaluation has no retry and stops, saying so
-    # once
-    done = dppo("train", "--env", "dppo/Faulty-v0", "--set", "env.kwargs.fail_at=300", "--set", "run.eval_every=1",
-                "--set", "run.eval_episodes=20", "--total-steps", "16384", "--no-tensorboard", "--actors", "1",
-                "--envs-per-actor", "16", "--address", ray_address, "--run-dir", str(tmp_path / "run"))
+    # once. The 8 iterations train in under a second on a fast machine, less than an evaluation actor's start: the
+    # training actor's env sleeps 10 s at its step 10,241 (iteration 6), after the evaluations began (iteration 1), so
+    # the evaluation fails while the run still trains, however fast the machine
+    done = dppo("train", "--env", "dppo/Faulty-v0", "--set", "env.kwargs={fail_at: 300, hang_at: 10241, hang_s: 10}",
+                "--set", "run.eval_every=1", "--set", "run.eval_episodes=20", "--total-steps", "16384",
+                "--no-tensorboard", "--actors", "1", "--envs-per-actor", "16", "--address", ray_address, "--run-dir",
+                str(tmp_path / "run"))
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("evaluation stopped: env dppo/Faulty-v0 raised in the evaluation actor") == 1
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
