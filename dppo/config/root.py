@@ -107,7 +107,7 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _actor_policy(self) -> Config:
-        """run.actor_halves=2 and run.actor_gpus run one policy in the actor (dppo.rl.overlap)."""
+        """run.actor_halves=2 and run.actor_gpus run one policy in the actor (dppo.rl.worker_thread)."""
         run, num_envs = self.run, self.env.num_envs
         if run.actor_gpus > 1 and not run.actor_gpus.is_integer():
             raise ValueError(f"run.actor_gpus above 1 must be a whole number of GPUs (Ray's rule), not "

@@ -17,7 +17,7 @@ from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import UsageError, first_line
 from dppo.rl.agent import Agent
 from dppo.rl.opponents import SelfPlayGames
-from dppo.rl.overlap import OverlappedPolicy
+from dppo.rl.worker_thread import OverlappedPolicy
 from dppo.rl.policy import RemotePolicy
 from dppo.rl.segment import Segment
 

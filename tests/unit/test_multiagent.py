@@ -238,7 +238,7 @@ def test_num_envs_counts_env_copies_and_each_copys_agents_are_columns() -> None:
 def test_two_halves_split_env_copies_not_agent_columns() -> None:
     """A policy stepped in two halves (the inference service, run.actor_halves=2) gets half of the copies each,
     with all of their agents: 6 copies of 2 agents, two halves of 3 copies (6 columns)."""
-    from dppo.rl.overlap import OverlappedPolicy
+    from dppo.rl.worker_thread import OverlappedPolicy
 
     cfg = with_agents(config("run.actor_halves=2", num_envs=6))
     plain = Sampler(cfg)

@@ -1,4 +1,4 @@
-"""The actor's own policy on a worker thread (dppo.rl.overlap), in one or two halves, against the in-actor Agent: the
+"""The actor's own policy on a worker thread (dppo.rl.worker_thread), in one or two halves, against the in-actor Agent: the
 same segments for a seeded run (exactly for MLPs, which draw from the same stream; for a greedy CNN and LSTM the same
 actions, values to float tolerance), masks respected, an env that raises retried the same way; and the config's
 checks of run.actor_halves and run.actor_gpus."""
@@ -22,7 +22,7 @@ from dppo.distributed.actor import actor_sampler, gpu_shortage
 from dppo.envs.make import make_vector_env
 from dppo.rl.agent import export_weights
 from dppo.rl.build import build_model
-from dppo.rl.overlap import OverlappedPolicy
+from dppo.rl.worker_thread import OverlappedPolicy
 from dppo.rl.sampler import Sampler
 from dppo.rl.segment import Segment
 from dppo.sweep.spec import load_sweep
