@@ -42,8 +42,8 @@ class Asker:
     def run(self, mode: str, service: Any, endpoint: Any, requests: int) -> list[float]:
         """Seconds of each timed round trip."""
         from dppo.distributed.inference_client import ServiceClient
-        from dppo.distributed.shm_transport import Layout, ShmClient
         from dppo.rl.policy import Request
+        from dppo.transport.protocol import Layout, ShmClient
 
         client = (ShmClient(endpoint, Layout(*self.specs, self.model, self.rows)) if mode == "shm"
                   else ServiceClient(service))
@@ -130,7 +130,7 @@ def cmd_transport(args: argparse.Namespace) -> int:
     rows = bench_transport(counts, args.requests, args.rows, args.address)
     note = ("The time a sampling actor waits for one request to the inference service (run.inference=server): the "
             "observations of `rows` envs out, the networks' outputs back. `shared memory`: actors on the service's "
-            "node (dppo/distributed/shm_transport.py: the data in a segment per actor, a 20-byte message each way "
+            "node (dppo/transport/protocol.py: the data in a segment per actor, a 20-byte message each way "
             "on a Unix socket); `ray call`: an actor on another node (one Ray actor call per request). Each client "
             "is a Ray actor of its own asking one request at a time; the service batches the requests of all "
             "`clients` (one forward pass once every client's request is in, or 2 ms after the first). The model "

@@ -12,7 +12,7 @@ version and the reply is stamped with it.
 Three layers: :class:`Batcher` (when to run a batch), :class:`BatchStats` (what each batch held and cost) and
 :class:`InferenceServer` (the versions and the batched forward pass) are plain classes tested without Ray;
 :class:`InferenceService` is the asyncio Ray actor around them, reached by actors on its node through shared memory
-(:mod:`dppo.distributed.shm_endpoint`) and by others with a Ray call per request
+(:mod:`dppo.transport.server`) and by others with a Ray call per request
 (:mod:`dppo.distributed.inference_client`), all in the same batches; :class:`Inference` is the driver's side (start,
 ready, load each broadcast, replace a lost one, read the batch figures, close), a group of one actor on the shared
 lifecycle (:class:`~dppo.distributed.lifecycle.ActorGroup`) like the sampling actors.
@@ -37,12 +37,12 @@ from dppo.distributed.inference_client import ServedBroadcast
 from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.ray_calls import RayCalls
 from dppo.distributed.restarts import RestartBudget
-from dppo.distributed.shm_endpoint import Answer, ShmEndpoint
-from dppo.distributed.shm_transport import Endpoint, Layout
 from dppo.errors import RunFailure, UsageError, first_line
 from dppo.rl.agent import Agent, Heads, Weights
 from dppo.rl.policy import InferenceLost, Reply, Request
 from dppo.rl.spaces import Obs, check_spaces
+from dppo.transport.protocol import Endpoint, Layout
+from dppo.transport.server import Answer, ShmEndpoint
 
 BATCH_WAIT_S = 0.002  # how long a batch waits for the rest of the actors' requests after its first one
 KEEP_VERSIONS = 2  # the weights sampled with and, with run.overlap_sampling, the ones sampled with meanwhile

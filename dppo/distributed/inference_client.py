@@ -1,5 +1,5 @@
 """How an actor reaches the inference service: the broadcast that names the service, then shared memory when the
-service runs on the actor's node (:mod:`dppo.distributed.shm_transport`: no Ray call per step) or a Ray call per
+service runs on the actor's node (:mod:`dppo.transport.protocol`: no Ray call per step) or a Ray call per
 request from any other node (:class:`ServiceClient`)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import ray
 
 from dppo.distributed.broadcast import Broadcast
-from dppo.distributed.shm_transport import Endpoint, Layout, ShmClient
 from dppo.errors import first_line
 from dppo.rl.policy import InferenceClient, InferenceLost, RemotePolicy, Reply, Request
+from dppo.transport.protocol import Endpoint, Layout, ShmClient
 
 
 @dataclass

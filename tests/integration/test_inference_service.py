@@ -27,10 +27,10 @@ import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import load_config
 from dppo.distributed.inference import start_service
 from dppo.distributed.inference_client import ServedBroadcast, ServiceClient, service_client
-from dppo.distributed.shm_transport import ShmClient
 from dppo.rl.agent import Agent, export_weights
 from dppo.rl.build import build_model
 from dppo.rl.policy import RemotePolicy, Request
+from dppo.transport.protocol import ShmClient
 
 SHM = Path("/dev/shm")
 

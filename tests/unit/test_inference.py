@@ -21,13 +21,13 @@ from dppo.config.load import GPU_PRESETS_DIR
 from dppo.distributed.broadcast import Broadcast
 from dppo.distributed.inference import Batcher, Inference, InferenceServer, resolve_inference
 from dppo.distributed.ray_calls import RayCalls
-from dppo.distributed.shm_transport import Layout, ShmClient
 from dppo.errors import RunFailure, UsageError
 from dppo.rl.agent import Agent, export_weights
 from dppo.rl.build import build_model
 from dppo.rl.policy import InferenceLost, RemotePolicy, Reply, Request
 from dppo.rl.sampler import Sampler
 from dppo.rl.spaces import check_spaces
+from dppo.transport.protocol import Layout, ShmClient
 
 TRANSPORTS = ["in-process", "shared memory"]
 

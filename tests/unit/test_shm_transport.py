@@ -27,7 +27,11 @@ import torch
 
 from dppo.config import ModelConfig
 from dppo.distributed.inference import InferenceService
-from dppo.distributed.shm_transport import (
+from dppo.rl.agent import export_weights
+from dppo.rl.build import build_model
+from dppo.rl.policy import InferenceError, InferenceLost, Request
+from dppo.rl.spaces import check_spaces
+from dppo.transport.protocol import (
     ERROR,
     HEADER,
     HELLO,
@@ -45,10 +49,6 @@ from dppo.distributed.shm_transport import (
     sweep_stale,
     unpack,
 )
-from dppo.rl.agent import export_weights
-from dppo.rl.build import build_model
-from dppo.rl.policy import InferenceError, InferenceLost, Request
-from dppo.rl.spaces import check_spaces
 
 SHM = Path("/dev/shm")
 
@@ -217,7 +217,7 @@ ACTOR = """
 import sys, time
 import gymnasium as gym, numpy as np
 from dppo.config import ModelConfig
-from dppo.distributed.shm_transport import Endpoint, Layout, ShmClient
+from dppo.transport.protocol import Endpoint, Layout, ShmClient
 from dppo.rl.policy import Request
 from dppo.rl.spaces import check_spaces
 env, config = gym.make("CartPole-v1"), ModelConfig()

@@ -10,7 +10,7 @@ sends a Breakout batch of 113 KB through the object store and cost 0.46x of the 
 Every message is stamped with the protocol and the weights' version; anything else (a short or unknown message, a
 reply for a slot not asked, another version) is one :class:`TransportError`. A lost peer is an end of file: the
 service gone makes the actor's receive raise :class:`~dppo.rl.policy.InferenceLost` (the driver replaces the
-service); an actor gone makes the service release its segment (:mod:`dppo.distributed.shm_endpoint`). This
+service); an actor gone makes the service release its segment (:mod:`dppo.transport.server`). This
 module is the protocol and the actor's side; neither imports Ray.
 """
 

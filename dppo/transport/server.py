@@ -1,4 +1,4 @@
-"""The inference service's side of the same-node transport (:mod:`dppo.distributed.shm_transport`): a Unix socket
+"""The inference service's side of the same-node transport (:mod:`dppo.transport.protocol`): a Unix socket
 listener, one shared-memory segment per connected actor, requests read into the service's batches and replies
 written back. It runs on the service's asyncio loop (each connection a reader of the loop, like
 ``multiprocessing.connection.wait`` over them all), so requests from several actors, and Ray calls from actors on
@@ -22,7 +22,9 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from multiprocessing.shared_memory import SharedMemory
 
-from dppo.distributed.shm_transport import (
+from dppo.errors import first_line
+from dppo.rl.policy import Reply, Request
+from dppo.transport.protocol import (
     ERROR,
     HELLO,
     KINDS,
@@ -40,8 +42,6 @@ from dppo.distributed.shm_transport import (
     sweep_stale,
     unpack,
 )
-from dppo.errors import first_line
-from dppo.rl.policy import Reply, Request
 
 MAX_SLOTS = 255  # a slot is one byte of the header
 BACKLOG = 256  # actors connecting at once (a run's start)
