@@ -6,222 +6,63 @@ as KubeRay's submitter does, with ``--auto-resume`` as the chart's entrypoint. T
 until ``--minutes`` of chaos have passed (the last run then finishes in peace); the victims are the sampling actors,
 the learners, the inference service, the evaluation actor (by Ray actor class, read from the process title
 ``ray::<Class>``), whole worker nodes (back after ``--node-down-s``) and the driver (the job resubmitted with
-``--auto-resume``, as the chart's job retries would). Only processes of this cluster are killed: descendants of the
-`ray start` processes started here. The schedule, every kill and the figures go to ``--out``.
+``--auto-resume``, as the chart's job retries would). Only processes of this run are killed: descendants of the
+`ray start` processes started here, or with ``--address`` the actors and drivers of its own jobs on this machine.
+Every env step is accounted for, a multi-agent env's agent columns included. A line is printed as each thing
+happens (:mod:`dppo.bench.chaos_readout`); the schedule, every kill and the figures go to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import secrets
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from dppo.bench.chaos_cluster import (
-    FINISHED,
     Cluster,
     alive,
-    crash,
     probe,
     run_processes_left,
     saved_token,
-    shm_in_use,
     start_worker,
-    tree,
-    victims,
 )
+from dppo.bench.chaos_loop import Chaos
+from dppo.bench.chaos_readout import Narrator, clock, kill_rows, report_text, verdict
 from dppo.bench.chaos_report import RunLog, recovery_rows, run_row
 from dppo.bench.chaos_schedule import (
     KINDS,
-    Kill,
     make_schedule,
     parse_kinds,
     parse_rates,
-    pick,
     write_schedule,
 )
 from dppo.bench.common import add_common_args, machine
 from dppo.bench.docs import write_docs
-from dppo.bench.local_cluster import RAY, LocalCluster
+from dppo.bench.local_cluster import LocalCluster
 from dppo.cli_args import positive
 from dppo.errors import UsageError
-from dppo.markdown import table
 
-SETTLE_S = 2.0  # a line read this soon after a kill was written before it: no sign of recovery
 # What the bench sets so that chaos is not taken for a crash loop (the guards would end the run on purpose).
 CHAOS_SETS = ["faults.max_actor_restarts=100000", "faults.max_learner_restarts=100000", "metrics.port=0",
               "run.tensorboard=false"]
 
 
-class Chaos:
-    """The loop: follow the current run's progress and job, do the kills when due, bring nodes back."""
+def env_steps_per_segment(config: Any) -> int:
+    """Env steps in one actor's segment as the run counts them: T x the columns of its vector env, env copies x
+    each copy's agent columns (a PettingZoo Parallel env's agents; a turn-based game's one learning seat; 1 for a
+    gymnasium env), found by making one env of a multi-agent config as `dppo train` does."""
+    from dppo.envs.make import with_agents
 
-    def __init__(self, cluster: Cluster, out: Path, entrypoint: str, plan: list[Kill], seed: int,
-                 node_down_s: float, cpus_per_worker: int) -> None:
-        self.cluster, self.out, self.entrypoint, self.plan, self.seed = cluster, out, entrypoint, plan, seed
-        self.node_down_s, self.cpus_per_worker = node_down_s, cpus_per_worker
-        self.done: list[dict[str, Any]] = []
-        self.down: dict[str, float] = {}  # worker node -> when it comes back
-        self.shm: set[str] = set()
-        self.pids: dict[int, float] = {}  # every process of ours seen: pid -> create time
-        self.job_id = ""
-        self.full_at = 0.0  # when the last progress line with every actor's segment appeared
-        self.full = 0  # that many segments (run.actors)
-        self.node_shm: dict[str, set[str]] = {}  # per node: the /dev/shm entries its processes had, last seen
-        self.shm_with_nodes: list[str] = []  # removed with their killed node (a machine's /dev/shm goes with it)
-        self.loads: list[float] = []  # the machine's 1-minute load, every 2 s under chaos
-
-    def run_once(self, index: int, run_dir: Path, chaos_s: float | None, timeout_s: float) -> RunLog:
-        """One training run, resubmitted until it ends well (or ``timeout_s``); kills for ``chaos_s`` seconds
-        from the first progress line of the first run under chaos (Ray's and the run's start-up are not chaos
-        time: on a loaded machine they would take the window)."""
-        log = RunLog(index)
-        raw: set[str] = set()
-        attempt, start = 0, time.monotonic()
-        entry = f"{self.entrypoint} --run-dir {shlex.quote(str(run_dir))}"
-        self.job_id = f"chaos-{index}-{attempt}-{secrets.token_hex(2)}"
-        self.cluster.submit(self.job_id, entry)
-        last_status_at, last_scan_at = 0.0, 0.0
-        while True:
-            now = time.monotonic()
-            self.read_progress(run_dir, raw, log, attempt)
-            if now - last_status_at >= 1.0:
-                last_status_at = now
-                status = self.cluster.status(self.job_id)
-                if status in FINISHED:
-                    log.statuses.append(status)
-                    self.read_progress(run_dir, raw, log, attempt)
-                    if status == "SUCCEEDED" or now - start > timeout_s or attempt >= 1000:
-                        break
-                    self.save_job_log(self.job_id)
-                    attempt += 1  # the chart's retry: the same entrypoint, resuming from the newest checkpoint
-                    self.job_id = f"chaos-{index}-{attempt}-{secrets.token_hex(2)}"
-                    self.cluster.submit(self.job_id, entry)
-                elif now - start > timeout_s:
-                    with contextlib.suppress(OSError):
-                        subprocess.run([RAY, "job", "stop", "--address", self.cluster.dashboard, self.job_id],
-                                       env=self.cluster.env, capture_output=True, timeout=120, check=False)
-                    log.statuses.append("TIMEOUT")
-                    break
-            if now - last_scan_at >= 2.0:
-                last_scan_at = now
-                self.scan()
-            if chaos_s is not None and not self.chaos_start and log.seen:
-                self.chaos_start, self.chaos_until = log.seen[0][0], log.seen[0][0] + chaos_s
-            if chaos_s is not None and self.chaos_start:
-                self.kill_due(now, self.chaos_until, index)
-            self.bring_back(now)
-            time.sleep(0.2)
-        summary = run_dir / "summary.json"
-        log.summary = json.loads(summary.read_text()) if summary.exists() and log.statuses[-1] == "SUCCEEDED" else {}
-        log.final = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()] \
-            if (run_dir / "progress.jsonl").exists() else []
-        return log
-
-    def read_progress(self, run_dir: Path, raw: set[str], log: RunLog, attempt: int) -> None:
-        """Lines not seen before (a resume rewrites the file with the kept lines: those were seen)."""
-        path = run_dir / "progress.jsonl"
-        if not path.exists():
-            return
-        now = time.monotonic()
-        for line in path.read_text().split("\n")[:-1]:
-            if line not in raw:
-                raw.add(line)
-                log.seen.append((now, attempt, json.loads(line)))
-                if log.seen[-1][2]["segments"] >= self.full:
-                    self.full_at = now
-
-    def scan(self) -> None:
-        if self.chaos_start:
-            self.loads.append(os.getloadavg()[0])
-        processes = self.cluster.processes(self.job_id)
-        for process in processes:
-            with contextlib.suppress(psutil.Error):
-                self.pids.setdefault(process.pid, process.create_time())
-        self.shm |= shm_in_use(processes)
-        for name, node in (self.cluster.local.nodes.items() if self.cluster.local else []):
-            self.node_shm[name] = shm_in_use(tree(node.pid))
-
-    def kill_due(self, now: float, chaos_until: float, run: int) -> None:
-        """The planned kills whose time has come and whose kind has a victim now (else they wait for one), one of a
-        kind at a time, each once the run has recovered from the last of its kind (a full progress line since):
-        otherwise a driver restarting on a loaded machine is killed again before it trains, and nothing does."""
-        start = self.chaos_start
-        waiting = [k for k in self.plan if start + k.at_s <= now < chaos_until]
-        if not waiting:
-            return
-        processes, kinds = None, set()
-        for kill in waiting:
-            last = max((k["at"] for k in self.done if k["kind"] == kill.kind), default=0.0)
-            if kill.kind in kinds or self.full_at <= last + SETTLE_S:
-                continue  # one of a kind at a time, and only once the run has recovered from the last one
-            if kill.kind == "node":
-                up = [n for n in (self.cluster.local.nodes if self.cluster.local else {}) if n != "head"]
-                if self.down or not up:
-                    continue  # one node down at a time: two raylets registering at once can time out
-                name = pick(up, self.seed, len(self.done))
-                self.cluster.local.kill(name)  # type: ignore[union-attr]
-                self.lose_node_shm(name)
-                self.down[name] = time.monotonic() + self.node_down_s
-                victim: Any = name
-            else:
-                processes = processes if processes is not None else self.cluster.processes(self.job_id)
-                found = {p.pid: p for p in victims(kill.kind, processes, str(self.out))}
-                if not found:
-                    continue
-                victim = pick(list(found), self.seed, len(self.done))
-                crash(found[victim])
-                processes = None
-            self.plan.remove(kill)
-            kinds.add(kill.kind)
-            self.done.append({"kind": kill.kind, "planned_s": kill.at_s, "done_s": round(now - start, 2),
-                              "at": time.monotonic(), "victim": victim, "run": run})
-            print(f"chaos: t={now - start:.1f}s killed {kill.kind} {victim} (run {run})", flush=True)
-
-    def lose_node_shm(self, name: str) -> None:
-        """The /dev/shm entries of a killed node's processes go with it, as a machine's memory does (here the nodes
-        share one /dev/shm): removed unless a process of another node has them too; counted apart, not leftovers."""
-        others = set().union(*(paths for node, paths in self.node_shm.items() if node != name))
-        for path in sorted(self.node_shm.pop(name, set()) - others):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-                self.shm_with_nodes.append(path)
-            self.shm.discard(path)
-
-    def bring_back(self, now: float) -> None:
-        """Start a killed node again when its time is up (a rescheduled pod), and again if its start failed (a
-        loaded machine can time a raylet's registration out)."""
-        local = self.cluster.local
-        if local is None:
-            return
-        for name, node in list(local.nodes.items()):
-            if node.poll() is not None and name not in self.down:
-                print(f"chaos: node {name} exited ({node.returncode}); starting it again", flush=True)
-                local.nodes.pop(name)
-                self.down[name] = now
-        for name, at in list(self.down.items()):
-            if now >= at:
-                local.start_worker(name, self.cpus_per_worker, wait=False)
-                del self.down[name]
-
-    def save_job_log(self, job_id: str) -> None:
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            (self.out / f"{job_id}.log").write_text(self.cluster.api(f"/api/jobs/{job_id}/logs")["logs"])
-
-    chaos_start = 0.0  # when the chaos began (monotonic; 0: not yet)
-    chaos_until = 0.0
+    return with_agents(config).columns * config.ppo.segment_length
 
 
 def prepare(args: argparse.Namespace) -> tuple[Any, list[str], dict[str, float], list[str]]:
@@ -271,6 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     config, kinds, rates, sets = prepare(args)
+    steps = env_steps_per_segment(config)  # a bad env id or a user module that fails: one line before any start
     token = (os.environ.get("RAY_AUTH_TOKEN") or saved_token()) if args.address else secrets.token_hex(32)
     dashboard = probe(args.address, token) if args.address else ""
     if args.address and token:  # this process reads the cluster's actors (ray.util.state) with the token too
@@ -293,8 +135,10 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     local = None if args.address else LocalCluster(env)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its cluster (finally)
     loads = [os.getloadavg()[0]]
+    say = Narrator(config.run.total_steps, args.minutes * 60)
     try:
         if local is not None:
+            say.say(f"starting a local cluster: a head and {args.workers} worker nodes of {cpus} CPUs (out: {out})")
             for attempt in range(3):  # a port chosen free can be taken by another process before Ray binds it
                 try:
                     local.start_head(0, dashboard=True)
@@ -306,22 +150,28 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             for i in range(1, args.workers + 1):
                 start_worker(local, f"worker-{i}", cpus)  # each alone holds the run: one may be down
             dashboard = local.dashboard
-        cluster = Cluster(dashboard, env, local)
-        chaos = Chaos(cluster, out, entrypoint, list(plan), args.seed, args.node_down_s, cpus)
+        cluster = Cluster(dashboard, env, local, str(out))
+        chaos = Chaos(cluster, out, entrypoint, list(plan), args.seed, args.node_down_s, cpus, say)
         chaos.full = config.run.actors
         baseline = None
         if args.baseline:
-            print("chaos: the run without chaos first", flush=True)
+            say.say(f"run 0, the run without chaos, first ({config.run.total_steps:,} env steps)")
             base = chaos.run_once(0, out / "run-0", None, timeout_s=3600)
             baseline = base.summary.get("episode_return_mean")
         runs: list[RunLog] = []
         while not chaos.chaos_start or time.monotonic() < chaos.chaos_until:
             loads.append(os.getloadavg()[0])
+            say.say(f"run {len(runs) + 1} starts" + (" (the chaos begins at its first progress line: "
+                                                     f"{args.minutes:g} min, {len(plan)} kills planned)"
+                                                     if not chaos.chaos_start else ""))
             runs.append(chaos.run_once(len(runs) + 1, out / f"run-{len(runs) + 1}", args.minutes * 60,
                                        timeout_s=args.minutes * 60 + 1800))
             if runs[-1].statuses[-1] != "SUCCEEDED":
                 break
         loads.append(os.getloadavg()[0])
+        ended = (f"the chaos ended at t={clock(args.minutes * 60)}" if runs[-1].statuses[-1] == "SUCCEEDED"
+                 else f"run {len(runs)} ended {runs[-1].statuses[-1]}")
+        say.say("counting what the runs left behind (their processes get up to 60 s to end)")
         leftovers = {"processes": run_processes_left(cluster, str(out))}
     finally:
         if local is not None:
@@ -333,35 +183,32 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     leftovers["processes"] += [str(pid) for pid in left]
     leftovers["shm"] = sorted(path for path in chaos.shm if Path(path).exists())
     leftovers["shm_gone_with_nodes"] = chaos.shm_with_nodes
-    write_schedule(out / "schedule.json", plan, chaos.done, settings)
-    steps = config.env.num_envs * config.ppo.segment_length
+    missed = chaos.missed(ended)
+    write_schedule(out / "schedule.json", plan, chaos.done, settings, missed)
     row, accounts = run_row(runs, chaos.done, steps, config.run.actors, baseline, leftovers)
     row["load_avg"] = round(statistics.mean(chaos.loads or loads), 2)
     kills = recovery_rows(chaos.done, runs, config.run.actors, kinds)
-    (out / "results.json").write_text(json.dumps({"run": row, "kills": kills, "runs": accounts,
-                                                  "leftovers": leftovers}, indent=1) + "\n")
-    report(args, row, kills, info, out)
+    words = kill_rows(kills, missed)
+    result = {"verdict": verdict(row, accounts, words, missed), "run": row, "kills": kills, "missed": missed,
+              "runs": accounts, "leftovers": leftovers, "env_steps_per_segment": steps}
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    report(args, result, report_text(row, accounts, words, missed), info, out)
     return 0
 
 
-def report(args: argparse.Namespace, row: dict[str, Any], kills: list[dict[str, Any]], info: dict[str, Any],
-           out: Path) -> None:
-    """Both tables on stdout; the section of docs/benchmarks.md with --write-docs."""
+def report(args: argparse.Namespace, result: dict[str, Any], text: str, info: dict[str, Any], out: Path) -> None:
+    """The report on stdout (its first line the verdict); the section of docs/benchmarks.md with --write-docs."""
     from dppo.bench.common import typed_argv
 
-    kill_md = table(kills, ["kind", "kills", "recovered", "recover_median_s", "recover_worst_s"])
-    columns = ["runs", "attempts", "final_status", "longest_gap_s", "steps_trained", "steps_in_progress",
-               "steps_rewound", "short_rounds", "segments_dropped", "accounting_exact", "rewinds", "driver_kills",
-               "shm_left", "processes_left", "final_return", "return_without_chaos", "return_ratio", "load_avg"]
-    run_md = table([row], columns)
-    print(kill_md + "\n\n" + run_md, flush=True)
-    print(f"schedule, kills and accounting: {out}", flush=True)
+    print("\n" + text, flush=True)
+    print(f"\nschedule, kills and accounting: {out}", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"run": row, "kills": kills}, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({k: result[k] for k in ("verdict", "run", "kills", "missed")},
+                                              indent=2) + "\n")
     if args.write_docs:
         note = NOTE.format(minutes=f"{args.minutes:g}")
         write_docs(Path(args.write_docs), args.section or "chaos", "Chaos: every kind of process killed at random",
-                   note, shlex.join(typed_argv(args)), kill_md + "\n\n" + run_md, info)
+                   note, shlex.join(typed_argv(args)), text, info)
         print(f"wrote section {args.section or 'chaos'!r} of {args.write_docs}", flush=True)
 
 
@@ -372,21 +219,9 @@ NOTE = (
     "seeded schedule (`schedule.json` beside the results) SIGKILLs a process of each kind at random moments: "
     "sampling actors, learners, the inference service, the evaluation actor (by Ray actor class), whole worker "
     "nodes (back after `--node-down-s`) and the driver (the job resubmitted, resuming from its newest checkpoint, "
-    "as the chart's retries do). The bench lifts the crash-loop guards (`faults.max_*_restarts`) so chaos is not "
-    "taken for a crash loop, and turns evaluation on (`run.eval_every=5`) when the config has it off. "
-    "A kill waits until its kind has a victim and the run has recovered from the last kill of that kind (a "
-    "progress line with every actor's segment since), so kills of one kind never land on a restart still under "
-    "way. `recover_*_s`: from the kill to the next progress line with every actor's segment (the bench's clock, "
-    "polled every 0.2 s; a kill landing after its round was gathered shows the next line's time). "
-    "`accounting_exact`: in every run iterations 1..n once each, every line's env steps its "
-    "segments x E x T, their sum summary.json's trained steps, and every line seen before a resume unchanged "
-    "after it unless cut by the resume (`steps_rewound`, at most one rewind per driver kill); `short_rounds`: "
-    "rounds a kill left without some actor's segment (named in results.json); the steps sampled are counted by the "
-    "driver's rounds, not by the actors. `shm_left`: /dev/shm entries the cluster's processes had open or mapped "
-    "that still exist after the run (a killed node's are removed with it, as a machine's memory goes with it, and "
-    "listed apart in results.json; a victim process is SIGKILLed alone, as a crash would be); "
-    "`processes_left`: the run's processes alive 60 s after its last job ended, and any "
-    "process of the cluster alive after it was stopped. `final_return`: the mean of the runs' final 100-episode "
-    "returns, against one run of the same config without chaos. `load_avg`: the machine's 1-minute load during "
-    "the run (it is shared)."
+    "as the chart's retries do); a victim process is SIGKILLed alone, as a crash would be. The bench lifts the "
+    "crash-loop guards (`faults.max_*_restarts`) so chaos is not taken for a crash loop, and turns evaluation on "
+    "(`run.eval_every=5`) when the config has it off. The env steps are counted by the driver's rounds, not by "
+    "the actors; a multi-agent env's steps are its agent columns'. The first line below is the verdict; the "
+    "legend after the tables says what each column counts."
 )

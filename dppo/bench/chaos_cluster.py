@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import time
 import urllib.request
@@ -24,9 +25,10 @@ FINISHED = {"SUCCEEDED", "FAILED", "STOPPED"}
 class Cluster:
     """The job API of the cluster the run goes to, and the processes of it this bench may kill."""
 
-    def __init__(self, dashboard: str, env: dict[str, str], local: LocalCluster | None) -> None:
-        self.dashboard, self.env, self.local = dashboard, env, local
+    def __init__(self, dashboard: str, env: dict[str, str], local: LocalCluster | None, marker: str) -> None:
+        self.dashboard, self.env, self.local, self.marker = dashboard, env, local, marker
         self.token = env.get("RAY_AUTH_TOKEN", "")
+        self.job_ids: set[str] = set()  # Ray's ids of our jobs (every attempt's), as the job API gave them
 
     def api(self, path: str) -> Any:
         request = urllib.request.Request(f"{self.dashboard}{path}", headers={"Authorization": f"Bearer {self.token}"})
@@ -43,29 +45,72 @@ class Cluster:
 
     def status(self, job_id: str) -> str:
         try:
-            return str(self.api(f"/api/jobs/{job_id}")["status"])
+            job = self.api(f"/api/jobs/{job_id}")
+            self.note_job(job)
+            return str(job["status"])
         except (OSError, ValueError, KeyError):
             return "UNKNOWN"  # the head is busy: ask again
 
     def processes(self, job_id: str | None = None) -> list[psutil.Process]:
-        """Processes of this cluster (local: every descendant of our `ray start`s; a given cluster: the actors and
-        driver of our job that run on this machine, by the pids Ray reports)."""
+        """Processes of this cluster the bench may kill (local: every descendant of our `ray start`s; a given
+        cluster: :func:`own_processes` of our job)."""
         if self.local is not None:
             return self.local.processes()
-        pids = set()
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            job = self.api(f"/api/jobs/{job_id}")
-            pids.add((job.get("driver_info") or {}).get("pid"))
-            from ray.util.state import list_actors
+        from ray.util.state import list_actors, list_nodes
+        from ray.util.state.exception import RayStateApiException
 
-            for actor in list_actors(address=self.dashboard, filters=[("state", "=", "ALIVE")], limit=1000):
-                if actor.job_id == (job.get("driver_info") or {}).get("id"):
-                    pids.add(actor.pid)
-        found = []
-        for pid in pids:
-            with contextlib.suppress(psutil.Error, TypeError, ValueError):
-                found.append(psutil.Process(int(pid)))
-        return found
+        with contextlib.suppress(OSError, ValueError, KeyError, RayStateApiException):
+            job = self.api(f"/api/jobs/{job_id}")
+            self.note_job(job)
+            actors = list_actors(address=self.dashboard, filters=[("state", "=", "ALIVE")], limit=10000)
+            nodes = {node.node_id: node.node_ip for node in list_nodes(address=self.dashboard, limit=10000)}
+            return own_processes(job, actors, nodes, machine_ips(), self.marker)
+        return []
+
+    def note_job(self, job: dict[str, Any]) -> None:
+        """Remember the Ray job id of a job of ours (every attempt's): the run's actors are found by it."""
+        ray_id = job.get("job_id") or (job.get("driver_info") or {}).get("id")
+        if ray_id:
+            self.job_ids.add(str(ray_id))
+
+    def actors_left(self) -> list[str]:
+        """A given cluster's actors of our jobs that are not dead (Ray's table, wherever they run)."""
+        from ray.util.state import list_actors
+        from ray.util.state.exception import RayStateApiException
+
+        with contextlib.suppress(OSError, ValueError, KeyError, RayStateApiException):
+            return [f"{a.class_name} pid {a.pid} (job {a.job_id}, {a.state})"
+                    for a in list_actors(address=self.dashboard, filters=[("state", "!=", "DEAD")], limit=10000)
+                    if a.job_id in self.job_ids]
+        return []
+
+
+def machine_ips() -> set[str]:
+    """This machine's addresses: a Ray node reporting one of them runs here (its pids are this machine's)."""
+    return {address.address for addresses in psutil.net_if_addrs().values() for address in addresses
+            if address.family in (socket.AF_INET, socket.AF_INET6)}
+
+
+def own_processes(job: dict[str, Any], actors: list[Any], nodes: dict[str, str], here: set[str],
+                  marker: str) -> list[psutil.Process]:
+    """The processes of one job of ours on this machine, on a cluster the bench did not start: its actors (Ray's
+    ``ActorState`` rows of the job's id on a node whose address is ``here``) and its driver (the job API's
+    ``driver_info`` on a node here), each confirmed by its command line (a Ray worker's ``ray::`` title; the
+    driver's ``-m dppo train`` with this bench's ``marker``). A pid Ray reports for a node elsewhere names
+    another process here (another run's, or anyone's): never ours, never killed, never "left behind"."""
+    ray_id = job.get("job_id") or (job.get("driver_info") or {}).get("id")
+    driver = job.get("driver_info") or {}
+    wanted = [(driver.get("pid"), "driver")] if driver.get("node_ip_address") in here else []
+    wanted += [(actor.pid, "actor") for actor in actors
+               if ray_id and actor.job_id == ray_id and nodes.get(actor.node_id) in here]
+    found = []
+    for pid, role in wanted:
+        with contextlib.suppress(psutil.Error, TypeError, ValueError):
+            process = psutil.Process(int(pid))
+            command = title(process)
+            if command.startswith("ray::") if role == "actor" else is_driver(command, marker):
+                found.append(process)
+    return found
 
 
 def title(process: psutil.Process) -> str:
@@ -80,8 +125,13 @@ def victims(kind: str, processes: list[psutil.Process], marker: str) -> list[psu
     if kind in ACTOR_CLASSES:
         name = f"ray::{ACTOR_CLASSES[kind]}"
         return [p for p in processes if (t := title(p)).split(" ")[0] in (name,) or t.startswith(name + ".")]
-    return [p for p in processes if marker in (t := title(p)) and " -m dppo train " in t and not t.startswith("ray::")
-            and not t.startswith(("bash", "/bin/sh", "sh "))]
+    return [p for p in processes if is_driver(title(p), marker)]
+
+
+def is_driver(command: str, marker: str) -> bool:
+    """The command line of a driver of this bench's runs (not the shell KubeRay's submitter wraps it in)."""
+    return (marker in command and " -m dppo train " in command
+            and not command.startswith(("ray::", "bash", "/bin/sh", "sh ")))
 
 
 def crash(process: psutil.Process) -> None:
@@ -148,11 +198,12 @@ def start_worker(local: LocalCluster, name: str, cpus: int, tries: int = 3) -> N
 
 
 def run_processes_left(cluster: Cluster, marker: str, wait_s: float = 60.0) -> list[str]:
-    """The run's processes (actors of its kinds, its driver) still alive a while after its last job ended."""
+    """The run's processes still alive a while after its last job ended: on the local cluster, actors of its kinds
+    and its driver; on a given one, the actors of its own jobs (Ray's table), never another run's."""
     deadline = time.monotonic() + wait_s
     while True:
         left = [title(p) for kind in KINDS for p in victims(kind, cluster.processes(), marker)] \
-            if cluster.local is not None else []
+            if cluster.local is not None else cluster.actors_left()
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(1.0)

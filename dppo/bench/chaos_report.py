@@ -79,6 +79,7 @@ def account(run: RunLog, steps_per_segment: int, full: int) -> dict[str, Any]:
             "trained": trained, "in_progress": in_progress, "rewinds": rewinds, "rewound_steps": rewound_steps,
             "rewound": rewound_iterations, "short_rounds": short,
             "dropped_segments": run.summary.get("segments_dropped"), "exact": exact,
+            "env_failures": final[-1].get("env_failures") if final else None,
             "final_return": run.summary.get("episode_return_mean")}
 
 

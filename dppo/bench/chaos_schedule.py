@@ -80,7 +80,9 @@ def pick(candidates: list[int], seed: int, index: int) -> int:
     return ordered[random.Random(f"{seed}:victim:{index}").randrange(len(ordered))]
 
 
-def write_schedule(path: Path, planned: list[Kill], done: list[dict[str, object]], settings: dict[str, object]) -> None:
-    """The schedule beside the results: the settings, what was planned and what was done (victim, time)."""
-    path.write_text(json.dumps({"settings": settings, "planned": [asdict(k) for k in planned], "kills": done},
-                               indent=1) + "\n")
+def write_schedule(path: Path, planned: list[Kill], done: list[dict[str, object]], settings: dict[str, object],
+                   missed: list[dict[str, object]] | None = None) -> None:
+    """The schedule beside the results: the settings, what was planned, what was done (victim, time) and what was
+    not (why)."""
+    path.write_text(json.dumps({"settings": settings, "planned": [asdict(k) for k in planned], "kills": done,
+                                "not_done": missed or []}, indent=1) + "\n")

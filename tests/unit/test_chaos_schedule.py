@@ -1,14 +1,27 @@
-"""The chaos bench's schedule and its accounting of env steps, on their own (no Ray, no processes)."""
+"""The chaos bench's schedule, its accounting of env steps (a multi-agent env's columns included) and the report a
+user reads, on their own (no Ray cluster)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import subprocess
+import time
 from pathlib import Path
 
+import psutil
 import pytest
+from ray.util.state.common import ActorState
 
+from dppo.bench.chaos import env_steps_per_segment
+from dppo.bench.chaos_cluster import Cluster, machine_ips, own_processes
+from dppo.bench.chaos_loop import Chaos
+from dppo.bench.chaos_readout import Narrator, kill_rows, report_text, verdict
 from dppo.bench.chaos_report import RunLog, account, recovery_rows, run_row
 from dppo.bench.chaos_schedule import Kill, make_schedule, parse_kinds, parse_rates, pick, write_schedule
+from dppo.bench.local_cluster import LocalCluster
+from dppo.config import load_config
 from dppo.errors import UsageError
 
 E_T = 8 * 64  # env steps per segment
@@ -58,9 +71,12 @@ def test_rates_default_per_kind_and_override() -> None:
 
 
 def test_the_schedule_is_written_beside_the_results(tmp_path: Path) -> None:
-    write_schedule(tmp_path / "schedule.json", [Kill(1.5, "actor")], [{"kind": "actor", "victim": 42}], {"seed": 1})
+    write_schedule(tmp_path / "schedule.json", [Kill(1.5, "actor"), Kill(2.0, "evaluation")],
+                   [{"kind": "actor", "victim": 42}], {"seed": 1},
+                   [{"kind": "evaluation", "planned_s": 2.0, "why": "no evaluation actor alive"}])
     data = json.loads((tmp_path / "schedule.json").read_text())
-    assert data["planned"] == [{"at_s": 1.5, "kind": "actor"}] and data["kills"][0]["victim"] == 42
+    assert data["planned"][0] == {"at_s": 1.5, "kind": "actor"} and data["kills"][0]["victim"] == 42
+    assert data["not_done"] == [{"kind": "evaluation", "planned_s": 2.0, "why": "no evaluation actor alive"}]
 
 
 def record(iteration: int, segments: int = 2, steps_before: int | None = None) -> dict[str, object]:
@@ -113,3 +129,135 @@ def test_recovery_is_timed_to_the_next_full_round_and_rewinds_are_held_to_driver
     row, _ = run_row([run], kills, E_T, 2, 500.0, {"shm": [], "processes": []})
     assert row["accounting_exact"] and row["rewinds"] == 0 and row["rewinds_ok"]
     assert row["longest_gap_s"] == 3.0 and row["return_ratio"] == 0.94
+
+
+@pytest.mark.parametrize(("overrides", "steps"), [
+    ({"env.id": "CartPole-v1", "env.num_envs": 8, "ppo.segment_length": 32}, 8 * 32),
+    # a PettingZoo Parallel env: each copy gives one column per agent (simple_spread: 3)
+    ({"env.id": "mpe2.simple_spread_v3", "env.num_envs": 2, "ppo.segment_length": 25}, 2 * 3 * 25),
+    # self-play: one learning seat per game
+    ({"env.id": "pettingzoo.classic.tictactoe_v3", "env.num_envs": 64, "ppo.segment_length": 32}, 64 * 32),
+])
+def test_a_segment_holds_every_agent_column(overrides: dict[str, object], steps: int) -> None:
+    assert env_steps_per_segment(load_config(overrides=overrides)) == steps
+
+
+def test_a_multi_agent_run_accounts_exactly_by_its_agent_columns() -> None:
+    """Records as a simple_spread run writes them (2 actors x 2 copies x 3 agents x 25 steps a round): exact when a
+    segment is counted by its agent columns, not when it is counted as one agent's (env.num_envs x T)."""
+    columns = env_steps_per_segment(load_config(overrides={"env.id": "mpe2.simple_spread_v3", "env.num_envs": 2,
+                                                           "ppo.segment_length": 25}))
+    records = [{"iteration": i, "segments": 2, "env_steps_delta": 300, "env_steps": 300 * i} for i in (1, 2, 3)]
+    run = RunLog(1, seen=[(float(i), 0, r) for i, r in enumerate(records)], final=records, statuses=["SUCCEEDED"],
+                 summary={"env_steps": 900, "segments_dropped": 0})
+    assert account(run, columns, 2)["exact"]
+    assert not account(run, 2 * 25, 2)["exact"]  # one agent's count: every line looks three times too big
+
+
+def a_run_with_kills() -> tuple[RunLog, list[dict[str, object]], list[dict[str, object]]]:
+    """One run of 3 iterations in 2 jobs (its driver killed once), an actor killed and recovered from 4 s later, and
+    an evaluation kill that never found its victim."""
+    seen = [(1.0, 0, record(1)), (3.0, 1, record(2)), (6.0, 1, record(3))]
+    run = RunLog(1, seen=seen, final=[r for _, _, r in seen], statuses=["FAILED", "SUCCEEDED"],
+                 summary={"env_steps": 6 * E_T, "segments_dropped": 0, "episode_return_mean": 499.0})
+    kills = [{"kind": "actor", "at": 2.0, "victim": 7, "done_s": 1.0}, {"kind": "driver", "at": 2.5, "victim": 9}]
+    missed = [{"kind": "evaluation", "planned_s": 50.0,
+               "why": "no evaluation actor alive: it lives only while the run evaluates, until the chaos ended"}]
+    return run, kills, missed
+
+
+def test_the_report_opens_with_its_verdict_in_words_then_plain_tables_and_a_legend() -> None:
+    run, kills, missed = a_run_with_kills()
+    row, accounts = run_row([run], kills, E_T, 2, 500.0, {"shm": [], "processes": []})
+    words = kill_rows(recovery_rows(kills, [run], 2, ["actor", "evaluation", "driver"]), missed)
+    lines = report_text(row, accounts, words, missed).splitlines()
+    assert lines[0] == ("nothing lost: every env step accounted (3,072 trained), 0 rewound; nothing left behind; "
+                        "return 0.998 of the run without chaos (499 vs 500)")
+    assert lines[1].startswith("2 kills (1 actor, 0 evaluation, 1 driver) in 1 training run and 2 job attempts;")
+    assert "| killed | planned | done | not done | recovered | recovery median (s) | recovery worst (s) |" in lines
+    assert "| evaluation | 1 | 0 | 1 | 0 | - | - |" in lines
+    assert f"| evaluation | t=0:50 | {missed[0]['why']} |" in lines  # a planned kill not done says why
+    assert "| 1 | 2 | SUCCEEDED | 3072 | 3072 | 0 | 0 | 0 | - | yes |" in lines  # run 1 in 2 jobs
+    text = "\n".join(lines)
+    assert "**run**" in text and "**jobs**" in text  # the legend tells a run from a job attempt
+    assert not any(name in text for name in ("accounting_exact", "recover_median_s", "steps_in_progress"))
+
+
+def test_the_verdict_names_what_went_wrong() -> None:
+    run, kills, _ = a_run_with_kills()
+    run.summary["env_steps"] = 5 * E_T  # a round's steps missing from the trained count
+    row, accounts = run_row([run], kills, E_T, 2, 500.0, {"shm": [], "processes": ["ray::Actor"]})
+    words = kill_rows(recovery_rows(kills, [run], 2, ["actor", "driver"]), [])
+    assert verdict(row, accounts, words, [])[0] == (
+        "PROBLEMS: run 1's env steps NOT accounted; left behind: 1 processes, 0 /dev/shm entries (results.json: "
+        "leftovers); return 0.998 of the run without chaos (499 vs 500)")
+
+
+def titled(title: str) -> subprocess.Popen[bytes]:
+    """A process whose command line starts with ``title`` (as a Ray worker's or a driver's does), once it has."""
+    process = subprocess.Popen(["bash", "-c", f"exec -a {shlex.quote(title)} sleep 60"])
+    deadline = time.monotonic() + 10
+    while psutil.Process(process.pid).cmdline()[:1] != [title]:  # bash until it execs
+        assert time.monotonic() < deadline, f"{title} did not start"
+        time.sleep(0.02)
+    return process
+
+
+def test_on_a_given_cluster_only_the_runs_own_processes_on_this_machine_are_its() -> None:
+    """With --address, Ray reports pids of every node: one of a node elsewhere names another process here (another
+    run's actor, the test itself), and another job's actor here is another run's: none is the run's."""
+    ours, others, driver = titled("ray::Actor.sample"), titled("ray::Actor.sample"), \
+        titled("python -m dppo train --config /out/config.yaml")
+    try:
+        def actor(job: str, node: str, pid: int) -> ActorState:
+            return ActorState(actor_id=f"{pid:032x}", class_name="Actor", state="ALIVE", job_id=job, name="",
+                              node_id=node, pid=pid, ray_namespace="chaos")
+
+        job = {"job_id": "02000000", "driver_info": {"id": "02000000", "node_ip_address": "127.0.0.1",
+                                                     "pid": driver.pid}}
+        actors = [actor("02000000", "here", ours.pid), actor("02000000", "far", others.pid),
+                  actor("03000000", "here", others.pid), actor("02000000", "here", os.getpid())]
+        nodes = {"here": "127.0.0.1", "far": "10.9.9.9"}
+        assert "127.0.0.1" in machine_ips()
+        found = own_processes(job, actors, nodes, machine_ips(), "/out")
+        assert sorted(p.pid for p in found) == sorted([ours.pid, driver.pid])
+        far_driver = {**job, "driver_info": {**job["driver_info"], "node_ip_address": "10.9.9.9"}}
+        assert [p.pid for p in own_processes(far_driver, actors, nodes, machine_ips(), "/out")] == [ours.pid]
+    finally:
+        for process in (ours, others, driver):
+            process.kill()
+            process.wait()
+
+
+def test_each_kill_recovery_and_reason_to_wait_is_a_line_as_it_happens(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The loop on a cluster of one process titled as a sampling actor: the actor kill is done and said, the
+    evaluation and node kills wait and say why once, the recovery is said when a full round appears, and the kills
+    never done keep their reason."""
+    local = LocalCluster({}, root=tmp_path)
+    local.nodes["head"] = titled("ray::Actor.sample")
+    plan = [Kill(1.0, "actor"), Kill(1.5, "evaluation"), Kill(2.0, "node"), Kill(50.0, "driver")]
+    chaos = Chaos(Cluster("", {}, local, str(tmp_path)), tmp_path, "true", list(plan), 1, 10.0, 1,
+                  Narrator(10_000, 60.0))
+    now = time.monotonic()
+    chaos.chaos_start = chaos.say.start = now - 5.0
+    chaos.chaos_until, chaos.full, chaos.full_at = now + 55.0, 2, now - 1.0
+    try:
+        chaos.kill_due(now, chaos.chaos_until, 1)
+        chaos.kill_due(now + 0.2, chaos.chaos_until, 1)  # the same reasons: no new line
+        assert local.nodes["head"].wait(timeout=10) == -9  # SIGKILLed
+    finally:
+        local.nodes["head"].kill()
+    (tmp_path / "progress.jsonl").write_text(json.dumps(record(1)) + "\n")
+    chaos.read_progress(tmp_path, set(), RunLog(1), 0)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4, lines
+    assert lines[0].startswith(f"chaos t=0:05 killed actor pid {local.nodes['head'].pid}; planned at t=0:01; run 1")
+    assert lines[1] == "chaos t=0:05 the evaluation kill planned at t=0:01 waits: no evaluation actor alive: it " \
+                       "lives only while the run evaluates (every run.eval_every iterations)"
+    assert lines[2] == "chaos t=0:05 the node kill planned at t=0:02 waits: no worker node up"
+    assert "recovered from the actor kill at t=0:05 in " in lines[3] and "iteration 1 with every actor's" in lines[3]
+    missed = chaos.missed("the chaos ended at t=1:00")
+    assert [(m["kind"], m["why"].split(":")[0]) for m in missed] == [
+        ("evaluation", "no evaluation actor alive"), ("node", "no worker node up, until the chaos ended at t=1"),
+        ("driver", "its moment never came")]
