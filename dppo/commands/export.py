@@ -32,11 +32,7 @@ def export(policy: DeterministicPolicy, output: Path, fmt: str) -> None:
 
     policy.requires_grad_(False)
     inputs = example_inputs(policy)
-    output = output.resolve()
-    if not output.parent.is_dir():
-        raise UsageError(f"cannot write {str(output)!r}: directory {str(output.parent)!r} does not exist")
-    if output.is_dir():
-        raise UsageError(f"cannot write {str(output)!r}: it is a directory; pass a file name such as policy.onnx")
+    output = check_output(output)
     try:
         tmp = new_temp_file(output)  # mode 0o666 less the umask, as open() gives: the policy ships to others
     except OSError as err:
@@ -59,12 +55,30 @@ def export(policy: DeterministicPolicy, output: Path, fmt: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def check_output(output: Path) -> Path:
+    """``output`` resolved, once it names a file in a directory that exists."""
+    output = output.resolve()
+    if not output.parent.is_dir():
+        raise UsageError(f"cannot write {str(output)!r}: directory {str(output.parent)!r} does not exist")
+    if output.is_dir():
+        raise UsageError(f"cannot write {str(output)!r}: it is a directory; pass a file name such as policy.onnx")
+    return output
+
+
+SUFFIXES = {".onnx": "onnx", ".pt": "torchscript", ".ts": "torchscript", ".torchscript": "torchscript"}
+
+
 def format_for(output: Path, fmt: str | None) -> str:
-    """--format, else from the file name: .pt/.ts/.torchscript -> torchscript, anything else -> onnx."""
+    """--format, else from the file name (:data:`SUFFIXES`); a name that says neither is bad input, never a guess:
+    ``policy.xyz`` written as ONNX would be found by nobody who looks for it."""
     if fmt is not None:
         return fmt
-    return "torchscript" if output.suffix in {".pt", ".ts", ".torchscript"} else "onnx"
-
+    found = SUFFIXES.get(output.suffix.lower())
+    if found is None:
+        named = f"ends in {output.suffix!r}" if output.suffix else "has no suffix"
+        raise UsageError(f"-o {str(output)!r} {named}, which names no export format; name the file .onnx (ONNX) or .pt "
+                         "(TorchScript), or pass --format onnx|torchscript")
+    return found
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -75,7 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("-o", "--output", required=True, type=Path, help="file to write, e.g. policy.onnx")
     ex.add_argument("--best", action="store_true",
                     help="the run's best evaluated weights (checkpoints/best.pt, run.eval_every) instead of the latest")
-    ex.add_argument("--format", choices=FORMATS, help="default: from the file name (.pt/.ts: torchscript, else onnx)")
+    ex.add_argument("--format", choices=FORMATS,
+                    help="default: from the file name (.onnx: onnx; .pt or .ts: torchscript)")
     ex.add_argument("--policy", help="a run of several policies (policies:): export this one to -o; default: every "
                     "policy, each to the -o name with .POLICY before its suffix (policy.adversary.onnx)")
     ex.set_defaults(func=cmd_export)
@@ -84,9 +99,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from dppo.run.checkpoint import load
 
+    check_output(args.output)  # what -o names is bad input before the checkpoint is read
+    fmt = format_for(args.output, args.format)
     checkpoint = load(args.checkpoint, best=args.best)
     import_from_cwd()
-    fmt = format_for(args.output, args.format)
     if fmt == "onnx":
         try:
             import onnx  # noqa: F401 - torch's exporter needs onnx and onnxscript

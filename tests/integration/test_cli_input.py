@@ -3,6 +3,7 @@ problem and the fix, no traceback, nothing written."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 from pathlib import Path
@@ -77,6 +78,12 @@ CASES = [
     (["eval", "--checkpoint", "empty-run"], "no intact checkpoint"),
     (["eval", "--checkpoint", "cartpole-run", "--episodes", "0"], "--episodes"),
     (["nosuchcommand"], "invalid choice"),
+    # options only in full: argparse's abbreviations took --envs for --envs-per-actor (and trained with it)
+    (["train", "--envs", "4", "--actors", "0"], "unrecognized arguments: --envs 4; did you mean --env or "
+                                                "--envs-per-actor? (see dppo train --help)"),
+    (["train", "--total", "1e3", "--actors", "0"], "did you mean --total-steps?"),
+    (["eval", "--check", "cartpole-run", "--episodes", "0"], "did you mean --checkpoint? (see dppo eval --help)"),
+    (["export", "--checkpoint", "cartpole-run", "-o", "policy.xyz"], "name the file .onnx (ONNX) or .pt"),
 ]
 
 
@@ -92,6 +99,21 @@ def test_step_budgets_in_e_notation_are_integers(tmp_path: Path) -> None:
     config = load_config(path)
     assert config.run.total_steps == 300_000 and isinstance(config.run.total_steps, int)
     assert config.env.kwargs == {"name": "1e3"}  # the env's own arguments pass through untouched
+
+
+def test_no_parser_takes_an_option_abbreviated() -> None:
+    """Every parser of the tree, subcommands' and `dppo bench`'s own included: an option only in full."""
+    from dppo.commands.parser import build_parser
+
+    parsers, seen = [build_parser()], 0
+    while parsers:
+        parser = parsers.pop()
+        seen += 1
+        assert parser.allow_abbrev is False, parser.prog
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+    assert seen > 10  # dppo, its subcommands and the bench diagnostics
 
 
 def snapshot(root: Path) -> dict[str, int]:

@@ -147,6 +147,9 @@ def test_exported_policy_gets_the_mode_open_gives_under_the_umask(tmp_path: Path
     (["--checkpoint", "run", "-o", "run"], "it is a directory"),
     (["--checkpoint", "run", "-o", "garbage.pt/p.onnx"], "does not exist"),
     (["--checkpoint", "run", "-o", "p.onnx", "--format", "tflite"], "invalid choice"),
+    (["--checkpoint", "run", "-o", "policy.xyz"], "-o 'policy.xyz' ends in '.xyz', which names no export format; name "
+                                                  "the file .onnx (ONNX) or .pt (TorchScript), or pass --format"),
+    (["--checkpoint", "run", "-o", "policy"], "-o 'policy' has no suffix, which names no export format"),
 ])
 def test_bad_export_input_exits_2_with_one_line_and_writes_nothing(
         tmp_path: Path, args: list[str], message: str) -> None:
