@@ -138,7 +138,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     say = Narrator(config.run.total_steps, args.minutes * 60)
     try:
         if local is not None:
-            say.say(f"starting a local cluster: a head and {args.workers} worker nodes of {cpus} CPUs (out: {out})")
+            say.say(f"starting a local cluster: a head and {args.workers} worker node{'s' * (args.workers > 1)} of "
+                    f"{cpus} CPUs (out: {out})")
             for attempt in range(3):  # a port chosen free can be taken by another process before Ray binds it
                 try:
                     local.start_head(0, dashboard=True)

@@ -17,11 +17,9 @@ import psutil
 
 from dppo.bench.chaos_cluster import FINISHED, Cluster, crash, shm_in_use, tree, victims
 from dppo.bench.chaos_readout import Narrator, clock
-from dppo.bench.chaos_report import RunLog
+from dppo.bench.chaos_report import RunLog, recovered
 from dppo.bench.chaos_schedule import ACTOR_CLASSES, Kill, pick
 from dppo.bench.local_cluster import RAY
-
-SETTLE_S = 2.0  # a line read this soon after a kill was written before it: no sign of recovery
 
 
 class Chaos:
@@ -38,7 +36,6 @@ class Chaos:
         self.shm: set[str] = set()
         self.pids: dict[int, float] = {}  # every process of ours seen: pid -> create time
         self.job_id = ""
-        self.full_at = 0.0  # when the last progress line with every actor's segment appeared
         self.full = 0  # that many segments (run.actors)
         self.node_shm: dict[str, set[str]] = {}  # per node: the /dev/shm entries its processes had, last seen
         self.shm_with_nodes: list[str] = []  # removed with their killed node (a machine's /dev/shm goes with it)
@@ -117,11 +114,11 @@ class Chaos:
                 raw.add(line)
                 log.seen.append((now, attempt, json.loads(line)))
                 if log.seen[-1][2]["segments"] >= self.full:
-                    self.full_at = now
-                    for kill in self.done:
-                        if "recovered_s" not in kill and kill["at"] < now:
-                            kill["recovered_s"] = round(now - kill["at"], 2)
-                            self.say.recovered(kill, log.seen[-1][2], now)
+                    self.full_seen = True
+                for kill in self.done:
+                    if "recovered_s" not in kill and recovered(kill, now, log.seen[-1][2], self.full):
+                        kill["recovered_s"] = round(now - kill["at"], 2)
+                        self.say.recovered(kill, log.seen[-1][2], now)
 
     def scan(self) -> None:
         if self.chaos_start:
@@ -148,7 +145,7 @@ class Chaos:
             if kill.kind in kinds:
                 self.why[id(kill)] = f"another {kill.kind} kill was done at the same moment"
                 continue  # one of a kind at a time
-            if self.full_at <= (last["at"] if last else 0.0) + SETTLE_S:
+            if not self.full_seen if last is None else "recovered_s" not in last:
                 self.wait(kill, "no progress line with every actor's segment yet" if last is None else
                           f"the run has not recovered from the {kill.kind} kill at t={clock(last['done_s'])} (no "
                           "progress line with every actor's segment since)", now)
@@ -222,6 +219,7 @@ class Chaos:
             (self.out / f"{job_id}.log").write_text(self.cluster.api(f"/api/jobs/{job_id}/logs")["logs"])
 
     chaos_start = 0.0  # when the chaos began (monotonic; 0: not yet)
+    full_seen = False  # a progress line with every actor's segment has appeared
     chaos_until = 0.0
 
 

@@ -14,6 +14,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+SETTLE_S = 2.0  # a line read this soon after a kill was written before it (its round gathered): no sign of recovery
+
 
 @dataclass
 class RunLog:
@@ -26,10 +28,16 @@ class RunLog:
     statuses: list[str] = field(default_factory=list)  # each attempt's job status, in order
 
 
+def recovered(kill: dict[str, Any], at: float, record: dict[str, Any], full: int) -> bool:
+    """A progress line seen at ``at`` shows the run recovered from ``kill``: every actor's segment (``full``), and
+    seen more than SETTLE_S after the kill (one sooner had its round gathered before the kill landed)."""
+    return at > kill["at"] + SETTLE_S and record["segments"] >= full
+
+
 def recovery_s(kill: dict[str, Any], records: list[tuple[float, dict[str, Any]]], full: int) -> float | None:
-    """Seconds from a kill to the next progress line with every actor's segment (``full``); None when the runs
+    """Seconds from a kill to the next progress line that shows the run :func:`recovered`; None when the runs
     ended first. ``records``: (seen at, record) of every run, in time order."""
-    after = next((at for at, record in records if at > kill["at"] and record["segments"] >= full), None)
+    after = next((at for at, record in records if recovered(kill, at, record, full)), None)
     return None if after is None else round(after - kill["at"], 2)
 
 

@@ -1,10 +1,12 @@
 """`dppo bench chaos`, the 1-minute form: a chart-shaped local cluster (token auth, `ray job submit`), every kind of
 process killed at least once (sampling actors, both learners, the inference service, the evaluation actor, a
-worker node, the driver), and afterwards every env step accounted for, nothing left behind, every job SUCCEEDED."""
+worker node, the driver), and afterwards every env step accounted for, nothing left behind, every job SUCCEEDED; a
+line said as each kill happened, and a report that opens with its verdict in words."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,5 +45,17 @@ def test_a_minute_of_chaos_loses_no_step_and_leaves_nothing(tmp_path: Path) -> N
     assert run["shm_left"] == 0 and run["processes_left"] == 0, result["leftovers"]
     schedule = json.loads((out / "schedule.json").read_text())
     assert {k["kind"] for k in schedule["kills"]} == set(KINDS) and schedule["settings"]["seed"] == 1
-    assert "<!-- dppo-bench:chaos:begin -->" in docs.read_text()
+    assert all(m["why"] for m in schedule["not_done"])  # a planned kill not done says why
+    # the report reads at a glance: the verdict first, then the tables (plain names) and their legend
+    lines = done.stdout.splitlines()
+    report = lines.index(result["verdict"][0])
+    assert result["verdict"][0].startswith("nothing lost: every env step accounted"), result["verdict"]
+    assert lines[report + 1] == result["verdict"][1]
+    assert "| killed | planned | done | not done |" in done.stdout and "**jobs**" in done.stdout
+    # a line per kill as it happened, before the report: each at its moment of the chaos's clock
+    said = [re.match(r"chaos t=(\d+):(\d\d) killed ", line) for line in lines[:report]]
+    said_s = [int(m[1]) * 60 + int(m[2]) for m in said if m]
+    assert len(said_s) == len(schedule["kills"]), lines[:report]
+    assert all(abs(at - k["done_s"]) <= 1 for at, k in zip(said_s, schedule["kills"], strict=True))
+    assert "<!-- dppo-bench:chaos:begin -->" in docs.read_text() and result["verdict"][0] in docs.read_text()
     assert json.loads(rows.read_text())["run"]["accounting_exact"]

@@ -241,7 +241,7 @@ def test_each_kill_recovery_and_reason_to_wait_is_a_line_as_it_happens(tmp_path:
                   Narrator(10_000, 60.0))
     now = time.monotonic()
     chaos.chaos_start = chaos.say.start = now - 5.0
-    chaos.chaos_until, chaos.full, chaos.full_at = now + 55.0, 2, now - 1.0
+    chaos.chaos_until, chaos.full, chaos.full_seen = now + 55.0, 2, True
     try:
         chaos.kill_due(now, chaos.chaos_until, 1)
         chaos.kill_due(now + 0.2, chaos.chaos_until, 1)  # the same reasons: no new line
@@ -249,14 +249,17 @@ def test_each_kill_recovery_and_reason_to_wait_is_a_line_as_it_happens(tmp_path:
     finally:
         local.nodes["head"].kill()
     (tmp_path / "progress.jsonl").write_text(json.dumps(record(1)) + "\n")
-    chaos.read_progress(tmp_path, set(), RunLog(1), 0)
+    chaos.read_progress(tmp_path, set(), RunLog(1), 0)  # seen at once: its round was gathered before the kill
+    chaos.done[0]["at"] -= 3.0
+    (tmp_path / "progress.jsonl").write_text(json.dumps(record(1)) + "\n" + json.dumps(record(2)) + "\n")
+    chaos.read_progress(tmp_path, {json.dumps(record(1))}, RunLog(1), 0)  # 3 s after the kill: recovered
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4, lines
     assert lines[0].startswith(f"chaos t=0:05 killed actor pid {local.nodes['head'].pid}; planned at t=0:01; run 1")
     assert lines[1] == "chaos t=0:05 the evaluation kill planned at t=0:01 waits: no evaluation actor alive: it " \
                        "lives only while the run evaluates (every run.eval_every iterations)"
     assert lines[2] == "chaos t=0:05 the node kill planned at t=0:02 waits: no worker node up"
-    assert "recovered from the actor kill at t=0:05 in " in lines[3] and "iteration 1 with every actor's" in lines[3]
+    assert "recovered from the actor kill at t=0:05 in 3.0 s (run 1, iteration 2 with every actor's" in lines[3]
     missed = chaos.missed("the chaos ended at t=1:00")
     assert [(m["kind"], m["why"].split(":")[0]) for m in missed] == [
         ("evaluation", "no evaluation actor alive"), ("node", "no worker node up, until the chaos ended at t=1"),
