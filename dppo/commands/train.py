@@ -171,8 +171,22 @@ def start_line(config: Config, source: str, resumed: bool) -> str:
     inference = f"inference {INFERENCE['actor' if run.inference == 'auto' else run.inference]}"  # auto: the actors
     address = run.address or os.environ.get("RAY_ADDRESS")
     return (f"{'resuming' if resumed else 'training'} {config.env.name} from {source}: {counted(run.actors, 'actor')} "
-            f"x {counted(config.env.num_envs, 'env')}, {device}, {inference}, run dir {run.run_dir}; "
+            f"x {env_copies(config)}, {device}, {inference}, run dir {run.run_dir}; "
             + (f"joining Ray at {address}" if address else "starting a local Ray"))
+
+
+def env_copies(config: Config) -> str:
+    """Each actor's envs as the batch counts them: ``8 envs``; a multi-agent env's copies and the agents of each
+    (its columns, :func:`dppo.envs.make.with_agents`): ``8 copies x 3 agents``, a turn-based game's ``8 copies x 1
+    agent at a time``."""
+    from dppo.run.logs import counted
+
+    env = config.env
+    if not env.multiagent:
+        return counted(env.num_envs, "env")
+    copies = f"{env.num_envs:,} {'copy' if env.num_envs == 1 else 'copies'}"
+    columns = env.columns_per_copy or 1
+    return f"{copies} x {counted(columns, 'agent')}" if columns > 1 else f"{copies} x 1 agent at a time"
 
 
 def ready_line(coordinator: Coordinator, clock: PhaseClock) -> str:
@@ -279,19 +293,33 @@ def train(coordinator: Coordinator, config: Config, resumed: bool, clock: PhaseC
         coordinator.shutdown()
 
 
+# What a run survived, as its last line names it when nonzero: summary.json's key and the noun counted.
+FAULTS_SAID = (("env_failures", "env failure"), ("actor_restarts", "actor restart"), ("node_losses", "lost node"),
+               ("learner_restarts", "learner restart"), ("updates_skipped", "NaN/Inf update"),
+               ("segments_dropped", "dropped segment"))
+
+
 def outcome_line(summary: dict[str, Any], signal_name: str | None, run_dir: Path) -> str:
-    """The run's last line: how it ended (the signal's name for a stop), its return, steps, its seconds of training
-    (a resumed run's earlier attempts included) and this process's seconds from launch (Ray's start included)."""
+    """The run's last line: how it ended (the signal's name for a stop), its return (and the final weights'
+    evaluation, run.eval_every), steps, its seconds of training (a resumed run's earlier attempts included), this
+    process's seconds from launch (Ray's start included), and what it survived (env failures, actor restarts, lost
+    nodes...), so a run shorter than the env failures' count line (every 30 s) still says how many there were."""
     from dppo.run.logs import counted, format_return
     from dppo.run.timing import seconds_since_process_start
 
     verdict = "solved" if summary["solved"] else "stopped"
     reason = signal_name if summary["reason"] == "signal" else summary["reason"]
-    mean = summary["episode_return_mean"]
-    return (f"{verdict} ({reason}): return {'-' if mean is None else format_return(mean)} after "
-            f"{counted(summary['env_steps'], 'env step')}, {counted(summary['iterations'], 'iteration')}, "
-            f"{summary['wall_s']:.1f} s training, {seconds_since_process_start():.1f} s from launch "
-            f"-> {run_dir / 'summary.json'}")
+    mean, evaluated, steps = summary["episode_return_mean"], summary.get("eval_return_mean"), summary["env_steps"]
+    if evaluated is not None:
+        at = summary.get("eval_env_steps")  # None: a checkpoint older than the key
+        which = ("the final weights" if at == steps else "earlier weights" if at is None
+                 else f"the weights at {at:,} env steps")
+        evaluated = f" (eval {format_return(evaluated)} of {which})"
+    faults = [counted(summary[key], noun) for key, noun in FAULTS_SAID if summary.get(key)]
+    return (f"{verdict} ({reason}): return {'-' if mean is None else format_return(mean)}{evaluated or ''}"
+            + f" after {counted(steps, 'env step')}, {counted(summary['iterations'], 'iteration')}, "
+            f"{summary['wall_s']:.1f} s training, {seconds_since_process_start():.1f} s from launch"
+            + (f"; {', '.join(faults)}" if faults else "") + f" -> {run_dir / 'summary.json'}")
 
 
 def cmd_train(args: argparse.Namespace) -> int:

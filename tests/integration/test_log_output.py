@@ -1,6 +1,7 @@
 """What a log reader sees (`kubectl logs`: stdout not a terminal): a first line, flushed before Ray starts, that
-names what is starting; a line once the run is up; the last line with the time from launch beside the training
-time; one-prefix argument errors; counts in the right number; per-agent returns said so; and no SDL chatter when
+names what is starting (a multi-agent env's copies and agents); a line once the run is up; the last line with the
+time from launch beside the training time and what the run survived (env failures, actor restarts, lost nodes);
+one-prefix argument errors; counts in the right number; per-agent returns said so; and no SDL chatter when
 `dppo eval --video` renders on a machine without a display."""
 
 from __future__ import annotations
@@ -8,14 +9,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import new_checkpoint
+from conftest import CROWD, new_checkpoint
 
-from dppo.commands.train import start_line
+from dppo.commands.train import outcome_line, start_line
 from dppo.config import load_config, preset_path
 from dppo.run.checkpoint import CheckpointStore
 
@@ -67,10 +70,62 @@ def test_the_first_line_says_settings_as_given_and_where_the_config_came_from(tm
     assert line.endswith("; starting a local Ray") or "RAY_ADDRESS" in os.environ, line
 
 
+def test_a_multiagent_start_line_says_copies_and_agents(tmp_path: Path, ray_address: str) -> None:
+    """env.num_envs counts copies of a PettingZoo env, each of its agents a column: the line says both."""
+    (tmp_path / "crowd.py").write_text(textwrap.dedent(CROWD))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "dppo", "train", "--env", "crowd", "--actors", "1",
+                             "--envs-per-actor", "2", "--address", ray_address, "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        first = proc.stdout.readline().rstrip("\n")
+        proc.send_signal(signal.SIGTERM)  # the line is the subject, not the run
+        proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert first.startswith("training crowd from the defaults: 1 actor x 2 copies x 3 agents, learner "), first
+
+
+def test_the_last_line_counts_env_failures_in_a_run_shorter_than_the_count_line(tmp_path: Path,
+                                                                                 ray_address: str) -> None:
+    """One env failure warned when it happened, and counted again on the last line: a run shorter than the 30 s
+    between count lines would otherwise never say how many there were."""
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "dppo", "train", "--env", "dppo/Faulty-v0", "--set",
+                           "env.kwargs={fail_at: 300}", "--actors", "1", "--envs-per-actor", "8", "--segment-length",
+                           "64", "--total-steps", "1024", "--set", "ppo.minibatch_size=128", "--no-tensorboard",
+                           "--address", ray_address, "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_failures"] == 1 and summary["wall_s"] < 30, summary
+    last = done.stdout.splitlines()[-1]
+    assert re.fullmatch(r"stopped \(total_steps\): return \S+ after 1,024 env steps, 2 iterations, \d+\.\d s training, "
+                        r"\d+\.\d s from launch; 1 env failure -> .*summary\.json", last), last
+    assert (run_dir / "train.log").read_text().splitlines()[-1].endswith(last)
+
+
+def test_the_last_line_names_what_the_run_survived_only_when_it_happened() -> None:
+    summary = {"solved": False, "reason": "time_limit", "episode_return_mean": 21.5, "env_steps": 4096,
+               "iterations": 2, "wall_s": 61.04, "env_failures": 40, "actor_restarts": 3, "actor_crashes": 1,
+               "node_losses": 1, "learner_restarts": 0, "segments_dropped": 0, "updates_skipped": 1,
+               "eval_return_mean": 30.0, "eval_env_steps": 4096}
+    line = outcome_line(summary, None, Path("runs/x"))
+    assert re.fullmatch(r"stopped \(time_limit\): return 21.50 \(eval 30.00 of the final weights\) after 4,096 env "
+                        r"steps, 2 iterations, 61.0 s training, \d+\.\d s from launch; 40 env failures, 3 actor "
+                        r"restarts, 1 lost node, 1 NaN/Inf update -> runs/x/summary.json", line), line
+    quiet = {**summary, "env_failures": 0, "actor_restarts": 0, "node_losses": 0, "updates_skipped": 0,
+             "eval_env_steps": 2048}
+    line = outcome_line(quiet, None, Path("runs/x"))
+    assert "(eval 30.00 of the weights at 2,048 env steps)" in line and "; " not in line, line
+
+
 @pytest.mark.parametrize(("argv", "expected"), [
     (["train", "--actors", "abc"],
      "dppo: error: argument --actors: invalid int value: 'abc' (see dppo train --help)\n"),
     (["eval"], "dppo: error: the following arguments are required: --checkpoint (see dppo eval --help)\n"),
+    (["train", "--envs", "CartPole-v1"], "dppo: error: unrecognized arguments: --envs CartPole-v1; did you mean --env "
+                                         "or --envs-per-actor? (see dppo train --help)\n"),
 ])
 def test_an_argument_error_has_one_prefix(argv: list[str], expected: str, dppo_cmd: list[str],
                                           tmp_path: Path) -> None:
