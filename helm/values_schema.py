@@ -3,7 +3,10 @@ values.schema.json from dppo's config and sweep schemas, so `helm install` check
 `dppo train` applies and `sweep:` with those of `dppo sweep` (its space's keys must be config keys); and
 registered-envs.json, the env ids a run in the image can make by id alone (gymnasium's, ale-py's ALE/ ids,
 dppo's own), which the chart checks `env` against; and presets.yaml, dppo's presets the chart merges its config
-over. Run it after changing a config key, a preset or the gymnasium or ale-py version:
+over; and value-keys.json, each fixed section's keys with the misspellings that name them, so a template answers
+`--set actor=8` with the key meant (the schema lets those misspellings through to it: helm checks the schema before
+any template runs, and a schema cannot say which key was meant). Run it after changing a value, a config key, a preset
+or the gymnasium or ale-py version:
 ``python helm/values_schema.py`` (``--check`` only compares); a test fails when they differ.
 
 The id list is a snapshot of the versions it names: a different installed version is not a difference (the
@@ -25,6 +28,8 @@ SCHEMA_PATH = Path(__file__).resolve().parent / "dppo" / "values.schema.json"
 # Not in the schema: a schema enum of ~170 ids makes helm print every one of them on a typo, so a template
 # checks `env` against this file (values.schema.json itself is not readable by templates) with one line.
 ENV_IDS_PATH = SCHEMA_PATH.with_name("registered-envs.json")
+# The chart's fixed sections ('' the top level, job, networkPolicy, ...): key -> the pattern of its misspellings.
+KEYS_PATH = SCHEMA_PATH.with_name("value-keys.json")
 # A copy, not a link to dppo/presets: helm warns "found symbolic link in path" on every call for a link in a chart.
 PRESETS_PATH = SCHEMA_PATH.with_name("presets.yaml")
 PRESETS_DIR = SCHEMA_PATH.parents[2] / "dppo" / "presets"
@@ -76,13 +81,54 @@ def sweep_schema(config: dict) -> dict:
     }
 
 
-def render(current: dict) -> str:
-    """The schema file with its `config` and `sweep` properties regenerated, everything else as it is."""
+def misspellings(key: str) -> str:
+    """A pattern of what is one edit from ``key`` in any case (a letter dropped, changed, added or two swapped):
+    ``actor`` and ``Actors`` for ``actors``. Go's regexp (helm's templates and schema) and Python's read it alike."""
+    k = [re.escape(c) for c in key]
+    alternatives = ["".join(k[:i]) + ".?" + "".join(k[i + 1:]) for i in range(len(k))]
+    alternatives += ["".join(k[:i]) + "." + "".join(k[i:]) for i in range(len(k) + 1)]
+    alternatives += ["".join([*k[:i], k[i + 1], k[i], *k[i + 2:]]) for i in range(len(k) - 1)]
+    return f"^(?i:{'|'.join(alternatives)})$"
+
+
+def fixed_sections(schema: dict, definitions: dict, path: str = "") -> dict[str, dict]:
+    """path -> schema of every object of fixed keys (additionalProperties false) in the chart's own values: `config`
+    (dppo's) and free-form maps are left to the schema."""
+    if "$ref" in schema:
+        schema = definitions[schema["$ref"].rsplit("/", 1)[1]]
+    if schema.get("additionalProperties") is not False or "properties" not in schema:
+        return {}
+    found = {path: schema}
+    for name, field in schema["properties"].items():
+        if not path and name == "config":
+            continue
+        found |= fixed_sections(field, definitions, f"{path}.{name}" if path else name)
+    return found
+
+
+def with_misspellings(schema: dict) -> tuple[dict, dict[str, dict[str, str]]]:
+    """The schema with each fixed section letting its keys' misspellings through (patternProperties), and
+    value-keys.json's sections."""
+    schema = json.loads(json.dumps(schema))
+    sections = fixed_sections(schema, schema["definitions"])
+    keys = {}
+    for path, section in sections.items():
+        keys[path] = {name: misspellings(name) for name in section["properties"]}
+        near = "|".join(pattern[1:-1] for pattern in keys[path].values())
+        section["patternProperties"] = {f"^({near})$": True}
+    return schema, keys
+
+
+def render(current: dict) -> tuple[str, str]:
+    """The schema file with its `config` and `sweep` properties and the misspellings regenerated, everything else
+    as it is; and value-keys.json."""
     updated = dict(current)
     config = {"description": DESCRIPTION, **config_schema()}
     config.pop("default", None)
     updated["properties"] = {**current["properties"], "config": config, "sweep": sweep_schema(config)}
-    return json.dumps(updated, indent=2) + "\n"
+    schema, keys = with_misspellings(updated)
+    value_keys = {"generated_by": "helm/values_schema.py", "sections": keys}
+    return json.dumps(schema, indent=2) + "\n", json.dumps(value_keys, indent=1) + "\n"
 
 
 def registered_envs() -> dict:
@@ -133,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python helm/values_schema.py", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a file differs")
     args = parser.parse_args(argv)
-    outputs = {SCHEMA_PATH: render(json.loads(SCHEMA_PATH.read_text()))}
+    schema, value_keys = render(json.loads(SCHEMA_PATH.read_text()))
+    outputs = {SCHEMA_PATH: schema, KEYS_PATH: value_keys}
     current_envs = json.loads(ENV_IDS_PATH.read_text()) if ENV_IDS_PATH.exists() else None
     outputs[ENV_IDS_PATH] = render_envs(current_envs if args.check else None)
     outputs[PRESETS_PATH] = render_presets()

@@ -1,8 +1,9 @@
 """``dppo status``: the dppo runs on a Kubernetes cluster, one line each.
 
 Everything goes through the Kubernetes API with the user's kubeconfig (no port-forward): the RayJobs the
-Helm chart labels ``app.kubernetes.io/name=dppo``, their job and cluster state, and the run's latest
-numbers read from its driver's ``/metrics`` through the API server's service proxy. The ``kubernetes`` package is
+Helm chart labels ``app.kubernetes.io/name=dppo``, their job and cluster state (with KubeRay's reason for a failure and,
+for a retried run, which attempt this is), and the run's latest numbers read from its driver's ``/metrics`` through the
+API server's service proxy, among them the iteration a retried attempt resumed from. The ``kubernetes`` package is
 imported only when the command runs, so the CLI starts fast.
 """
 
@@ -23,8 +24,11 @@ ACTORS_ANNOTATION = "dppo.io/actors"
 ENV_ANNOTATION = "dppo.io/env"
 SERVICE_ANNOTATION = "dppo.io/metrics-service"
 PORT_ANNOTATION = "dppo.io/metrics-port"
+RESUME_ANNOTATION = "dppo.io/resume"  # "newest-checkpoint": a retry resumes (persistence); "none": it starts over
 # Deployment states in which the driver may be serving metrics (it lingers after training).
 LIVE_STATES = {"Running"}
+# Deployment states after which no attempt follows.
+FINAL_STATES = {"Complete", "Failed"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,10 @@ class RunStatus:
     actors_pending: int | None
     env_steps: int | None
     episode_return_mean: float | None
+    reason: str | None = None  # KubeRay's reason for a failure: AppFailed, SubmissionFailed (a lost head), ...
+    attempt: int | None = None  # this attempt of the run (1 + the retries so far)
+    attempts: int | None = None  # attempts allowed: 1 + the RayJob's backoffLimit
+    resumed_from_iteration: int | None = None  # the checkpoint's iteration this attempt's driver resumed from
 
 
 def register(subparsers: Any) -> None:
@@ -134,7 +142,27 @@ def status_of(job: dict[str, Any], core: Any) -> RunStatus:
         actors_pending=_int(metrics.get("dppo_actors_pending")),
         env_steps=_int(metrics.get("dppo_env_steps_total")),
         episode_return_mean=metrics.get("dppo_episode_return_mean"),
+        reason=status.get("reason") or None,
+        attempt=attempt(status),
+        attempts=1 + (_int((job.get("spec") or {}).get("backoffLimit")) or 0),
+        resumed_from_iteration=resumed_from(metrics),
     )
+
+
+def attempt(status: dict[str, Any]) -> int:
+    """Which attempt of the run this is: KubeRay counts the finished ones (``failed``, ``succeeded``); a run not
+    finished is in the next one."""
+    done = (_int(status.get("failed")) or 0) + (_int(status.get("succeeded")) or 0)
+    return max(1, done if status.get("jobDeploymentStatus") in FINAL_STATES else done + 1)
+
+
+def resumed_from(metrics: dict[str, float]) -> int | None:
+    """The iteration a resumed driver started from: its ``dppo_iteration`` gauge continues the checkpoint's count,
+    while ``dppo_iteration_seconds`` counts only the iterations this driver ran. None: not resumed, or not read."""
+    iteration, ran = metrics.get("dppo_iteration"), metrics.get("dppo_iteration_seconds_count")
+    if iteration is None or ran is None or iteration - ran < 1:
+        return None
+    return int(iteration - ran)
 
 
 def scrape(core: Any, namespace: str, service: str, port: str) -> dict[str, float]:
@@ -157,13 +185,20 @@ def scrape(core: Any, namespace: str, service: str, port: str) -> dict[str, floa
 
 
 def table(statuses: list[RunStatus], show_namespace: bool) -> str:
-    """Aligned columns, kubectl style."""
+    """Aligned columns, kubectl style. ATTEMPT and RESUMED appear once a listed run has been retried or resumed;
+    a failure's reason follows its deployment state."""
     header = ["NAME", "ENV", "JOB", "DEPLOYMENT", "WORKERS", "ACTORS", "PENDING", "ENV STEPS", "RETURN"]
-    rows = [[s.name, s.env or "-", s.job_status or "-", s.deployment_status or "-",
+    rows = [[s.name, s.env or "-", s.job_status or "-",
+             (s.deployment_status or "-") + (f" ({s.reason})" if s.reason else ""),
              _ratio(s.workers_ready, s.workers_desired), _ratio(s.actors_alive, s.actors_desired),
              "-" if s.actors_pending is None else str(s.actors_pending),
              "-" if s.env_steps is None else f"{s.env_steps:,}",
              "-" if s.episode_return_mean is None else f"{s.episode_return_mean:.1f}"] for s in statuses]
+    if any((s.attempt or 1) > 1 or s.resumed_from_iteration for s in statuses):
+        header += ["ATTEMPT", "RESUMED"]
+        for row, s in zip(rows, statuses, strict=True):
+            row += [_ratio(s.attempt, s.attempts),
+                    "-" if s.resumed_from_iteration is None else f"iter {s.resumed_from_iteration}"]
     if show_namespace:
         header.insert(0, "NAMESPACE")
         for row, s in zip(rows, statuses, strict=True):
