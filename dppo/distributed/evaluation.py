@@ -5,7 +5,9 @@ and the frozen observation statistics the actors sample with) and goes on traini
 ``ray.wait(timeout=0)`` after each later iteration and never waits for it, and while one evaluation runs the next
 due one is skipped. Episodes are the same loop as ``dppo eval`` (:func:`dppo.rl.episodes.run_episodes`), on the
 training env with its wrappers, raw returns; every evaluation plays the same env seeds (run.seed + 1,000,003 on),
-so evaluations compare with each other and with ``dppo eval --seed`` of the same seed. An env that raises is
+so evaluations compare with each other and with ``dppo eval --seed`` of the same seed. The run's end is the one
+wait: it waits for the evaluation in flight, then evaluates the final weights (:meth:`Evaluation.finish`), so
+summary.json holds the evaluation of what the final checkpoint saved. An env that raises is
 reported once and evaluation stops; training goes on. The actor is a group of one on the shared lifecycle
 (:class:`~dppo.distributed.lifecycle.ActorGroup`): a lost one is counted by cause and a new one started when the
 next evaluation is due, never waited for and never spending the run's crash budget.
@@ -14,7 +16,9 @@ next evaluation is due, never waited for and never spending the run's crash budg
 from __future__ import annotations
 
 import statistics
+import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +32,8 @@ from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import first_line
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation episodes' seeds: apart from every training actor's (dppo.rl.sampler)
+FINISH_WAIT_S = 600.0  # at the run's end, the most an evaluation is waited for (a stop signal cuts it short)
+WAIT_STEP_S = 0.2  # how often that wait looks for a stop signal
 
 
 class EvaluationStopped(RuntimeError):
@@ -124,6 +130,9 @@ class Evaluation:
         is running."""
         if not self.on or iteration == 0 or iteration % self.every or self.in_flight is not None:
             return
+        self._start(broadcast, iteration, env_steps)
+
+    def _start(self, broadcast: Broadcast | PolicyBroadcasts | ray.ObjectRef, iteration: int, env_steps: int) -> None:
         if not self.group.slots:
             self.group.start(1)
         if isinstance(broadcast, ray.ObjectRef):
@@ -155,6 +164,33 @@ class Evaluation:
             self.problem = (f"evaluation stopped: env {self.config.env.name} raised in the evaluation actor: "
                             f"{type(cause).__name__}: {first_line(cause)}; training goes on")
             raise EvaluationStopped(self.problem) from None
+
+    def wait(self, stopped: Callable[[], bool], timeout_s: float = FINISH_WAIT_S) -> EvalResult | None:
+        """The running evaluation's result, waited for up to ``timeout_s`` unless ``stopped()`` (a stop signal);
+        None when none runs, or it did not finish, or its actor was lost."""
+        deadline = time.monotonic() + timeout_s
+        for _ in range(int(timeout_s / WAIT_STEP_S) + 1):
+            left = deadline - time.monotonic()
+            if self.in_flight is None or stopped() or left <= 0:
+                return None
+            result = self.collect(min(WAIT_STEP_S, left))
+            if result is not None:
+                return result
+        return None
+
+    def finish(self, broadcast: Broadcast | PolicyBroadcasts, iteration: int, env_steps: int,
+               stopped: Callable[[], bool]) -> list[EvalResult]:
+        """The run's end: the evaluation in flight (of earlier weights) waited for, then one of the final weights
+        ``broadcast`` (after ``iteration`` iterations), whatever eval_every says; their results, in order. A stop
+        signal or FINISH_WAIT_S ends the waiting (``in_flight`` then holds what did not finish); an env that raises,
+        EvaluationStopped."""
+        if self.every == 0 or iteration == 0:
+            return []
+        results = [result for result in [self.wait(stopped)] if result is not None]
+        if self.in_flight is None and self.on and not stopped():
+            self._start(broadcast, iteration, env_steps)
+            results += [result for result in [self.wait(stopped)] if result is not None]
+        return results
 
     def shutdown(self) -> None:
         self.group.shutdown()

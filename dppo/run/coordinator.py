@@ -21,7 +21,7 @@ import torch
 from dppo.config import Config
 from dppo.distributed.actor_pool import ActorPool, Gathered, Round, Stop
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, SnapshotRefs, broadcast_arg
-from dppo.distributed.evaluation import EvalResult, Evaluation, EvaluationStopped
+from dppo.distributed.evaluation import FINISH_WAIT_S, EvalResult, Evaluation, EvaluationStopped
 from dppo.distributed.inference import Inference, lost_service, resolve_inference
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
@@ -33,6 +33,7 @@ from dppo.rl.sampler import EnvFailure
 from dppo.rl.segment import Segment
 from dppo.run.checkpoint import CheckpointStore, compose, compose_best, policy_entry
 from dppo.run.league import League
+from dppo.run.logs import counted
 from dppo.run.reporting import Reporter, progress_record, sampling_phases
 from dppo.run.run_dir import RunDir, strict_json
 from dppo.run.signals import StopSignals
@@ -131,6 +132,7 @@ class Coordinator:
             self._finish("error")
             raise RunFailure(str(err), getattr(err, "details", None)) from err
         if self.state.counters.iteration > 0:  # stopped before its first round ended: nothing trained to keep
+            self._final_evaluation()
             self._checkpoint()
         return self._finish(reason)
 
@@ -149,11 +151,12 @@ class Coordinator:
     def _stop_reason(self) -> str | None:
         return self.state.stop_reason() or ("signal" if self.signals.received is not None else None)
 
-    def _broadcast(self) -> Broadcast | PolicyBroadcasts:
-        """This round's weights and normalizer statistics: the one policy's, or each policy's by name."""
+    def _broadcast(self, round_: bool = True) -> Broadcast | PolicyBroadcasts:
+        """This round's weights and normalizer statistics: the one policy's, or each policy's by name (``round_``
+        False: the run's final ones, which add no self-play snapshot)."""
         league, version = self.state.league, self.state.counters.policy_version
         weights = {name: learners.weights() for name, learners in self.learners.items()}
-        if league is not None and league.due(self.state.counters.iteration):
+        if round_ and league is not None and league.due(self.state.counters.iteration):
             league.add(next(iter(weights.values())), self.state.counters.iteration)  # self-play: one policy
         pool = self.snapshot_refs.view(league.view()) if league is not None else None
         broadcasts = {name: Broadcast(weights[name], version, stats.obs_stats, stats.return_stats, pool)
@@ -230,8 +233,33 @@ class Coordinator:
             return
         if result is not None:
             record.update(result.record())
-            if self.state.count_evaluation(result.mean):
+            if self.state.count_evaluation(result.mean, result.env_steps):
                 self._save_best(result, record)
+
+    def _final_evaluation(self) -> None:
+        """With run.eval_every, the run's end waits for the evaluation in flight and evaluates the final weights, so
+        summary.json and the final checkpoint hold the evaluation of what was saved; a stop signal skips it."""
+        if not self.evaluation.on or self.signals.received is not None:
+            return
+        c = self.state.counters
+        self.reporter.message(f"evaluating the final weights ({counted(self.config.run.eval_episodes, 'episode')}) "
+                              "for summary.json; a stop signal skips it")
+        try:
+            results = self.evaluation.finish(self._broadcast(round_=False), c.iteration, c.env_steps,
+                                             lambda: self.signals.received is not None)
+        except EvaluationStopped as err:
+            self.reporter.message(str(err))
+            return
+        for result in results:
+            record = result.record()
+            self.reporter.evaluated_at_end(record, c.env_steps)
+            if self.state.count_evaluation(result.mean, result.env_steps):
+                self._save_best(result, {**(self.record or {}), **record})
+        if self.evaluation.in_flight is not None:
+            _, _, steps, _ = self.evaluation.in_flight
+            self.reporter.message(f"the evaluation of the weights at {steps:,} env steps did not finish "
+                                  + ("before the stop signal" if self.signals.received is not None
+                                     else f"in {FINISH_WAIT_S:.0f} s") + "; summary.json keeps the last that did")
 
     def _save_best(self, result: EvalResult, record: dict[str, Any]) -> None:
         """best.pt: the evaluated weights with the statistics they were evaluated with, in the checkpoint format."""

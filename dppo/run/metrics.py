@@ -184,6 +184,10 @@ class Metrics(Exporter):
         for phase, seconds in phases.items():
             self.phase_seconds.labels(phase=phase).observe(seconds)
         self.iteration_seconds.observe(record["iteration_s"])
+        self.set_gauges(record)
+
+    def set_gauges(self, record: dict[str, Any]) -> None:
+        """The gauges of the keys ``record`` has: a progress record, or an evaluation's keys at the run's end."""
         for key, gauge in self.diagnostics.items():
             value = record.get(key)
             if value is not None:

@@ -12,7 +12,7 @@ from typing import Any
 from dppo.config import Config
 from dppo.rl.ppo import TrainStats
 from dppo.rl.segment import Segment
-from dppo.run.logs import IterationLog
+from dppo.run.logs import IterationLog, counted, format_return
 from dppo.run.metrics import Metrics
 from dppo.run.run_dir import RunDir, strict_json
 from dppo.run.state import RunState
@@ -206,6 +206,17 @@ class Reporter:
             self.metrics.learner_update_seconds.labels(learner=str(rank)).observe(update_s)
             self.metrics.learner_allreduce_seconds.labels(learner=str(rank)).observe(reduce_s)
 
+    def evaluated_at_end(self, record: dict[str, Any], env_steps: int) -> None:
+        """An evaluation that finished after the last iteration (``record``: its progress keys; ``env_steps``: the
+        run's): no progress line is left to hold it, so a line, the gauges and TensorBoard say it."""
+        episodes, steps = counted(record["eval_episodes"], "episode"), record["eval_env_steps"]
+        self.output.message(f"evaluation of the weights at {steps:,} env steps: return "
+                            f"{format_return(record['eval_return_mean'])} over {episodes}"
+                            + (" (the final weights)" if steps == env_steps else ""))
+        self.metrics.set_gauges(record)
+        if self.tensorboard is not None:
+            self.tensorboard.record({**record, "env_steps": record["eval_env_steps"]})
+
     def checkpoint_written(self, path: Path) -> None:
         self.metrics.checkpoints.inc()
         self.metrics.checkpoint_bytes.set(path.stat().st_size)
@@ -222,8 +233,8 @@ class Reporter:
             "episode_return_mean": state.return_mean(), "target_return": self.config.run.target_return,
             "run": self.name, "env": self.config.env.name, "actors": self.actors.summary(), **asdict(self.faults),
             "env_failures": c.env_failures, "env_failures_by_actor": dict(sorted(c.env_failures_by_actor.items())),
-            **({"eval_return_mean": c.eval_return_last, "eval_return_best": c.eval_return_best}
-               if self.config.run.eval_every else {}),
+            **({"eval_return_mean": c.eval_return_last, "eval_return_best": c.eval_return_best,
+                "eval_env_steps": c.eval_env_steps} if self.config.run.eval_every else {}),
             "losses": losses or {}, "startup_s": startup_s, "first_iteration_s": first_iteration_s,
             "finished_at": time.time(),  # epoch seconds: what follows (shutdown, exit) is the process's end
         })

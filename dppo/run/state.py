@@ -36,6 +36,7 @@ class Counters:
     bad_updates_in_row: int = 0
     eval_return_last: float | None = None  # run.eval_every: the last evaluation's mean return
     eval_return_best: float | None = None  # and the best one (checkpoints/best.pt holds its weights)
+    eval_env_steps: int | None = None  # the env steps of the weights the last evaluation played
     env_failures: int = 0  # env copies that raised and were recreated, their episodes cut (dppo.envs.failures)
     env_failures_by_actor: dict[str, int] = field(default_factory=dict)  # the same by actor slot ("0", "1", ...)
 
@@ -172,10 +173,10 @@ class RunState:
             return "time_limit"
         return None
 
-    def count_evaluation(self, mean: float) -> bool:
-        """An evaluation's mean return in; True when it is the best so far."""
+    def count_evaluation(self, mean: float, env_steps: int | None = None) -> bool:
+        """An evaluation's mean return in (of the weights after ``env_steps``); True when it is the best so far."""
         c = self.counters
-        c.eval_return_last = mean
+        c.eval_return_last, c.eval_env_steps = mean, env_steps
         best = c.eval_return_best is None or mean > c.eval_return_best
         if best:
             c.eval_return_best = mean

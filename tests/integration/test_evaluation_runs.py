@@ -1,11 +1,13 @@
 """Evaluation while training on a real Ray: evaluations land in progress.jsonl, TensorBoard and summary.json
 without holding up a round, the best evaluated weights are kept as best.pt (and `dppo eval --best` plays them to
-the same return), run.target_return can be judged on evaluations, and an evaluation env that fails stops only the
-evaluation."""
+the same return), the run's end waits for the evaluation in flight and evaluates the final weights (summary.json
+holds the evaluation of what was saved), run.target_return can be judged on evaluations, and an evaluation env that
+fails stops only the evaluation."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +29,12 @@ def progress(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
 
 
+def evaluated_at_end(stderr: str) -> dict[int, str]:
+    """The evaluations that finished after the last iteration, as the run said them: env steps -> return."""
+    lines = re.findall(r"^evaluation of the weights at ([\d,]+) env steps: return (\S+) over", stderr, re.MULTILINE)
+    return {int(steps.replace(",", "")): mean for steps, mean in lines}
+
+
 def test_evaluations_are_recorded_and_the_best_is_kept(ray_address: str, tmp_path: Path) -> None:
     run = tmp_path / "run"
     done = dppo("train", *CARTPOLE, "--total-steps", "24576", "--set", "run.eval_every=2", "--set",
@@ -40,15 +48,36 @@ def test_evaluations_are_recorded_and_the_best_is_kept(ray_address: str, tmp_pat
         assert r["eval_episodes"] == 3 and r["eval_env_steps"] % 2048 == 0 and r["eval_env_steps"] < r["env_steps"]
     assert "eval=" in done.stdout
     summary = json.loads((run / "summary.json").read_text())
-    best = max(r["eval_return_mean"] for r in evaluated)
-    assert summary["eval_return_best"] == best and summary["eval_return_mean"] == evaluated[-1]["eval_return_mean"]
+    at_end = evaluated_at_end(done.stderr)  # the final weights', and the one in flight when the run ended, if any
+    assert summary["eval_env_steps"] == summary["env_steps"] == 24576 and 24576 in at_end, done.stderr
+    best = summary["eval_return_best"]
+    assert best >= max(r["eval_return_mean"] for r in evaluated)
     # best.pt holds the weights and statistics that were evaluated: the same episodes give the same return
     played = dppo("eval", "--checkpoint", str(run), "--best", "--episodes", "3", "--seed", str(3 + EVAL_SEED_OFFSET))
     assert played.returncode == 0 and f"mean return {best:.2f}" in played.stdout, (played.stdout, best)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run / "tensorboard")).Reload()
-    assert len(events.Scalars("eval/return_mean")) == len(evaluated)
+    assert len(events.Scalars("eval/return_mean")) == len(evaluated) + len(at_end)
+
+
+def test_the_run_s_end_evaluates_what_it_saved(ray_address: str, tmp_path: Path) -> None:
+    """Two iterations, an evaluation due after each: the first (of the weights after iteration 1) is in flight when
+    the run ends, or just done; it is waited for, and the final weights are evaluated too: summary.json's evaluation
+    is the final checkpoint's, which `dppo eval` plays to the same return on the evaluation's seeds."""
+    run = tmp_path / "run"
+    done = dppo("train", *CARTPOLE, "--total-steps", "2048", "--set", "run.eval_every=1", "--set",
+                "run.eval_episodes=3", "--address", ray_address, "--run-dir", str(run))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["iterations"] == 2 and summary["eval_env_steps"] == summary["env_steps"] == 2048, summary
+    in_loop = [r["eval_env_steps"] for r in progress(run) if "eval_return_mean" in r]
+    at_end = evaluated_at_end(done.stderr)
+    assert sorted([*in_loop, *at_end]) == [1024, 2048], done.stderr  # none abandoned, none twice
+    played = dppo("eval", "--checkpoint", str(run), "--episodes", "3", "--seed", str(3 + EVAL_SEED_OFFSET))
+    assert played.returncode == 0 and f"mean return {summary['eval_return_mean']:.2f}" in played.stdout, (
+        played.stdout, summary)
+    assert f"(eval {at_end[2048]} of the final weights)" in done.stdout.splitlines()[-1]
 
 
 def test_the_target_can_be_judged_on_evaluations(ray_address: str, tmp_path: Path) -> None:
@@ -57,8 +86,9 @@ def test_the_target_can_be_judged_on_evaluations(ray_address: str, tmp_path: Pat
                 "--set", "run.target_on=evaluation", "--address", ray_address, "--run-dir", str(run))
     assert done.returncode == 0, done.stderr
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["solved"] and summary["reason"] == "target_return" and summary["eval_return_mean"] >= 60
+    assert summary["solved"] and summary["reason"] == "target_return" and summary["eval_return_best"] >= 60
     assert progress(run)[-1]["eval_return_mean"] >= 60 and summary["env_steps"] < 300000
+    assert summary["eval_env_steps"] == summary["env_steps"]  # eval_return_mean: the final weights', kept or not
 
 
 def test_an_evaluation_env_that_fails_stops_only_the_evaluation(ray_address: str, tmp_path: Path) -> None:
