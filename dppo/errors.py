@@ -13,6 +13,10 @@ class UnsupportedSpace(UsageError):
     """An env space dppo cannot encode: bad input, with the fix in the message."""
 
 
+class OneLineWarning(UserWarning):
+    """A problem the run goes on with (an env that bends its API): ``dppo: warning: ...`` on one line."""
+
+
 class RunFailure(RuntimeError):
     """The run cannot go on (crash-looping actors, a persistently failing env, NaN data or updates): exit 1,
     after a checkpoint. The message is one line for the user; ``details`` (a traceback) goes to train.log."""

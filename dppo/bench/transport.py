@@ -41,12 +41,13 @@ class Asker:
 
     def run(self, mode: str, service: Any, endpoint: Any, requests: int) -> list[float]:
         """Seconds of each timed round trip."""
-        from dppo.distributed.inference_client import ServiceClient
+        from dppo.distributed.inference_client import RayCallClient
         from dppo.rl.policy import Request
-        from dppo.transport.protocol import Layout, ShmClient
+        from dppo.transport.client import ShmClient
+        from dppo.transport.protocol import Layout
 
         client = (ShmClient(endpoint, Layout(*self.specs, self.model, self.rows)) if mode == "shm"
-                  else ServiceClient(service))
+                  else RayCallClient(service))
         request = Request(0, self.obs)
         seconds = []
         try:

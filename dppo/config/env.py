@@ -13,6 +13,8 @@ DEFAULT_ENV_ID = "CartPole-v1"
 GLOBAL_STATE_KEY = "global_state"  # env.global_state: the observation key of the env's global state (MAPPO)
 # How PettingZoo names an env: the module that holds it, e.g. mpe2.simple_spread_v3 (gymnasium ids end in -v<N>)
 PETTINGZOO_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\.[A-Za-z_]\w*_v\d+")
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")  # an env.id that may name a PettingZoo module of one's own
+EnvKind = Literal["gymnasium", "ale", "parallel", "turn_based"]
 
 
 class WrapperConfig(Section):
@@ -69,6 +71,12 @@ class EnvConfig(Section):
     """Columns of the actor's vector env per env copy: the agents of a multi-agent Parallel env (a self-play game
     has one learner seat). dppo sets it from the env when a run starts (:func:`dppo.envs.make.with_agents`; a value
     given by hand is replaced); null until then (the batch checks wait for it), and for a gymnasium env (1)."""
+    kind: EnvKind | None = None
+    """What the env is: gymnasium (a gymnasium env), ale (ale-py's vector env), parallel (a PettingZoo Parallel env)
+    or turn_based (a two-player AEC game, trained by self-play). dppo finds it once, when a run starts, by making
+    one env (:func:`dppo.envs.make.with_agents`), and every part of the run reads it from here; the config.yaml of a
+    run holds it. Null until then: a module of one's own named by env.id (``--env mysim``) is then not yet known to
+    be multi-agent, and the checks that need to know wait for it."""
     vectorization: Literal["sync", "async", "ale"] = "sync"
     """sync: the E envs are stepped one after another in the actor's process; async: each env in its
     own subprocess (helps when env steps wait on I/O or are expensive); ale: ale-py's C++ vector env
@@ -131,10 +139,16 @@ class EnvConfig(Section):
                              "env.atari=true and no env.wrappers or env.max_episode_steps, or use sync")
         return self
 
+    @property
+    def may_be_multiagent(self) -> bool:
+        """Not known yet to be single-agent: env.multiagent, or an env.id that may name a PettingZoo module of one's
+        own while env.kind is not resolved."""
+        return self.multiagent or (self.kind is None and bool(MODULE_NAME.fullmatch(self.id or "")))
+
     @model_validator(mode="after")
     def _multiagent_fits(self) -> EnvConfig:
         if not self.multiagent:
-            if self.agent_id_in_obs or self.global_state:
+            if (self.agent_id_in_obs or self.global_state) and not self.may_be_multiagent:
                 flag = "agent_id_in_obs" if self.agent_id_in_obs else "global_state"
                 raise ValueError(f"env.{flag} applies to multi-agent envs (env.multiagent); set it to false")
             return self

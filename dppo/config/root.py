@@ -36,7 +36,7 @@ class Config(Section):
         if not self.policies:
             return self
         check_policies(self.policies)
-        if not self.env.multiagent:
+        if not self.env.may_be_multiagent:
             raise ValueError(f"policies maps the agents of a multi-agent env to policies, and env {self.env.name!r} "
                              "is a single-agent gymnasium env; drop policies, or name a PettingZoo env "
                              f"(env.multiagent), e.g. {POLICIES_EXAMPLE}")

@@ -17,9 +17,9 @@ from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import UsageError, first_line
 from dppo.rl.agent import Agent
 from dppo.rl.opponents import SelfPlayGames
-from dppo.rl.worker_thread import OverlappedPolicy
-from dppo.rl.policy import RemotePolicy
+from dppo.rl.policy import BackendPolicy
 from dppo.rl.segment import Segment
+from dppo.rl.worker_thread import WorkerThread, worker_thread_policy
 
 if TYPE_CHECKING:
     from gymnasium.vector import VectorEnv
@@ -37,7 +37,7 @@ def actor_sampler(config: Config, actor_id: int, seed: int,
     from dppo.rl.joint import local_sampler
     from dppo.rl.sampler import Sampler
 
-    policy = remote_policy(config, seed) or overlapped_policy(config, seed)
+    policy = served_policy(config, seed) or own_backend_policy(config, seed)
     if policy is None:
         return local_sampler(config, actor_id, seed, make_envs)
     return Sampler(config, actor_id, seed=seed, policy=policy, make_envs=make_envs,
@@ -52,16 +52,16 @@ def load_broadcast(sampler: Sampler, broadcast: Broadcast, games: SelfPlayGames 
         games.set_pool(fetch_new_snapshots(broadcast.opponents, games.snapshots))
 
 
-def remote_policy(config: Config, seed: int) -> RemotePolicy | None:
+def served_policy(config: Config, seed: int) -> BackendPolicy | None:
     """With run.inference=server the policy is the service's (seeded like the local one); else None (local)."""
     if config.run.inference != "server":
         return None
     from dppo.envs.make import env_spaces, with_agents
 
-    return RemotePolicy(*env_spaces(config), config.model, seed, with_agents(config).columns)
+    return BackendPolicy(*env_spaces(config), config.model, seed, with_agents(config).columns)
 
 
-def overlapped_policy(config: Config, seed: int) -> OverlappedPolicy | None:
+def own_backend_policy(config: Config, seed: int) -> BackendPolicy | None:
     """With run.actor_halves=2 or run.actor_gpus the actor's own policy on a worker thread, on cuda when the actor
     holds a GPU share (seeded like the Agent it replaces); else None (the Agent, on this thread)."""
     run = config.run
@@ -77,8 +77,7 @@ def overlapped_policy(config: Config, seed: int) -> OverlappedPolicy | None:
             raise UsageError(f"run.actor_gpus={run.actor_gpus:g} gave this actor a GPU share, but its torch sees no "
                              "CUDA device; install a CUDA build of torch on the actors' nodes or set run.actor_gpus=0")
         device = "cuda"
-    return OverlappedPolicy(*env_spaces(config), config.model, seed, with_agents(config).columns, run.actor_halves,
-                            device)
+    return worker_thread_policy(*env_spaces(config), config.model, seed, with_agents(config).columns, device)
 
 
 class Actor:
@@ -119,7 +118,7 @@ class Actor:
                 load_broadcast(sampler, broadcast[sampler.policy_name])
             return tuple(self.sampler.sample())
         if isinstance(broadcast, ServedBroadcast):  # the service named in each round: a replacement's too
-            self.sampler.policy.client = service_client(broadcast, self.sampler.policy)
+            self.sampler.policy.backend = service_client(broadcast, self.sampler.policy)
         load_broadcast(self.sampler, broadcast, self.games)
         segment = self.sampler.sample()
         segment.match_results = self.games.take_results()
@@ -145,7 +144,9 @@ def start_actor(config: Config, actor_id: int, seed: int) -> ray.actor.ActorHand
 def own_agent(sampler: Sampler) -> Agent | None:
     """The networks a sampler acts with in this process (None: the inference service's)."""
     policy = sampler.policy
-    return policy.agent if isinstance(policy, OverlappedPolicy) else policy if isinstance(policy, Agent) else None
+    if isinstance(policy, BackendPolicy):
+        return policy.backend.agent if isinstance(policy.backend, WorkerThread) else None
+    return policy if isinstance(policy, Agent) else None
 
 
 def gpu_shortage(share: float, nodes: list[dict]) -> str | None:

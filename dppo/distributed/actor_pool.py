@@ -15,6 +15,7 @@ reproducible. With several policies (a policy map) each call returns one segment
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,8 +26,8 @@ from dppo.distributed.actor import gpu_shortage
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts
 from dppo.distributed.membership import POLL_S, Membership, PoolEvents, Stop
 from dppo.distributed.ray_calls import RayCalls
+from dppo.envs.failures import EnvFailure, own_frame
 from dppo.errors import RunFailure, UsageError, first_line
-from dppo.rl.sampler import EnvFailure
 from dppo.rl.segment import Segment
 
 
@@ -47,6 +48,18 @@ class Gathered:
 
     segments: list[Segment]
     refs: list[ray.ObjectRef]
+
+
+REMOTE_FRAME = re.compile(r'File "([^"]+)", line (\d+)')  # a frame of the remote traceback Ray carries as text
+
+
+def describe_task_error(err: ray.exceptions.RayTaskError) -> str:
+    """What raised in an actor, in one line: the exception, its message and where (``ValueError: operands could not
+    be broadcast ... (at dppo/rl/sampler.py:312)``), not Ray's wrapper (``ray::Actor.sample() (pid=..., ...)``). The
+    place is read from the remote traceback Ray carries as text (the exception crossed processes without its own)."""
+    cause = err.cause if isinstance(err.cause, BaseException) else err
+    frames = [(name, int(line)) for name, line in REMOTE_FRAME.findall(str(err))]
+    return f"{type(cause).__name__}: {first_line(cause)} (at {own_frame(frames)})"
 
 
 class ActorPool:
@@ -141,7 +154,7 @@ class ActorPool:
                 except ray.exceptions.RayTaskError as err:
                     if isinstance(err.cause, EnvFailure):
                         raise RunFailure(f"actor {index}: {err.cause}", err.cause.details) from err
-                    raise RunFailure(f"actor {index}: {first_line(err)}", str(err)) from err
+                    raise RunFailure(f"actor {index}: {describe_task_error(err)}", str(err)) from err
                 except ray.exceptions.RayActorError as err:
                     self.membership.replace(index, err)
                     lost = True

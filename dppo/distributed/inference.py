@@ -10,7 +10,7 @@ travels with each request, so the service holds nothing but weights: the last tw
 version and the reply is stamped with it.
 
 Three layers: :class:`Batcher` (when to run a batch), :class:`BatchStats` (what each batch held and cost) and
-:class:`InferenceServer` (the versions and the batched forward pass) are plain classes tested without Ray;
+:class:`ForwardPasses` (the versions and the batched forward pass) are plain classes tested without Ray;
 :class:`InferenceService` is the asyncio Ray actor around them, reached by actors on its node through shared memory
 (:mod:`dppo.transport.server`) and by others with a Ray call per request
 (:mod:`dppo.distributed.inference_client`), all in the same batches; :class:`Inference` is the driver's side (start,
@@ -42,7 +42,7 @@ from dppo.rl.agent import Agent, Heads, Weights
 from dppo.rl.policy import InferenceLost, Reply, Request
 from dppo.rl.spaces import Obs, check_spaces
 from dppo.transport.protocol import Endpoint, Layout
-from dppo.transport.server import Answer, ShmEndpoint
+from dppo.transport.server import Answer, ShmServer
 
 BATCH_WAIT_S = 0.002  # how long a batch waits for the rest of the actors' requests after its first one
 KEEP_VERSIONS = 2  # the weights sampled with and, with run.overlap_sampling, the ones sampled with meanwhile
@@ -141,7 +141,7 @@ def _split(heads: Heads, sizes: list[int]) -> list[Heads]:
     return parts
 
 
-class InferenceServer:
+class ForwardPasses:
     """The weights of the last KEEP_VERSIONS versions and the batched forward pass (no Ray: tests use it)."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig,
@@ -190,10 +190,10 @@ class InferenceService:
         import torch
 
         torch.set_num_threads(threads)
-        self.server = InferenceServer(obs_space, action_space, config, device)
+        self.server = ForwardPasses(obs_space, action_space, config, device)
         self.batcher = Batcher(expected)
         self.figures = BatchStats()  # read and reset by stats()
-        self.transport = ShmEndpoint(self._layout, self._enqueue)
+        self.transport = ShmServer(self._layout, self._enqueue)
 
     def _layout(self, rows: int, slots: int) -> Layout:
         """A same-node actor's slots, for ``rows`` envs."""
@@ -257,15 +257,12 @@ class InferenceService:
         return self.figures.take()
 
 
-RemoteService = ray.remote(InferenceService)
-
-
 def start_service(config: Config, obs_space: gym.Space, action_space: gym.Space, device: str
                   ) -> ray.actor.ActorHandle:
     """The service on ``device``, beside the driver: half a GPU when it is cuda (the learner uses the rest), and no
     reserved CPU (like the driver's own process: the actors keep their reservations)."""
     gpus = 0.5 if device.startswith("cuda") else 0
-    return RemoteService.options(num_cpus=0, num_gpus=gpus, max_restarts=0).remote(
+    return ray.remote(InferenceService).options(num_cpus=0, num_gpus=gpus, max_restarts=0).remote(
         obs_space, action_space, config.model, device, config.run.actors, config.run.learner_threads)
 
 

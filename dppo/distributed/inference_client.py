@@ -1,6 +1,6 @@
 """How an actor reaches the inference service: the broadcast that names the service, then shared memory when the
 service runs on the actor's node (:mod:`dppo.transport.protocol`: no Ray call per step) or a Ray call per
-request from any other node (:class:`ServiceClient`)."""
+request from any other node (:class:`RayCallClient`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import ray
 
 from dppo.distributed.broadcast import Broadcast
 from dppo.errors import first_line
-from dppo.rl.policy import InferenceClient, InferenceLost, RemotePolicy, Reply, Request
-from dppo.transport.protocol import Endpoint, Layout, ShmClient
+from dppo.rl.policy import Backend, BackendPolicy, InferenceLost, Reply, Request
+from dppo.transport.client import ShmClient
+from dppo.transport.protocol import Endpoint, Layout
 
 
 @dataclass
@@ -25,8 +26,8 @@ class ServedBroadcast(Broadcast):
     endpoint: Endpoint | None = None  # where actors on the service's node reach it through shared memory
 
 
-class ServiceClient:
-    """An actor's calls to the service: few, large ones (one per half of its envs per step)."""
+class RayCallClient:
+    """An actor's calls to the service from another node: few, large ones (one per half of its envs per step)."""
 
     def __init__(self, service: ray.actor.ActorHandle) -> None:
         self.service = service
@@ -40,16 +41,19 @@ class ServiceClient:
         except ray.exceptions.RayActorError as err:
             raise InferenceLost(first_line(err)) from None
 
+    def cancel(self, ticket: ray.ObjectRef) -> None:
+        """Nothing held here: the reply, when it comes, is dropped with the last reference to it."""
 
-def service_client(broadcast: ServedBroadcast, policy: RemotePolicy) -> InferenceClient:
+
+def service_client(broadcast: ServedBroadcast, policy: BackendPolicy) -> Backend:
     """The client ``policy`` asks the broadcast's service with: shared memory when the service is on this node (the
     connection kept across rounds; a replaced service's closed), else Ray calls. InferenceLost when the service
     named cannot be reached."""
-    current, endpoint = policy.client, broadcast.endpoint
+    current, endpoint = policy.backend, broadcast.endpoint
     if isinstance(current, ShmClient):
         if not current.closed and current.endpoint == endpoint:
             return current
         current.close()
     if endpoint is None or endpoint.node != ray.get_runtime_context().get_node_id():
-        return ServiceClient(broadcast.service)
+        return RayCallClient(broadcast.service)
     return ShmClient(endpoint, Layout(policy.obs_spec, policy.action_spec, policy.config, policy.num_envs))

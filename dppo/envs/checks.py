@@ -15,44 +15,88 @@ gymnasium's wrappers with an unpack error that does not say why; it is named as 
 from __future__ import annotations
 
 import contextlib
-import traceback
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 
-from dppo.envs.make import make_env, make_parallel_envs
+from dppo.envs.api import API, PARALLEL_API, old_api, parallel_problem, result_problem
+from dppo.envs.make import make_env, make_parallel_envs, make_pettingzoo_env
 from dppo.envs.multiagent import AgentTurns
 from dppo.envs.user_code import EnvLoadError
-from dppo.errors import first_line
+from dppo.errors import OneLineWarning, first_line
 
 if TYPE_CHECKING:
     from dppo.config import Config, EnvConfig
 
-API = ("gymnasium's API: reset() -> (obs, info), step() -> (obs, reward, terminated, truncated, info), every "
-       "observation in the declared observation_space")
-
-PARALLEL_API = ("PettingZoo's Parallel API: reset() -> (obs, infos), step(actions) -> (obs, rewards, terminations, "
-                "truncations, infos), each a dict keyed by agent, every observation in its agent's observation_space")
-
-# gymnasium 1.x no longer converts old-API envs itself (make's apply_api_compatibility is gone); shimmy does.
-_SHIMMY = ("or, for an env of the old gym package, convert it with shimmy: pip install 'shimmy[gym-v21]' and "
-           "--set env.entry_point=shimmy:GymV21CompatibilityV0 --set env.kwargs.env_id=<its gym id>")
-OLD_STEP = ("step() returned 4 values (obs, reward, done, info): the old gym API; gymnasium's step() returns 5, (obs, "
-            "reward, terminated, truncated, info): split done into terminated (the episode ended) and truncated (a "
-            f"time limit cut it), {_SHIMMY}")
-OLD_RESET = ("reset() returned only an observation: the old gym API; gymnasium's reset(*, seed=None, options=None) "
-             f"returns (obs, info): return the observation and an info dict, {_SHIMMY}")
-OLD_RESET_SEED = ("reset() takes no seed: the old gym API; gymnasium's reset(*, seed=None, options=None) returns "
-                  f"(obs, info) and seeds the env (call super().reset(seed=seed) in it), {_SHIMMY}")
-
+API_STEPS = 200  # steps (over resets) of the Parallel API check at start: a few episodes of most envs, about 0.1 s
 
 def check_env(config: Config) -> dict[str, tuple[gym.Space, gym.Space, Any]]:
     """Make one env, reset it, take one step: each policy's spaces and first observation (one policy without a
     policy map), or EnvLoadError naming the env, the call and the fix."""
+    if config.env.kind == "parallel":
+        check_parallel_api(config)
     if config.policies:
         return check_mapped_env(config)
     return {config.policy_names[0]: check_one_env(config)}
+
+
+def check_parallel_api(config: Config, steps: int = API_STEPS) -> None:
+    """A few episodes of the Parallel env with random actions, checking the points of PettingZoo's own
+    ``parallel_api_test`` that training relies on. What breaks training is an EnvLoadError (an agent outside
+    ``possible_agents``, a live agent without an observation); what dppo can train through is one warning line (an
+    agent kept in ``agents`` after it terminated or truncated, or back after it left: dppo pads its column until
+    the episode ends)."""
+    env, name = make_pettingzoo_env(config.env), config.env.name
+    said: set[str] = set()
+    try:
+        obs, _ = env.reset(seed=config.run.seed)
+        finished: set[str] = set()
+        for _ in range(steps):
+            for agent in env.agents:
+                if agent not in env.possible_agents:
+                    raise EnvLoadError(f"env {name!r}: agent {agent!r} is in agents but not in possible_agents; "
+                                       f"list every agent that can appear in possible_agents ({PARALLEL_API})")
+                if agent not in obs and agent not in finished:
+                    raise EnvLoadError(f"env {name!r}: live agent {agent!r} got no observation; return one for "
+                                       f"every agent in agents ({PARALLEL_API})")
+            live = [agent for agent in env.agents if agent not in finished]
+            actions = {agent: random_action(env, obs.get(agent), agent, config.model.action_mask_key)
+                       for agent in live}
+            obs, _, terminated, truncated, _ = env.step(actions)
+            ended = {agent for agent in live if terminated.get(agent) or truncated.get(agent)}
+            kept = sorted(ended & set(env.agents))
+            if kept and "kept" not in said:
+                said.add("kept")
+                warnings.warn(f"env {name!r} keeps agent {kept[0]!r} in agents after it terminated or truncated, "
+                              "where PettingZoo's Parallel API removes it; dppo pads its column until the episode "
+                              "ends (pettingzoo.test.parallel_api_test shows the rest)", OneLineWarning, stacklevel=2)
+            back = sorted(finished & set(env.agents) - ended)
+            if back and "back" not in said and not kept:
+                said.add("back")
+                warnings.warn(f"env {name!r} brings agent {back[0]!r} back after it terminated or truncated; dppo "
+                              "pads its column until the episode ends (PettingZoo's Parallel API: an agent that "
+                              "left does not return)", OneLineWarning, stacklevel=2)
+            finished |= ended
+            if not env.agents or set(env.agents) <= finished:
+                obs, _ = env.reset()
+                finished = set()
+    except EnvLoadError:
+        raise
+    except Exception:  # the env raised: the check of its reset and step that follows names it
+        return
+    finally:
+        with contextlib.suppress(Exception):
+            env.close()
+
+
+def random_action(env: Any, obs: Any, agent: str, mask_key: str | None) -> Any:
+    """A random action of ``agent``, within the action mask its observation carries (as parallel_api_test draws)."""
+    space = env.action_space(agent)
+    if mask_key and isinstance(obs, dict) and mask_key in obs:
+        return space.sample(mask=np.asarray(obs[mask_key], np.int8))
+    return space.sample()
 
 
 def check_one_env(config: Config) -> tuple[gym.Space, gym.Space, Any]:
@@ -117,41 +161,12 @@ def check_mapped_env(config: Config) -> dict[str, tuple[gym.Space, gym.Space, An
             joint.close()
 
 
-def parallel_problem(result: Any, size: int, spaces: dict[str, gym.Space]) -> str | None:
-    """What is wrong with a Parallel env's reset (2 items: obs and infos by agent) or step (5, each by agent)."""
-    if not isinstance(result, tuple) or len(result) != size:
-        got = f"a {len(result)}-tuple" if isinstance(result, tuple) else f"a {type(result).__name__}"
-        return f"{got}, not {'(obs, infos)' if size == 2 else '(obs, rewards, terminations, truncations, infos)'}"
-    if not all(isinstance(part, dict) for part in result):
-        return "something other than dicts keyed by agent"
-    return next((problem for agent, obs in result[0].items() if agent in spaces
-                 and (problem := obs_problem(obs, spaces[agent], f"obs[{agent!r}]")) is not None), None)
-
-
 def check_multiagent(config: Config) -> None:
     """What a multi-agent env needs of the rest of the config: a memoryless policy."""
     if config.model.recurrent != "none":
         raise EnvLoadError(f"model.recurrent {config.model.recurrent!r} with the multi-agent env {config.env.name!r} "
                            "is not supported yet: evaluation plays the agents in turns through one memory; "
                            "set model.recurrent: none (env.agent_id_in_obs tells agents apart)")
-
-
-def old_api(env: gym.Env, seed: int | None = None) -> str | None:
-    """How the env's own reset() or step() follows the old gym API, with the fix; None when neither does (or either
-    raises). Asks the env under its wrappers, whose unpacking of gymnasium's shapes is what raised. It resets and
-    steps the env: for error paths only."""
-    core = env.unwrapped
-    try:
-        try:
-            result = core.reset(seed=seed)
-        except TypeError as err:
-            return OLD_RESET_SEED if "unexpected keyword argument 'seed'" in str(err) else None
-        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
-            return OLD_RESET if obs_problem(result, core.observation_space, "obs") is None else None
-        result = core.step(core.action_space.sample())
-    except Exception:
-        return None
-    return OLD_STEP if isinstance(result, tuple) and len(result) == 4 else None
 
 
 def old_api_error(cfg: EnvConfig, seed: int | None = None) -> EnvLoadError | None:
@@ -167,51 +182,3 @@ def old_api_error(cfg: EnvConfig, seed: int | None = None) -> EnvLoadError | Non
         with contextlib.suppress(Exception):
             env.close()
     return None if old is None else EnvLoadError(f"env {cfg.name!r}: {old}")
-
-
-def old_step_error(err: BaseException, name: str) -> EnvLoadError | None:
-    """An error raised where gymnasium unpacks a step() into 5 values and got 4, named as the old gym API; else None.
-    Read from the error alone, without stepping the env again: for the step loops, whose env keeps running."""
-    frames = traceback.extract_tb(err.__traceback__)
-    inside_gymnasium = bool(frames) and "gymnasium" in frames[-1].filename
-    if isinstance(err, ValueError) and "(expected 5, got 4)" in str(err) and inside_gymnasium:
-        return EnvLoadError(f"env {name!r}: {OLD_STEP}")
-    return None
-
-
-def result_problem(result: Any, size: int, space: gym.Space) -> str | None:
-    """What is wrong with a reset (2 items) or step (5 items) result, or None."""
-    if not isinstance(result, tuple) or len(result) != size:
-        got = f"a {len(result)}-tuple" if isinstance(result, tuple) else f"a {type(result).__name__}"
-        return f"{got}, not {'(obs, info)' if size == 2 else '(obs, reward, terminated, truncated, info)'}"
-    if not isinstance(result[-1], dict):
-        return f"info of type {type(result[-1]).__name__}, not a dict"
-    return obs_problem(result[0], space, "obs")
-
-
-def obs_problem(obs: Any, space: gym.Space, path: str) -> str | None:
-    """The first leaf of ``obs`` that does not fit ``space`` (structure, shape, kind of number), named by its path."""
-    if isinstance(space, gym.spaces.Dict):
-        if not isinstance(obs, dict):
-            return f"{path} of type {type(obs).__name__} where the space is a Dict with keys {list(space.spaces)}"
-        if set(obs) != set(space.spaces):
-            return f"{path} with keys {sorted(obs)} where the space has {sorted(space.spaces)}"
-        return next((p for key, sub in space.spaces.items()
-                     if (p := obs_problem(obs[key], sub, f"{path}[{key!r}]")) is not None), None)
-    if isinstance(space, gym.spaces.Tuple):
-        if not isinstance(obs, tuple) or len(obs) != len(space.spaces):
-            return f"{path} that is not a tuple of {len(space.spaces)}"
-        return next((p for i, sub in enumerate(space.spaces)
-                     if (p := obs_problem(obs[i], sub, f"{path}[{i}]")) is not None), None)
-    if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
-                              gym.spaces.MultiBinary)):
-        return None  # other spaces are refused with their own message when the model is built
-    value = np.asarray(obs)
-    shape = () if isinstance(space, gym.spaces.Discrete) else tuple(space.shape)
-    if value.shape != shape:
-        return f"{path} of shape {value.shape} where {space} has shape {shape}"
-    if not isinstance(space, gym.spaces.Box) and not np.issubdtype(value.dtype, np.integer):
-        return f"{path} of dtype {value.dtype} where {space} holds integers"
-    if not np.issubdtype(value.dtype, np.number) and value.dtype != np.bool_:
-        return f"{path} of dtype {value.dtype}, not numbers"
-    return None

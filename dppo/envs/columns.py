@@ -21,6 +21,11 @@ env episode's. An agent truncated by its own time limit while its copy goes on i
 its last live step from V(final observation) (the time-limit rule of :mod:`dppo.rl.advantages`) while its episode
 still ends with the copy's.
 
+A copy whose ``step`` (or ``reset``) raises is recreated alone, as :mod:`dppo.envs.failures` does for a gymnasium
+copy: every column of that copy ends its episode there, truncated with reward 0 and its last observation as the
+final one, the failure in its info (counted by the sampler, its episodes kept out of returns), and a fresh copy
+starts the next episode; the other copies go on.
+
 Our own adapter, not SuperSuit's ``pettingzoo_env_to_vec_env_v1``: that one keeps an episode's last observation
 only under ``info["terminal_observation"]`` as Stable-Baselines3 reads it, returns infos as a list, and needs
 agents to stay until the end.
@@ -28,13 +33,16 @@ agents to stay until the end.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import traceback
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
+from dppo.envs.failures import RESEED_STEP, EnvFailure, describe
 from dppo.envs.multiagent import AgentObservations, global_state
 from dppo.envs.policy_map import PolicyGroup, policy_groups
 
@@ -49,8 +57,12 @@ class ParallelEnvs:
     """E copies of a Parallel env, stepped with every policy's actions at once (see the module docstring)."""
 
     def __init__(self, envs: Sequence[ParallelEnv], groups: Sequence[PolicyGroup], name: str,
-                 agent_id_in_obs: bool = False, mask_key: str | None = None, with_state: bool = False) -> None:
-        self.envs, self.groups = list(envs), list(groups)
+                 agent_id_in_obs: bool = False, mask_key: str | None = None, with_state: bool = False,
+                 make: Callable[[], ParallelEnv] | None = None, reset_tries: int = 0) -> None:
+        self.envs, self.groups, self.name = list(envs), list(groups), name
+        self.make, self.reset_tries = make, reset_tries  # make: recreates a copy that raised (None: it raises on)
+        self.first_seeds: list[int | None] = [None] * len(self.envs)  # each copy's seed at the last seeded reset
+        self.recreated = [0] * len(self.envs)
         self.agents = list(self.envs[0].possible_agents)
         state_space = global_state(self.envs[0], name) if with_state else None
         self.with_state = state_space is not None
@@ -68,6 +80,7 @@ class ParallelEnvs:
         if seed is None or isinstance(seed, int):
             seed = [None if seed is None else seed + i for i in range(len(self.envs))]
         infos: list[dict[str, Any]] = [{} for _ in self.groups]
+        self.first_seeds, self.recreated = list(seed), [0] * len(self.envs)
         for copy, (env, copy_seed) in enumerate(zip(self.envs, seed, strict=True)):
             obs, info = env.reset(seed=copy_seed, options=options)
             self._start_episode(copy, obs, info, infos)
@@ -116,7 +129,13 @@ class ParallelEnvs:
         left, columns = self._left[copy], self._columns(copy)
         acting = {agent: actions[g][column] for g, _, column, agent in columns
                   if agent in env.agents and agent not in left}
-        obs, reward, term, trunc, info = env.step(acting)
+        try:
+            obs, reward, term, trunc, info = env.step(acting)
+        except Exception as err:
+            if self.make is None:
+                raise
+            self._fail(copy, (describe(err), traceback.format_exc()), terminated, truncated, infos)
+            return
         state = self.state_of(copy)
         for g, i, column, agent in columns:
             if agent in acting:
@@ -140,8 +159,39 @@ class ParallelEnvs:
             final = {"final_obs": self._obs[g][column], "final_info": info.get(agent, {})}
             infos[g] = view._add_info(infos[g], final, column)
         if over:
-            obs, info = env.reset()
+            try:
+                obs, info = env.reset()
+            except Exception as err:
+                if self.make is None:
+                    raise
+                self._fail(copy, (describe(err), traceback.format_exc()), terminated, truncated, infos)
+                return
             self._start_episode(copy, obs, info, infos)
+
+    def _fail(self, copy: int, failure: tuple[str, str], terminated: list[np.ndarray], truncated: list[np.ndarray],
+              infos: list[dict[str, Any]]) -> None:
+        """Copy ``copy`` raised: its columns' episodes cut (truncated at their last observation, the failure in
+        their info), and a fresh copy started."""
+        line, details = failure
+        for g, _, column, _ in self._columns(copy):
+            terminated[g][column], truncated[g][column] = False, True
+            cut = {"final_obs": self._obs[g][column], "env_failure": line, "env_failure_traceback": details}
+            infos[g] = self.views[g]._add_info(infos[g], cut, column)
+        for attempt in range(self.reset_tries + 1):
+            with contextlib.suppress(Exception):
+                self.envs[copy].close()
+            self.recreated[copy] += 1
+            first = self.first_seeds[copy]
+            try:
+                self.envs[copy] = self.make()
+                obs, info = self.envs[copy].reset(seed=None if first is None else first + RESEED_STEP *
+                                                  self.recreated[copy])
+                break
+            except Exception as err:
+                if attempt == self.reset_tries:
+                    raise EnvFailure(f"env {self.name} never got through a reset (tried {attempt + 1} times, "
+                                     f"recreating it each time): {describe(err)}", traceback.format_exc()) from err
+        self._start_episode(copy, obs, info, infos)
 
     def state_of(self, copy: int) -> np.ndarray | None:
         """Copy ``copy``'s global state now (env.global_state), else None."""

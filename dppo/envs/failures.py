@@ -13,8 +13,10 @@ the sampler counts and whose episode it leaves out of episode returns and length
 with a fresh copy each time, is an :class:`EnvFailure`: an env that never gets through a reset stops the run. (The
 first, seeded reset is left alone: an env that cannot start is bad input, named as such where the actor starts.)
 
-Vector envs that cannot isolate a copy (ale-py's, PettingZoo's, self-play's) keep the whole-vector-env restart of
-:func:`dppo.rl.sampler.sample_with_retries`.
+dppo's own vector envs recreate a copy alone the same way (PettingZoo's Parallel copies: :mod:`dppo.envs.columns`;
+self-play games: :mod:`dppo.envs.selfplay`), reporting the failure with :func:`failure_info`. A vector env that
+cannot isolate a copy (ale-py's) raises out of its ``step``: the sampler makes it afresh mid-segment and cuts each of
+its episodes as a failure (:meth:`dppo.rl.sampler.Sampler._step`), so the segment is kept.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from dppo.envs.api import old_step_error
 from dppo.errors import first_line
 
 RESEED_STEP = 1_000_003  # a recreated copy's seed: its first seed plus this per recreation (reproducible, apart)
@@ -45,16 +48,20 @@ class EnvFailure(RuntimeError):
 LIBRARIES = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")})
 
 
-def last_frame(err: BaseException) -> str:
-    """Where an exception was raised, as file:line (the one line of its traceback a user needs): the innermost frame
-    of the user's own code (outside the standard library, installed packages and this wrapper), else the innermost
-    one."""
-    frames = traceback.extract_tb(err.__traceback__)
+def own_frame(frames: list[tuple[str, int]]) -> str:
+    """Of a traceback's (file, line) frames, outermost first, the one line a user needs, as file:line: the innermost
+    frame of the user's own code (outside the standard library, installed packages and this wrapper), else the
+    innermost one."""
     if not frames:
         return "unknown place"
-    own = [f for f in frames if not f.filename.startswith(LIBRARIES) and f.filename != __file__]
-    frame = own[-1] if own else frames[-1]
-    return f"{frame.filename}:{frame.lineno}"
+    own = [f for f in frames if not f[0].startswith(LIBRARIES) and f[0] != __file__]
+    filename, line = (own or frames)[-1]
+    return f"{filename}:{line}"
+
+
+def last_frame(err: BaseException) -> str:
+    """Where an exception was raised, as file:line (:func:`own_frame`)."""
+    return own_frame([(f.filename, f.lineno or 0) for f in traceback.extract_tb(err.__traceback__)])
 
 
 def describe(err: BaseException) -> str:
@@ -78,8 +85,6 @@ class RecreateOnFailure(gym.Wrapper):
         try:
             result = self.env.step(action)
         except Exception as err:
-            from dppo.envs.checks import old_step_error  # checks makes envs with this module's factory
-
             if old_step_error(err, self.name) is not None:  # the env's API, not a passing fault
                 raise
             self.failure = (describe(err), traceback.format_exc())
@@ -116,6 +121,13 @@ class RecreateOnFailure(gym.Wrapper):
         if failure is not None:
             info = {**info, "env_failure": failure[0], "env_failure_traceback": failure[1]}
         return obs, info
+
+
+def failure_info(failed: np.ndarray, line: str, details: str) -> dict[str, Any]:
+    """A vector env's info saying that the copies (columns) in ``failed`` were cut by one failure (``line``, its
+    traceback ``details``): what :func:`failed_envs` reads, as a recreated gymnasium copy reports it."""
+    return {"env_failure": np.array([line] * len(failed), object), "_env_failure": np.asarray(failed, bool),
+            "env_failure_traceback": np.array([details] * len(failed), object)}
 
 
 def failed_envs(infos: list[dict[str, Any]], widths: list[int]) -> tuple[np.ndarray, list[tuple[str, str]]]:

@@ -54,6 +54,10 @@ def unknown_id_hint(env_id: str, module_name: str) -> str:
     a user's package) need the package named first, and a package by the id's own prefix is often there."""
     if module_name:
         return f"did importing {module_name!r} register it?"
+    if "-" not in env_id and "/" not in env_id and importlib.util.find_spec(env_id.split(".")[0]) is not None:
+        return (f"{env_id!r} is a module that registers no gymnasium env under that name and has neither "
+                "parallel_env() nor env() (a PettingZoo env module): name an id it registers, --env "
+                f"{env_id}:EnvId-v0, or give it a parallel_env(**kwargs) that returns a PettingZoo ParallelEnv")
     prefix = env_id.split("/")[0].split("-")[0]
     package = next((name for name in (prefix.lower(), prefix) if importlib.util.find_spec(name) is not None), None)
     if package is not None:
@@ -255,7 +259,8 @@ def make_parallel_envs(config: Config, copies: int | None = None, render_mode: s
     copies = env_cfg.num_envs if copies is None else copies
     envs = [first, *(make_pettingzoo_env(env_cfg, render_mode) for _ in range(copies - 1))]
     return ParallelEnvs(envs, groups, env_cfg.name, env_cfg.agent_id_in_obs, config.model.action_mask_key,
-                        env_cfg.global_state)
+                        env_cfg.global_state, lambda: make_pettingzoo_env(env_cfg, render_mode),
+                        config.faults.env_retries)
 
 
 def make_multiagent_vector_env(config: Config) -> PolicyView | SelfPlayVectorEnv:
@@ -266,7 +271,8 @@ def make_multiagent_vector_env(config: Config) -> PolicyView | SelfPlayVectorEnv
         first = make_pettingzoo_env(env_cfg)
         if is_turn_based(first):
             games = [first, *(make_pettingzoo_env(env_cfg) for _ in range(env_cfg.num_envs - 1))]
-            return SelfPlayVectorEnv(games, env_cfg.name)
+            return SelfPlayVectorEnv(games, env_cfg.name, make=lambda: make_pettingzoo_env(env_cfg),
+                                     reset_tries=config.faults.env_retries)
         first.close()
     joint = make_parallel_envs(config)
     if len(joint.views) > 1:
@@ -311,9 +317,10 @@ def check_self_play(config: Config) -> None:
 
 
 def is_self_play(cfg: EnvConfig) -> bool:
-    """A two-player turn-based game, trained against snapshots of its own policy (made once to tell)."""
-    if not cfg.multiagent:
-        return False
+    """A two-player turn-based game, trained against snapshots of its own policy (env.kind; made once to tell where
+    it is not resolved)."""
+    if cfg.kind is not None or not cfg.multiagent:
+        return cfg.kind == "turn_based"
     env = make_pettingzoo_env(cfg)
     try:
         return is_turn_based(env)
@@ -337,24 +344,28 @@ def names_pettingzoo_module(cfg: EnvConfig) -> bool:
 
 
 def with_agents(config: Config) -> Config:
-    """``config`` with what its env's agents decide, found by making one env (and closing it) when it is a
+    """``config`` with its env's kind resolved (env.kind), once, by making one env (and closing it) when it is a
     PettingZoo env: env.multiagent for a module of one's own named by env.id (:func:`names_pettingzoo_module`), and
-    env.columns_per_copy (a Parallel env's agents; a turn-based game: 1). Validated again: the batch these size is
-    checked against the minibatches."""
-    multiagent = config.env.multiagent or names_pettingzoo_module(config.env)
-    columns = None
+    env.columns_per_copy (a Parallel env's agents; a turn-based game: 1). Validated again, now that the env's kind
+    is known: a policy map needs a multi-agent env, and the batch these size is checked against the minibatches. A
+    config whose env.kind is set is returned as it is (what every actor gets)."""
+    env = config.env
+    if env.kind is not None:
+        return config
+    multiagent = env.multiagent or names_pettingzoo_module(env)
+    columns, kind = None, "ale" if env.vectorization == "ale" else "gymnasium"
     if multiagent:
-        first = make_pettingzoo_env(config.env.model_copy(update={"multiagent": True}))
+        first = make_pettingzoo_env(env.model_copy(update={"multiagent": True}))
         try:
-            columns = 1 if is_turn_based(first) else len(first.possible_agents)
+            turn_based = is_turn_based(first)
+            columns = 1 if turn_based else len(first.possible_agents)
+            kind = "turn_based" if turn_based else "parallel"
         finally:
             first.close()
-    if (multiagent, columns) == (config.env.multiagent, config.env.columns_per_copy):
-        return config
     from dppo.config.load import validate
 
     data = config.model_dump(mode="json")
-    data["env"].update(multiagent=multiagent, columns_per_copy=columns)
+    data["env"].update(multiagent=multiagent, columns_per_copy=columns, kind=kind)
     return validate(data, warn=False)
 
 

@@ -15,7 +15,9 @@ sign of the learner's return), which the driver turns into win rates and Elo.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import traceback
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import gymnasium as gym
@@ -23,6 +25,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
+from dppo.envs.failures import EnvFailure, describe
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import UsageError
 
@@ -98,8 +101,10 @@ class Game:
     """One copy of the AEC env: the learner's seat, this game's opponent and the learner's reward since its last
     move."""
 
-    def __init__(self, env: AECEnv) -> None:
+    def __init__(self, env: AECEnv, guarded: bool = False) -> None:
         self.env = env
+        self.guarded = guarded  # a move that raises ends the game as a failure (its vector env recreates it)
+        self.failure: tuple[str, str] | None = None  # (line, traceback) of the move that raised
         self.players = list(env.possible_agents)
         self.learner, self.opponent, self.reward, self.total = self.players[0], RANDOM, 0.0, 0.0
         self.seed: int | None = None
@@ -108,6 +113,7 @@ class Game:
 
     def reset(self, seed: int | None, seat: int, opponent: int) -> None:
         self.env.reset(seed=seed)
+        self.failure = None
         self.learner, self.opponent, self.reward, self.total = self.players[seat], opponent, 0.0, 0.0
         self.seed, self.history, self.opening = seed, [], 0
 
@@ -118,10 +124,15 @@ class Game:
     @property
     def over(self) -> bool:
         env = self.env
-        return not env.agents or env.terminations.get(self.learner, True) or env.truncations.get(self.learner, True)
+        if self.failure is not None or not env.agents:
+            return True
+        return env.terminations.get(self.learner, True) or env.truncations.get(self.learner, True)
 
     @property
     def truncated(self) -> bool:
+        """Cut by a time limit, or by a move that raised (never a terminal state of the game)."""
+        if self.failure is not None:
+            return True
         return bool(self.env.truncations.get(self.learner, False)) and not self.env.terminations.get(self.learner)
 
     @property
@@ -133,7 +144,15 @@ class Game:
         return self.env.observe(self.learner if self.over else self.env.agent_selection)
 
     def play(self, action: Any) -> None:
-        self.env.step(action)
+        if self.failure is not None:
+            return
+        try:
+            self.env.step(action)
+        except Exception as err:
+            if not self.guarded:
+                raise
+            self.failure = (describe(err), traceback.format_exc())
+            return
         self.history.append(action)
         reward = float(self.env.rewards.get(self.learner, 0.0))
         self.reward += reward
@@ -167,8 +186,10 @@ class SelfPlayVectorEnv(VectorEnv):
     """E copies of a two-player AEC game, the learner's seat in each; gymnasium's SAME_STEP autoreset (the last
     observation of a game in ``info["final_obs"]``), as :mod:`dppo.rl.sampler` expects of every vector env."""
 
-    def __init__(self, envs: Sequence[AECEnv], name: str, opponents: Opponents | None = None) -> None:
-        self.games = [Game(env) for env in envs]
+    def __init__(self, envs: Sequence[AECEnv], name: str, opponents: Opponents | None = None,
+                 make: Callable[[], AECEnv] | None = None, reset_tries: int = 0) -> None:
+        self.make, self.name, self.reset_tries = make, name, reset_tries  # make: recreates a game whose move raised
+        self.games = [Game(env, guarded=make is not None) for env in envs]
         obs_space, action_space = two_player_spaces(envs[0], name)
         self.chosen = opponents  # None: the random player, on this env's seeded generator
         self.num_envs = len(self.games)
@@ -180,6 +201,7 @@ class SelfPlayVectorEnv(VectorEnv):
         self.rng = np.random.default_rng()
         self.random = RandomOpponents(action_space, self.rng)
         self.results: list[tuple[int, float]] = []  # (opponent id, score) of each finished game, taken per segment
+        self.seen: list[Any] = [None] * self.num_envs  # each game's last observation returned
 
     @property
     def opponents(self) -> Opponents:
@@ -220,7 +242,7 @@ class SelfPlayVectorEnv(VectorEnv):
         for game, game_seed in zip(self.games, seeds, strict=True):
             self._start(game, game_seed)
         self._settle_new(self.games)
-        return self._batch([game.observe() for game in self.games]), {}
+        return self._observe(), {}
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         for game, action in zip(self.games, np.asarray(actions).tolist(), strict=True):
@@ -233,15 +255,43 @@ class SelfPlayVectorEnv(VectorEnv):
         infos: dict[str, Any] = {}
         for i in finished:
             game = self.games[i]
-            infos = self._add_info(infos, {"final_obs": game.observe(), "final_info": {"score": game.score}}, i)
-            self.results.append((game.opponent, game.score))
-            self._start(game, None)
+            if game.failure is not None:  # cut, not played out: its last observation is the learner's last, no result
+                infos = self._add_info(infos, {"final_obs": self.seen[i]}, i)
+                line, details = game.failure
+                infos = self._add_info(infos, {"env_failure": line, "env_failure_traceback": details}, i)
+                self._recreate(game)
+            else:
+                infos = self._add_info(infos, {"final_obs": game.observe(), "final_info": {"score": game.score}}, i)
+                self.results.append((game.opponent, game.score))
+                self._start(game, None)
         self._settle_new([self.games[i] for i in finished])
-        return self._batch([game.observe() for game in self.games]), rewards, terminated, truncated, infos
+        return self._observe(), rewards, terminated, truncated, infos
+
+    def _recreate(self, game: Game) -> None:
+        """A fresh copy of the game whose move raised, seeded from this vector env's generator (reproducible), and
+        a new game in it; a copy that cannot reset is made again, faults.env_retries times before an EnvFailure."""
+        assert self.make is not None
+        for attempt in range(self.reset_tries + 1):
+            with contextlib.suppress(Exception):
+                game.env.close()
+            try:
+                game.env = self.make()
+                self._start(game, int(self.rng.integers(2**31)))
+                return
+            except Exception as err:
+                if attempt == self.reset_tries:
+                    raise EnvFailure(f"env {self.name} never got through a reset (tried {attempt + 1} times, "
+                                     f"recreating it each time): {describe(err)}", traceback.format_exc()) from err
 
     def take_results(self) -> list[tuple[int, float]]:
         results, self.results = self.results, []
         return results
+
+    def _observe(self) -> Any:
+        """The learner's observation in every game, batched (a game whose opening move raised keeps its last one: it
+        ends as a failure at the next step)."""
+        self.seen = [self.seen[i] if game.failure is not None else game.observe() for i, game in enumerate(self.games)]
+        return self._batch(self.seen)
 
     def _batch(self, observations: list[Any]) -> Any:
         return concatenate(self.single_observation_space, observations,

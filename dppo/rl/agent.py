@@ -68,10 +68,8 @@ class Agent:
     ``seed`` seeds the action sampling; without it the seed is drawn from torch's generator (so an
     actor seeded with ``torch.manual_seed`` stays reproducible, at the cost of importing torch).
     ``device``: where the torch model runs (the inference service's; actors use the CPU).
-    It is the local :class:`dppo.rl.policy.Policy`: it acts on all E envs at once (one half).
+    It is the local :class:`dppo.rl.policy.Policy`: it acts on all E envs at once (one group).
     """
-
-    halves = 1
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig,
                  seed: int | None = None, device: str = "cpu") -> None:
@@ -86,7 +84,6 @@ class Agent:
         self.version = -1
         self._model: ActorCritic | None = None
         self._weights: Weights | None = None
-        self._sent: Obs | None = None  # the observation send() handed over, acted on by receive()
         if seed is None:
             import torch
 
@@ -188,18 +185,17 @@ class Agent:
             log_prob = dist.log_prob(action)
         return action.numpy(), log_prob.numpy(), value.numpy()
 
-    def send(self, obs: Obs, rows: slice) -> None:
-        """Hand over the next observation of every env (one half: ``rows`` covers all E); acted on at receive()."""
-        self._sent = obs
+    def submit(self, obs: Obs, rows: slice) -> Obs:
+        """The ticket is the observation itself (one group: ``rows`` covers all E): acted on at :meth:`result`, the
+        local path's step order."""
+        return obs
 
-    def receive(self, rows: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(actions, log_probs, values) for the observation sent, computed now: the local path's step order."""
-        obs, self._sent = self._sent, None
-        return self.act(obs)
+    def result(self, ticket: Obs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(actions, log_probs, values) for the observation submitted, computed now."""
+        return self.act(ticket)
 
-    def forget(self) -> None:
-        """Drop an observation sent and not acted on (the segment it belonged to is lost)."""
-        self._sent = None
+    def cancel(self, ticket: Obs) -> None:
+        """Nothing is held for an observation submitted and not acted on."""
 
     def heads(self, obs: Obs | np.ndarray, memory: np.ndarray | None = None,
               starts: np.ndarray | None = None) -> Heads:

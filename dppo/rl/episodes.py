@@ -6,7 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from dppo.envs.checks import old_api, old_step_error
+from dppo.envs.api import old_api, old_step_error
 from dppo.envs.user_code import EnvLoadError
 from dppo.rl.agent import Agent
 from dppo.rl.transforms import ObsNormalizer

@@ -4,13 +4,13 @@ Each policy's :class:`~dppo.rl.sampler.Sampler` acts for its agents' columns
 (:class:`~dppo.envs.columns.PolicyView`) with its own network, action stream, normalizers and episode counts,
 and returns its own Segment, stamped with its policy's name; the learners of each policy train on those alone. The
 Sampler stays single-policy: this class runs the policies' step loops (:meth:`Sampler.steps`) in lockstep and steps
-the env once per step with all their actions. An env that raises restarts every policy's episodes together.
+the env once per step with all their actions. A copy that raises is recreated alone (:mod:`dppo.envs.columns`), its
+episode cut for every policy's columns.
 :class:`JointPlayers` plays whole evaluation episodes of every policy at once.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -21,7 +21,7 @@ from dppo.envs.columns import ParallelEnvs
 from dppo.envs.make import make_parallel_envs, make_vector_env
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.normalizer import RunningStats
-from dppo.rl.sampler import Sampler, actor_seed, sample_with_retries
+from dppo.rl.sampler import Sampler, actor_seed, env_faults_named
 from dppo.rl.segment import Segment
 from dppo.rl.transforms import ObsNormalizer
 
@@ -51,7 +51,6 @@ class JointSampler:
     def __init__(self, config: Config, actor_id: int = 0, seed: int | None = None) -> None:
         self.config, self.actor_id = config, actor_id
         self.seed = actor_seed(config.run.seed, actor_id) if seed is None else seed
-        self.env_resets = 0
         self.joint = self._start_joint()
         self.samplers = [
             Sampler(policy_config(config, len(view.group.agents)), actor_id, seed=self.seed + POLICY_SEED_OFFSET * g,
@@ -64,36 +63,28 @@ class JointSampler:
 
     def _start_joint(self) -> ParallelEnvs:
         joint = make_parallel_envs(self.config)
-        joint.reset(seed=self.seed + 1_000 * self.env_resets)  # as a Sampler seeds its own envs
+        joint.reset(seed=self.seed)  # as a Sampler seeds its own envs
         return joint
 
-    def _restart(self) -> None:
-        """A fresh env, differently seeded; every policy's episodes restart."""
-        with contextlib.suppress(Exception):
-            self.joint.close()
-        self.env_resets += 1
-        self.joint = self._start_joint()
-        for sampler in self.samplers:
-            sampler.restart_envs()
-
     def sample(self) -> list[Segment]:
-        """One segment per policy, in map order: T steps of every copy; an env that raises is recreated and the
-        segments resampled."""
-        return sample_with_retries(self._sample_once, self._restart, self.config, lambda: None)
-
-    def _sample_once(self) -> list[Segment]:
+        """One segment per policy, in map order: T steps of every copy."""
         loops = [sampler.steps() for sampler in self.samplers]
-        requests = [next(loop) for loop in loops]
-        while True:
-            results = self.joint.step([actions for _half, actions in requests])
-            requests, segments = [], []
-            for loop, result in zip(loops, results, strict=True):
-                try:
-                    requests.append(loop.send(result))
-                except StopIteration as end:  # every loop ends at the same step: T
-                    segments.append(end.value)
-            if segments:
-                return segments
+        try:
+            with env_faults_named(self.config):
+                requests = [next(loop) for loop in loops]
+                while True:
+                    results = self.joint.step([actions for _half, actions in requests])
+                    requests, segments = [], []
+                    for loop, result in zip(loops, results, strict=True):
+                        try:
+                            requests.append(loop.send(result))
+                        except StopIteration as end:  # every loop ends at the same step: T
+                            segments.append(end.value)
+                    if segments:
+                        return segments
+        finally:
+            for loop in loops:
+                loop.close()
 
     def close(self) -> None:
         self.joint.close()

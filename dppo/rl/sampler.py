@@ -12,22 +12,23 @@ from __future__ import annotations
 import contextlib
 import time
 import traceback
-from collections.abc import Callable, Generator
-from typing import Any, TypeVar
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
 
 import numpy as np
 from gymnasium.vector import VectorEnv
 
 from dppo.config import Config
 from dppo.config.policies import DEFAULT_POLICY
-from dppo.envs.checks import old_api_error, old_step_error
-from dppo.envs.failures import EnvFailure, describe, failed_envs
+from dppo.envs.api import old_step_error
+from dppo.envs.checks import old_api_error
+from dppo.envs.failures import EnvFailure, describe, failed_envs, failure_info
 from dppo.envs.make import make_vector_env
 from dppo.errors import UsageError
 from dppo.rl.actions import NoLegalAction
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.normalizer import RunningStats
-from dppo.rl.policy import InferenceError, InferenceLost, Policy
+from dppo.rl.policy import InferenceLost, Policy
 from dppo.rl.segment import Segment
 from dppo.rl.spaces import Obs
 from dppo.rl.transforms import EpisodeStats, LearningReward, LifeLoss, ObsNormalizer, scrub_nonfinite
@@ -47,60 +48,47 @@ def actor_seed(run_seed: int, actor: int, spawn: int = 0) -> int:
     return run_seed + 10_000 * actor + 7_919 * spawn
 
 
-Sampled = TypeVar("Sampled")
+def group_count(config: Config) -> int:
+    """How many groups a Sampler steps its env copies in, decided once from the config for every mode: two halves
+    (one steps while the other's actions are computed) with the policy on a worker thread in halves
+    (run.actor_halves=2, validated even) or in the inference service when the copies split evenly; else one."""
+    if config.run.inference == "server":
+        return 2 if config.env.num_envs % 2 == 0 else 1
+    return config.run.actor_halves
 
 
-def sample_with_retries(sample_once: Callable[[], Sampled], restart: Callable[[], None], config: Config,
-                        forget: Callable[[], None], failed: Callable[[str, str], None] | None = None) -> Sampled:
-    """``sample_once()``, its whole vector env restarted and the call retried when an env raises out of it
-    (faults.env_retries in a row; ``failed`` counts each with its line and traceback). A gymnasium vector env's
-    copies recreate themselves (:mod:`dppo.envs.failures`), so this is for vector envs that cannot isolate a copy
-    (ale-py's, PettingZoo's, self-play's). An env whose fault no retry mends (an action mask allowing nothing, the
-    old gym API, a reset that never succeeds) or that keeps failing is an EnvFailure naming the env, the error and
-    where it was raised (the actor pool adds which actor)."""
-    failures = 0
-    while True:
-        try:
-            return sample_once()
-        except EnvFailure:  # a copy that never got through a reset: its own retries are spent
-            raise
-        except InferenceLost:  # the envs stepped past what the segment kept: start them afresh
-            forget()
-            restart()
-            raise
-        except InferenceError:  # the inference service's answer, not the env: no retry helps
-            raise
-        except NoLegalAction as err:  # the env's mask, not a passing fault: no retry helps
-            raise EnvFailure(f"env {config.env.name} returned an action mask that allows no "
-                             f"action ({err}); every observation must allow at least one",
-                             traceback.format_exc()) from err
-        except Exception as err:
-            old = old_step_error(err, config.env.name)
-            if old is not None:  # the env's API, not a passing fault: no retry helps
-                raise EnvFailure(str(old), traceback.format_exc()) from err
-            failures += 1
-            if failures > config.faults.env_retries:
-                raise EnvFailure(f"env {config.env.name} failed {failures} times in a row: {describe(err)}",
-                                 traceback.format_exc()) from err
-            if failed is not None:
-                failed(describe(err), traceback.format_exc())
-            restart()
+@contextlib.contextmanager
+def env_faults_named(config: Config) -> Iterator[None]:
+    """Faults of the env that no retry mends, as one EnvFailure naming the env: an action mask that allows nothing,
+    the old gym API."""
+    try:
+        yield
+    except NoLegalAction as err:
+        raise EnvFailure(f"env {config.env.name} returned an action mask that allows no action ({err}); every "
+                         "observation must allow at least one", traceback.format_exc()) from err
 
 
 class Sampler:
-    """Env + policy + transforms of one actor. Plain Python, so tests and benchmarks use it without Ray.
+    """Env + policy + transforms of one actor, and the one owner of its per-step path. Plain Python, so tests and
+    benchmarks use it without Ray.
 
-    ``policy``: what acts (default: a local Agent seeded like the actor). A policy with two ``halves`` gets two
-    vector envs of E/2 env copies each, seeded as the one vector env of E would be (copy i with seed + i), stepped
-    in turn so one half steps while the other's actions are computed elsewhere (a vector env whose copies draw from
-    one generator, as self-play's do, differs between one and two halves). A copy of a multi-agent env is one column
-    per agent: the sampler's rows are the columns its vector envs report.
+    It decides once how its env copies are grouped (:func:`group_count`): with two halves it makes two vector envs
+    of E/2 copies each, seeded as the one vector env of E would be (copy i with seed + i), and steps them in turn so
+    one half steps while the other's actions are computed by the policy's backend (a vector env whose copies draw
+    from one generator, as self-play's do, differs between one and two halves). It holds the tickets of the
+    requests in flight, and cancels them when a segment is abandoned. A copy of a multi-agent env is one column per
+    agent: the sampler's rows are the columns its vector envs report.
 
-    ``make_envs``: what makes the vector env, each half's and each restart's (default :func:`make_vector_env`; what
-    an env needs beside the sampler, such as self-play's opponents, it gets there: :mod:`dppo.rl.opponents`);
-    ``policy_name``: the policy of the run's policy map this sampler acts for, stamped on its segments. A joint
-    sampler (:mod:`dppo.rl.joint`) gives each policy's sampler its columns of one multi-agent env and steps that env
-    itself, through :meth:`steps`.
+    Env faults cost a step, not the segment: a copy that raises is recreated alone by its vector env
+    (:mod:`dppo.envs.failures`, :mod:`dppo.envs.columns`, :mod:`dppo.envs.selfplay`); a vector env that raises out
+    of ``step`` (ale-py's cannot isolate a copy) is made afresh there, each of its episodes cut and counted as a
+    failure, and the segment goes on (:meth:`_step`).
+
+    ``policy``: what acts (default: a local Agent seeded like the actor). ``make_envs``: what makes the vector env,
+    each half's and each restart's (default :func:`make_vector_env`; what an env needs beside the sampler, such as
+    self-play's opponents, it gets there: :mod:`dppo.rl.opponents`); ``policy_name``: the policy of the run's policy
+    map this sampler acts for, stamped on its segments. A joint sampler (:mod:`dppo.rl.joint`) gives each policy's
+    sampler its columns of one multi-agent env and steps that env itself, through :meth:`steps`.
     """
 
     def __init__(self, config: Config, actor_id: int = 0, seed: int | None = None,
@@ -111,10 +99,12 @@ class Sampler:
         self.make_envs, self.policy_name = make_envs, policy_name
         self.seed = actor_seed(config.run.seed, actor_id) if seed is None else seed
         self.env_resets = 0
-        copies, halves = config.env.num_envs, 1 if policy is None else policy.halves
-        self.copies = [range(h * copies // halves, (h + 1) * copies // halves) for h in range(halves)]
+        copies, groups = config.env.num_envs, group_count(config)
+        self.copies = [range(h * copies // groups, (h + 1) * copies // groups) for h in range(groups)]
         self.rows: list[slice] = []  # each half's columns, set when its vector env is made
         self.half_envs = self._start_envs()
+        self.failures_in_row = [0] * groups  # each half's steps in a row that raised out of its vector env
+        self.in_flight: dict[int, Any] = {}  # half -> the policy's ticket for its next actions
         num_envs = self.num_columns
         space = self.half_envs[0]
         self.policy: Policy = policy or Agent(space.single_observation_space, space.single_action_space,
@@ -148,31 +138,21 @@ class Sampler:
         return self.half_obs[0]
 
     def _start_envs(self) -> list[VectorEnv]:
-        seed = self.seed + 1_000 * self.env_resets
         half_envs, self.half_obs, self.half_active, lives, self.rows = [], [], [], [], []
-        for copies in self.copies:
-            config = self.config
-            if len(self.copies) > 1:
-                env = config.env.model_copy(update={"num_envs": len(copies)})
-                config = config.model_copy(update={"env": env})
-            envs = self.make_envs(config)
-            start = self.rows[-1].stop if self.rows else 0
-            self.rows.append(slice(start, start + envs.num_envs))
-            half_envs.append(envs)
+        for h in range(len(self.copies)):
             try:
-                obs, info = envs.reset(seed=seed + copies.start)
+                envs, obs, info = self._start_half(h)
             except Exception:
-                old = old_api_error(self.config.env, seed)  # gymnasium's unpack error does not say why
-                if old is None:
-                    raise
                 for made in half_envs:
                     with contextlib.suppress(Exception):
                         made.close(terminate=True)  # an async vector env's half-done reset cannot be waited for
-                raise old from None
+                raise
+            start = self.rows[-1].stop if self.rows else 0
+            self.rows.append(slice(start, start + envs.num_envs))
+            half_envs.append(envs)
             self.half_obs.append(obs)
             self.half_active.append(info.get("active"))
             lives.append(info.get("lives"))
-            envs.action_space.seed(seed + copies.start)
         self.life_loss = None
         if self.config.env.terminal_on_life_loss:
             if any(part is None for part in lives):
@@ -181,8 +161,27 @@ class Sampler:
             self.life_loss = LifeLoss(np.concatenate([np.asarray(part) for part in lives]))
         return half_envs
 
+    def _start_half(self, h: int) -> tuple[VectorEnv, Any, dict[str, Any]]:
+        """Half h's vector env, made and reset (seeded for this start of the sampler's envs)."""
+        copies, config = self.copies[h], self.config
+        if len(self.copies) > 1:
+            config = config.model_copy(update={"env": config.env.model_copy(update={"num_envs": len(copies)})})
+        envs = self.make_envs(config)
+        seed = self.seed + 1_000 * self.env_resets + copies.start
+        try:
+            obs, info = envs.reset(seed=seed)
+        except Exception:
+            old = old_api_error(self.config.env, seed)  # gymnasium's unpack error does not say why
+            with contextlib.suppress(Exception):
+                envs.close(terminate=True)
+            if old is None:
+                raise
+            raise old from None
+        envs.action_space.seed(seed)
+        return envs, obs, info
+
     def restart_envs(self) -> None:
-        """Replace a vector env that raised: a fresh one, differently seeded, episodes restart."""
+        """Every vector env afresh, differently seeded, episodes restarted (the segment they were in is lost)."""
         for envs in self.half_envs:
             with contextlib.suppress(Exception):
                 envs.close()
@@ -191,6 +190,37 @@ class Sampler:
         self.learning_reward.end_episodes(np.ones(self.num_columns, bool))
         self.policy.end_episodes(np.ones(self.num_columns, bool))
         self.episodes.reset()
+
+    def _step(self, h: int, actions: Any) -> tuple:
+        """Step half h's vector env. One that raises out of ``step`` (a copy it cannot recreate alone) is made afresh
+        and answers this step as every copy's episode cut by a failure: truncated, reward 0, the last observation
+        as the final one (bootstrapped, never across into the next episode), the failure in ``info`` as a
+        recreated copy reports it. faults.env_retries such steps in a row are an EnvFailure."""
+        try:
+            result = self.half_envs[h].step(actions)
+        except EnvFailure:  # a copy that never got through a reset: its own retries are spent
+            raise
+        except Exception as err:
+            old = old_step_error(err, self.config.env.name)
+            if old is not None:  # the env's API, not a passing fault: no retry helps
+                raise EnvFailure(str(old), traceback.format_exc()) from err
+            self.failures_in_row[h] += 1
+            if self.failures_in_row[h] > self.config.faults.env_retries:
+                raise EnvFailure(f"env {self.config.env.name} failed {self.failures_in_row[h]} times in a row: "
+                                 f"{describe(err)}", traceback.format_exc()) from err
+            return self._recreate_half(h, describe(err), traceback.format_exc())
+        self.failures_in_row[h] = 0
+        return result
+
+    def _recreate_half(self, h: int, line: str, details: str) -> tuple:
+        with contextlib.suppress(Exception):
+            self.half_envs[h].close()
+        self.env_resets += 1
+        self.half_envs[h], obs, info = self._start_half(h)
+        columns = self.rows[h].stop - self.rows[h].start
+        cut = np.ones(columns, bool)
+        info = {**info, **failure_info(cut, line, details), "final_obs": self.half_obs[h], "_final_obs": cut}
+        return obs, np.zeros(columns), np.zeros(columns, bool), cut, info
 
     def set_weights(self, weights: Weights, version: int, obs_stats: RunningStats | None = None,
                     return_stats: RunningStats | None = None) -> None:
@@ -207,25 +237,39 @@ class Sampler:
         return scrub_nonfinite(out.vector)
 
     def sample(self) -> Segment:
-        """Exactly T steps of every env; an env copy that raises is recreated alone and its episode cut (or, where the
-        vector env cannot isolate a copy, the vector env recreated and the segment resampled), and counted."""
-        return sample_with_retries(self._sample_once, self.restart_envs, self.config, self.policy.forget,
-                                   self.episodes.count_failure)
+        """Exactly T steps of every env; env faults cost a step (:meth:`_step`); a segment lost with the inference
+        service leaves the envs restarted (they stepped past what the segment kept)."""
+        try:
+            with env_faults_named(self.config):
+                return self._sample_once()
+        except InferenceLost:
+            self.restart_envs()
+            raise
 
     def _sample_once(self) -> Segment:
         """One segment, this sampler stepping its own envs."""
         loop = self.steps()
-        half, actions = next(loop)
-        while True:
-            try:
-                half, actions = loop.send(self.half_envs[half].step(actions))
-            except StopIteration as end:
-                return end.value
+        try:
+            half, actions = next(loop)
+            while True:
+                half, actions = loop.send(self._step(half, actions))
+        except StopIteration as end:
+            return end.value
+        finally:
+            loop.close()  # an abandoned segment's requests in flight are cancelled
 
     def steps(self) -> Generator[tuple[int, Any], tuple, Segment]:
         """The step loop of one segment. It yields (half, the env actions of that half) and is sent what that half's
         ``step`` returned, so whoever holds the env steps it: this sampler, or a joint sampler stepping one env with
-        several policies' actions. It returns the segment."""
+        several policies' actions. It returns the segment; closed early (the segment abandoned), it cancels the
+        requests in flight."""
+        try:
+            return (yield from self._step_loop())
+        finally:
+            for h in list(self.in_flight):
+                self.policy.cancel(self.in_flight.pop(h))
+
+    def _step_loop(self) -> Generator[tuple[int, Any], tuple, Segment]:
         steps, num_envs = self.config.ppo.segment_length, self.num_columns
         spec, action_spec, policy = self.obs_spec, self.action_spec, self.policy
         obs_buf = spec.empty((steps, num_envs))
@@ -243,20 +287,20 @@ class Sampler:
         memory = self._memory_at_start(steps, num_envs)
         clock = time.perf_counter
         start = clock()
-        env_s = policy_s = 0.0  # seconds in the envs' step and in the policy's receive/value (never overlapping)
+        env_s = policy_s = 0.0  # seconds in the envs' step and in the policy's result/value (never overlapping)
         last = spec.empty((num_envs,))  # the observation after the segment: the bootstrap's input
         nonfinite = False
         for rows, obs in zip(self.rows, self.half_obs, strict=True):
             nonfinite |= self._encode(obs, obs_buf[0][rows])
         self.normalize_obs(obs_buf[0])
-        for rows in self.rows:
-            self._send(obs_buf[0][rows], rows, memory, 0)
+        for h, rows in enumerate(self.rows):
+            self._submit(h, obs_buf[0][rows], memory, 0)
         for t in range(steps):
             encoded = obs_buf[t + 1] if t + 1 < steps else last
             stepped = []
             for h, rows in enumerate(self.rows):  # with two halves, one steps while the other's actions are made
                 asked = clock()
-                action, log_prob, value = policy.receive(rows)
+                action, log_prob, value = policy.result(self.in_flight.pop(h))
                 act_buf[t, rows], logp_buf[t, rows], value_buf[t, rows] = action, log_prob, value
                 acted = clock()
                 next_obs, reward, terminated, truncated, info = yield h, action_spec.to_env(action)
@@ -281,12 +325,12 @@ class Sampler:
                 if active is not None:
                     active_buf[t + 1, rows] = active
                 if t + 1 < steps and h + 1 < len(self.rows):  # ask now, while the next half steps
-                    self._send(self.normalize_obs(encoded[rows].map(np.copy)), rows, memory, t + 1)
+                    self._submit(h, self.normalize_obs(encoded[rows].map(np.copy)), memory, t + 1)
                 stepped.append((reward, terminated, truncated, info))
             self.normalize_obs.record(t, encoded)
             if t + 1 < steps:
                 self.normalize_obs(encoded)
-                self._send(encoded[self.rows[-1]], self.rows[-1], memory, t + 1)
+                self._submit(len(self.rows) - 1, encoded[self.rows[-1]], memory, t + 1)
             nonfinite |= self._account(t, stepped, reward_buf, term_buf, trunc_buf)
         last = self.normalize_obs(last)
         asked = clock()
@@ -307,11 +351,12 @@ class Sampler:
             active=padded, env_failures=self.episodes.take_failures(),
         )
 
-    def _send(self, obs: Obs, rows: slice, memory: dict[str, np.ndarray] | None, t: int) -> None:
-        """Ask for step t's actions of ``rows`` (normalized observations; a recurrent policy's starts recorded)."""
+    def _submit(self, h: int, obs: Obs, memory: dict[str, np.ndarray] | None, t: int) -> None:
+        """Ask for step t's actions of half h (normalized observations; a recurrent policy's starts recorded)."""
+        rows = self.rows[h]
         if memory is not None:
             memory["starts"][t, rows] = self.policy.starts[rows]
-        self.policy.send(obs, rows)
+        self.in_flight[h] = self.policy.submit(obs, rows)
 
     def _account(self, t: int, stepped: list[tuple], reward_buf: np.ndarray, term_buf: np.ndarray,
                  trunc_buf: np.ndarray) -> bool:

@@ -1,13 +1,12 @@
-"""An actor's own policy computed on a worker thread, so one half of its envs steps while the other's forward pass
-runs: EnvPool's and Cleanba's pattern (envs on C++ threads, the policy beside them in one process) inside one actor.
+"""A backend in the actor's own process: one worker thread computes the forward passes, so one half of the actor's
+envs steps while the other's pass runs (EnvPool's and Cleanba's pattern: envs on C++ threads, the policy beside them
+in one process). ale-py's vector env releases the GIL while its threads step, torch in its kernels (on cuda the
+kernels run on the GPU).
 
-It is a :class:`~dppo.rl.policy.RemotePolicy` whose client is this process: ``send`` hands a half's observation to
-a worker thread and returns at once, ``receive`` waits for that thread's answer, so the Sampler's half loop steps
-one half (ale-py's vector env releases the GIL while its threads step) while torch computes the other (it releases
-the GIL in its kernels; on cuda the kernels run on the GPU). Everything but the forward pass is the served path's:
-actions drawn in the actor with its own seeded stream, a recurrent policy's memory and episode starts kept here,
-masks applied when the action is drawn. A greedy policy therefore picks the actions the in-actor Agent picks, and
-a seeded run is reproducible (the worker computes the halves in the order they were sent).
+Everything but the forward pass is the :class:`~dppo.rl.policy.BackendPolicy`'s, as with the inference service:
+actions drawn in the actor with its own seeded stream, a recurrent policy's memory and episode starts kept there,
+masks applied when the action is drawn. A greedy policy therefore picks the actions the in-actor Agent picks, and a
+seeded run is reproducible (the worker computes the requests in the order they were submitted).
 """
 
 from __future__ import annotations
@@ -18,18 +17,18 @@ import gymnasium as gym
 
 from dppo.config import ModelConfig
 from dppo.rl.agent import Agent, Weights
-from dppo.rl.policy import RemotePolicy, Reply, Request
+from dppo.rl.policy import BackendPolicy, Reply, Request
 
 
 class WorkerThread:
-    """An InferenceClient in this process: one worker thread computes the requests in the order they came."""
+    """A Backend in this process: one worker thread computes the requests in the order they came."""
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dppo-forward")
 
     def submit(self, request: Request) -> Future[Reply]:
-        """Start the forward pass of ``request``; the Sampler leaves its observation untouched until received."""
+        """Start the forward pass of ``request``; the Sampler leaves its observation untouched until its result."""
         return self.worker.submit(self._forward, request)
 
     def _forward(self, request: Request) -> Reply:
@@ -38,33 +37,21 @@ class WorkerThread:
     def result(self, ticket: Future[Reply]) -> Reply:
         return ticket.result()
 
+    def cancel(self, ticket: Future[Reply]) -> None:
+        """Not started: never computed; running: it finishes, unread (the worker holds nothing for it)."""
+        ticket.cancel()
+
     def load(self, weights: Weights, version: int) -> None:
-        """New weights, loaded on the worker after every forward pass asked before (a lost segment's included)."""
+        """New weights, loaded on the worker after every forward pass submitted before."""
         self.worker.submit(self.agent.load, weights, version).result()
 
     def close(self) -> None:
         self.worker.shutdown(wait=True, cancel_futures=True)
 
 
-class OverlappedPolicy(RemotePolicy):
-    """The actor's own networks on ``device`` (cuda with a GPU share, else cpu), stepped in ``halves`` groups."""
-
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int,
-                 num_envs: int, halves: int, device: str = "cpu") -> None:
-        super().__init__(obs_space, action_space, config, seed, num_envs)
-        if halves not in (1, 2) or (halves == 2 and num_envs % 2):
-            raise ValueError(f"{num_envs} envs cannot be stepped in {halves} halves (1, or 2 of an even count)")
-        self.halves = halves
-        self.client: WorkerThread = WorkerThread(Agent(obs_space, action_space, config, seed=seed, device=device))
-
-    @property
-    def agent(self) -> Agent:
-        """The networks the worker computes with (tests and tools read its model)."""
-        return self.client.agent
-
-    def load(self, weights: Weights, version: int) -> None:
-        self.client.load(weights, version)
-        super().load(weights, version)
-
-    def close(self) -> None:
-        self.client.close()
+def worker_thread_policy(obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int,
+                         num_envs: int, device: str = "cpu") -> BackendPolicy:
+    """The actor's own networks on ``device`` (cuda with a GPU share, else cpu), computed on a worker thread; the
+    networks seeded like the Agent they stand for, and loaded with every broadcast."""
+    worker = WorkerThread(Agent(obs_space, action_space, config, seed=seed, device=device))
+    return BackendPolicy(obs_space, action_space, config, seed, num_envs, worker, on_load=worker.load)

@@ -1,29 +1,32 @@
-"""The same-node transport between a sampling actor and the inference service: no Ray call per step.
+"""The protocol of the same-node transport between a sampling actor and the inference service: no Ray call per step.
 
 An actor's requests and the service's replies lie in one shared-memory segment per actor (``multiprocessing.
 shared_memory``, created by the service when the actor connects, attached by name); a 20-byte message on a Unix
 socket (``multiprocessing.connection``, authenticated once at connect) says which slot of it holds a request or a
 reply. This is Sample Factory's and PufferLib's pattern (shared buffers, small messages): a Ray call per env step
 sends a Breakout batch of 113 KB through the object store and cost 0.46x of the actors' own forward pass on an H100
-(issue 42). Actors on other nodes keep the Ray calls (:class:`dppo.distributed.inference.ServiceClient`).
+(issue 42). Actors on other nodes keep the Ray calls (:class:`dppo.distributed.inference.RayCallClient`).
 
 Every message is stamped with the protocol and the weights' version; anything else (a short or unknown message, a
 reply for a slot not asked, another version) is one :class:`TransportError`. A lost peer is an end of file: the
 service gone makes the actor's receive raise :class:`~dppo.rl.policy.InferenceLost` (the driver replaces the
-service); an actor gone makes the service release its segment (:mod:`dppo.transport.server`). This
-module is the protocol and the actor's side; neither imports Ray.
+service); an actor gone makes the service release its segment (:mod:`dppo.transport.server`). A peer that connects
+and says nothing is dropped after HANDSHAKE_TIMEOUT_S by either side (:func:`authenticate`). This module is the
+protocol (messages, layout, segments, handshake); :mod:`dppo.transport.client` is the actor's side.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import socket
 import struct
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
-from multiprocessing import resource_tracker
-from multiprocessing.connection import Client, Connection
+from multiprocessing import AuthenticationError, resource_tracker
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
@@ -33,7 +36,7 @@ import psutil
 from dppo.config import ModelConfig
 from dppo.rl.actions import ActionSpec
 from dppo.rl.agent import Heads
-from dppo.rl.policy import InferenceError, InferenceLost, Reply, Request
+from dppo.rl.policy import InferenceError, Request
 from dppo.rl.spaces import Obs, ObsSpec
 
 PROTOCOL = 1  # raised whenever a message or the segment's layout changes
@@ -45,6 +48,7 @@ SLOTS = 3  # requests an actor has in flight at most: one per half of its envs, 
 SEGMENT_PREFIX = "dppo_"  # every segment's name: dppo_<service's pid>_<service token>_<actor's connection>
 SHM_DIR = Path("/dev/shm")  # where Linux lists the segments (stale ones are swept from there)
 CONNECT_TIMEOUT_S = 60.0  # a service that accepts but never welcomes is lost
+HANDSHAKE_TIMEOUT_S = 10.0  # a peer that connects and does not authenticate within it is dropped
 ALIGN = 64
 
 
@@ -68,6 +72,41 @@ def new_endpoint(node: str = "") -> Endpoint:
     token = secrets.token_hex(6)
     where = "\0" if sys.platform.startswith("linux") else f"{tempfile.gettempdir()}/"
     return Endpoint(f"{where}dppo-{token}.sock", secrets.token_bytes(16), token, node)
+
+
+class HandshakeFailed(ConnectionError):
+    """The peer did not authenticate: it said nothing within the timeout, hung up, or knew another key."""
+
+
+def _hang_up(conn: Connection, fired: threading.Event) -> None:
+    """Wake a thread blocked reading ``conn``: shut the socket down (closing the descriptor alone would not)."""
+    fired.set()
+    try:
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def authenticate(conn: Connection, authkey: bytes, serving: bool, timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
+    """``multiprocessing.connection``'s challenge and response on ``conn`` (both ways, the serving side first), with
+    a deadline: a peer that says nothing within ``timeout`` is hung up on, so it cannot hold the other side
+    (Python's own handshake waits forever). HandshakeFailed when it does not complete."""
+    steps = (deliver_challenge, answer_challenge) if serving else (answer_challenge, deliver_challenge)
+    fired = threading.Event()
+    timer = threading.Timer(timeout, _hang_up, (conn, fired))
+    timer.daemon = True
+    timer.start()
+    try:
+        for step in steps:
+            step(conn, authkey)
+    except (OSError, EOFError, AuthenticationError) as err:
+        timer.cancel()
+        raise HandshakeFailed(f"said nothing within {timeout:g} s" if fired.is_set()
+                              else f"failed its handshake ({type(err).__name__}: {err})") from None
+    timer.cancel()
+    if fired.is_set():  # done as the deadline passed: the socket was shut down under it
+        raise HandshakeFailed(f"said nothing within {timeout:g} s")
 
 
 def pack(kind: int, slot: int = 0, version: int = 0, rows: int = 0, body: bytes = b"") -> bytes:
@@ -215,104 +254,3 @@ def remove(segment: SharedMemory, attached: bool) -> None:
         if balance:
             resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
     _CREATED.discard(segment.name)
-
-
-class ShmClient:
-    """An actor's side: a RemotePolicy's InferenceClient whose requests and replies go through shared memory."""
-
-    def __init__(self, endpoint: Endpoint, layout: Layout) -> None:
-        self.endpoint, self.layout = endpoint, layout
-        self.conn: Connection | None = None
-        self.segment: SharedMemory | None = None
-        try:
-            self.conn = Client(endpoint.address, family="AF_UNIX", authkey=endpoint.authkey)
-            self.conn.send_bytes(pack(HELLO, layout.slots, rows=layout.rows))
-            if not self.conn.poll(CONNECT_TIMEOUT_S):
-                raise InferenceLost(f"the inference service did not answer within {CONNECT_TIMEOUT_S:g} s")
-            welcome = self._receive()
-        except (OSError, EOFError) as err:
-            self.close()
-            raise InferenceLost(f"the inference service cannot be reached ({type(err).__name__}: {err})") from None
-        except InferenceError:
-            self.close()
-            raise
-        kind, _slot, _version, _rows, body = welcome
-        if kind != WELCOME:
-            self.close()
-            raise TransportError(f"malformed message from the inference service: a {KINDS[kind]} before welcome")
-        try:
-            self.segment = attach(body.decode())
-        except OSError as err:  # removed already: the service went while welcoming
-            self.close()
-            raise InferenceLost(f"the inference service's segment cannot be opened ({type(err).__name__})") from None
-        if self.segment.size < layout.size:
-            self.close()
-            raise TransportError(f"the inference service's segment holds {self.segment.size} bytes, this actor's "
-                                 f"layout needs {layout.size}: run one dppo version on every node")
-        self.views = [layout.views(self.segment.buf, slot) for slot in range(layout.slots)]
-        self.free = list(range(layout.slots - 1, -1, -1))
-        self.asked: dict[int, tuple[int, int]] = {}  # slot -> (version, rows) of the request in it
-        self.answered: dict[int, tuple[int, int]] = {}  # replies read while waiting for another slot's
-
-    @property
-    def closed(self) -> bool:
-        return self.conn is None
-
-    def _receive(self) -> tuple[int, int, int, int, bytes]:
-        assert self.conn is not None
-        message = unpack(self.conn.recv_bytes(), "the inference service")
-        if message[0] == ERROR:
-            raise InferenceError(f"the inference service refused a request: {message[4].decode(errors='replace')}")
-        return message
-
-    def submit(self, request: Request) -> int:
-        """Write ``request`` into a free slot and say so; the slot is the ticket."""
-        if self.conn is None:
-            raise InferenceLost("this actor's connection to the inference service is closed")
-        if not self.free:
-            raise TransportError(f"more than {self.layout.slots} requests in flight to the inference service")
-        slot = self.free.pop()
-        rows = self.layout.write_request(self.views[slot], request)
-        self.asked[slot] = (request.version, rows)
-        try:
-            self.conn.send_bytes(pack(REQUEST, slot, request.version, rows))
-        except OSError as err:
-            self._lost(err)
-        return slot
-
-    def result(self, slot: int) -> Reply:
-        """The reply in ``slot``, read once the service says it is there (replies of other slots kept meanwhile)."""
-        while slot not in self.answered:
-            if self.conn is None:
-                raise InferenceLost("this actor's connection to the inference service is closed")
-            try:
-                kind, answered, version, rows, _ = self._receive()
-            except (EOFError, OSError) as err:
-                self._lost(err)
-            if kind != REPLY or answered not in self.asked or answered in self.answered:
-                raise TransportError(f"malformed message from the inference service: a {KINDS[kind]} for slot "
-                                     f"{answered}, which has no request waiting")
-            if (version, rows) != self.asked[answered]:
-                raise TransportError(f"the inference service answered slot {answered} with weights version "
-                                     f"{version} and {rows} rows, not the {self.asked[answered][0]} and "
-                                     f"{self.asked[answered][1]} asked for")
-            self.answered[answered] = (version, rows)
-        version, rows = self.answered.pop(slot)
-        del self.asked[slot]
-        heads = self.layout.read_reply(self.views[slot], rows)
-        self.free.append(slot)
-        return Reply(version, heads)
-
-    def _lost(self, err: BaseException) -> None:
-        self.close()
-        raise InferenceLost(f"the inference service closed its connection ({type(err).__name__})") from None
-
-    def close(self) -> None:
-        """Hang up and remove the segment (the service does too when it sees this end; whoever is first)."""
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-        if self.segment is not None:
-            self.views = []
-            remove(self.segment, attached=True)
-            self.segment = None

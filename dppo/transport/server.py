@@ -2,8 +2,9 @@
 listener, one shared-memory segment per connected actor, requests read into the service's batches and replies
 written back. It runs on the service's asyncio loop (each connection a reader of the loop, like
 ``multiprocessing.connection.wait`` over them all), so requests from several actors, and Ray calls from actors on
-other nodes, meet in one batch and one forward pass. Connections are accepted, and authenticated, on a thread of
-their own: a slow peer's handshake never stalls the loop.
+other nodes, meet in one batch and one forward pass. Connections are accepted on a thread of their own and each is
+authenticated on a thread of its own, with a deadline: a peer that connects and says nothing is dropped with one
+line, and never stalls the loop or the actors connecting after it.
 
 Segments are removed by whoever sees the end first: this side when an actor's connection ends (the actor died or
 hung up) or when the service closes at the end of a run, the actor when the service's ends; a service killed
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import threading
 from collections.abc import Callable
 from itertools import count
-from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from multiprocessing.shared_memory import SharedMemory
 
@@ -26,14 +27,17 @@ from dppo.errors import first_line
 from dppo.rl.policy import Reply, Request
 from dppo.transport.protocol import (
     ERROR,
+    HANDSHAKE_TIMEOUT_S,
     HELLO,
     KINDS,
     REPLY,
     REQUEST,
     WELCOME,
     Endpoint,
+    HandshakeFailed,
     Layout,
     TransportError,
+    authenticate,
     create,
     new_endpoint,
     pack,
@@ -48,6 +52,7 @@ BACKLOG = 256  # actors connecting at once (a run's start)
 WAKE_TIMEOUT_S = 1.0  # the most a closing service waits to reach its own listener
 
 Answer = Callable[[Reply | Exception], None]
+log = logging.getLogger(__name__)
 
 
 class Peer:
@@ -69,12 +74,13 @@ class Peer:
         self.conn.send_bytes(pack(WELCOME, body=self.segment.name.lstrip("/").encode()))
 
 
-class ShmEndpoint:
+class ShmServer:
     """Serves actors on this node: ``layout(rows, slots)`` sizes a new actor's segment; ``enqueue(request, answer)``
     hands a request to the service's batches, which call ``answer`` with its reply or the error that stopped it."""
 
-    def __init__(self, layout: Callable[[int, int], Layout], enqueue: Callable[[Request, Answer], None]) -> None:
-        self.layout, self.enqueue = layout, enqueue
+    def __init__(self, layout: Callable[[int, int], Layout], enqueue: Callable[[Request, Answer], None],
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+        self.layout, self.enqueue, self.handshake_timeout_s = layout, enqueue, handshake_timeout_s
         self.peers: dict[int, Peer] = {}
         self.numbers = count()
         self.endpoint: Endpoint | None = None
@@ -88,7 +94,7 @@ class ShmEndpoint:
         if self.endpoint is None:
             sweep_stale()  # a killed run's, on this node
             endpoint = new_endpoint(node)
-            self.listener = Listener(endpoint.address, "AF_UNIX", backlog=BACKLOG, authkey=endpoint.authkey)
+            self.listener = Listener(endpoint.address, "AF_UNIX", backlog=BACKLOG)  # authenticated per connection
             self.loop, self.endpoint = loop, endpoint
             self.accepting = threading.Thread(target=self._accept, name="dppo-shm-accept", daemon=True)
             self.accepting.start()
@@ -99,14 +105,29 @@ class ShmEndpoint:
         while not self.closing:
             try:
                 conn = self.listener.accept()
-            except (AuthenticationError, EOFError, ConnectionError):
-                continue  # a stranger, or an actor gone while connecting
+            except (EOFError, ConnectionError):
+                continue  # an actor gone while connecting
             except OSError:
                 return
             if self.closing:
                 conn.close()
                 return
+            threading.Thread(target=self._admit, args=(conn,), name="dppo-shm-handshake", daemon=True).start()
+
+    def _admit(self, conn: Connection) -> None:
+        """Authenticate one connection (a silent or foreign peer dropped, with one line), then serve it."""
+        assert self.endpoint is not None and self.loop is not None
+        try:
+            authenticate(conn, self.endpoint.authkey, serving=True, timeout=self.handshake_timeout_s)
+        except HandshakeFailed as err:
+            conn.close()
+            if not self.closing:
+                log.warning("dppo inference service: dropped a connection that %s", err)
+            return
+        try:
             self.loop.call_soon_threadsafe(self._join, conn)
+        except RuntimeError:  # the service's loop has closed
+            conn.close()
 
     def _join(self, conn: Connection) -> None:
         if self.closing:  # accepted as the service closed

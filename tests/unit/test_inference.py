@@ -16,26 +16,27 @@ import torch
 from test_shm_transport import running_service
 
 import dppo.envs  # noqa: F401 - registers the toy envs
-from dppo.config import ConfigError, ModelConfig, load_config
+from dppo.config import Config, ConfigError, ModelConfig, load_config
 from dppo.config.load import GPU_PRESETS_DIR
 from dppo.distributed.broadcast import Broadcast
-from dppo.distributed.inference import Batcher, Inference, InferenceServer, resolve_inference
+from dppo.distributed.inference import Batcher, ForwardPasses, Inference, resolve_inference
 from dppo.distributed.ray_calls import RayCalls
 from dppo.errors import RunFailure, UsageError
 from dppo.rl.agent import Agent, export_weights
 from dppo.rl.build import build_model
-from dppo.rl.policy import InferenceLost, RemotePolicy, Reply, Request
+from dppo.rl.policy import BackendPolicy, InferenceLost, Reply, Request
 from dppo.rl.sampler import Sampler
 from dppo.rl.spaces import check_spaces
-from dppo.transport.protocol import Layout, ShmClient
+from dppo.transport.client import ShmClient
+from dppo.transport.protocol import Layout
 
 TRANSPORTS = ["in-process", "shared memory"]
 
 
 class InProcess:
-    """An InferenceClient that runs each request through a plain InferenceServer when its result is asked for."""
+    """A Backend that runs each request through a plain ForwardPasses when its result is asked for."""
 
-    def __init__(self, server: InferenceServer) -> None:
+    def __init__(self, server: ForwardPasses) -> None:
         self.server, self.requests = server, 0
 
     def submit(self, request: Request) -> Request:
@@ -44,6 +45,9 @@ class InProcess:
 
     def result(self, ticket: Request) -> Reply:
         return self.server.forward([ticket])[0]
+
+    def cancel(self, ticket: Request) -> None:
+        """Nothing computed before the result is asked for."""
 
 
 def test_a_batch_runs_when_every_expected_request_is_in_or_its_first_has_waited_long_enough() -> None:
@@ -67,7 +71,7 @@ def weights_of(obs_space: gym.Space, action_space: gym.Space, config: ModelConfi
 def test_the_server_answers_each_request_with_the_version_it_names_and_keeps_the_last_two() -> None:
     env = gym.make("CartPole-v1")
     config = ModelConfig()
-    server = InferenceServer(env.observation_space, env.action_space, config)
+    server = ForwardPasses(env.observation_space, env.action_space, config)
     versions = {v: weights_of(env.observation_space, env.action_space, config, seed=v) for v in (1, 2, 3)}
     server.load(versions[1], 1)
     server.load(versions[2], 2)
@@ -95,12 +99,12 @@ def stack() -> ExitStack:
         yield stack
 
 
-def served(policy: RemotePolicy, env: gym.Env, weights: dict, version: int, transport: str, stack: ExitStack
+def served(policy: BackendPolicy, env: gym.Env, weights: dict, version: int, transport: str, stack: ExitStack
            ) -> InProcess | ShmClient:
     """``policy``'s client: a plain server holding ``weights`` in this process, or a service reached through shared
     memory."""
     if transport == "in-process":
-        server = InferenceServer(env.observation_space, env.action_space, policy.config)
+        server = ForwardPasses(env.observation_space, env.action_space, policy.config)
         server.load(weights, version)
         return InProcess(server)
     _, endpoint, _ = stack.enter_context(running_service(env.observation_space, env.action_space, policy.config,
@@ -112,14 +116,20 @@ def served(policy: RemotePolicy, env: gym.Env, weights: dict, version: int, tran
 
 def served_sampler(overrides: dict, seed: int = 0, transport: str = "in-process", stack: ExitStack | None = None
                    ) -> tuple[Sampler, InProcess | ShmClient, dict]:
-    config = load_config(overrides={"ppo.minibatch_size": 32, **overrides, "run.seed": seed})
+    config = load_config(overrides={"ppo.minibatch_size": 32, **overrides, "run.seed": seed,
+                                    "run.inference": "server"})
     env = gym.make(config.env.id, **config.env.kwargs)
     weights = weights_of(env.observation_space, env.action_space, config.model, seed)
-    policy = RemotePolicy(env.observation_space, env.action_space, config.model, seed=7, num_envs=config.env.num_envs)
-    policy.client = served(policy, env, weights, 0, transport, stack)
+    policy = BackendPolicy(env.observation_space, env.action_space, config.model, seed=7, num_envs=config.env.num_envs)
+    policy.backend = served(policy, env, weights, 0, transport, stack)
     sampler = Sampler(config, seed=7, policy=policy)
     sampler.set_weights({}, 0)
-    return sampler, policy.client, weights
+    return sampler, policy.backend, weights
+
+
+def in_actor(config: Config) -> Config:
+    """``config`` with the policy in the actor (one group of envs)."""
+    return config.model_copy(update={"run": config.run.model_copy(update={"inference": "actor"})})
 
 
 @pytest.mark.parametrize("overrides", [
@@ -133,7 +143,7 @@ def served_sampler(overrides: dict, seed: int = 0, transport: str = "in-process"
 def test_a_served_mlp_policy_samples_exactly_what_the_in_actor_policy_samples(overrides: dict, transport: str,
                                                                                stack: ExitStack) -> None:
     served, client, weights = served_sampler(overrides, transport=transport, stack=stack)
-    local = Sampler(served.config, seed=7)
+    local = Sampler(in_actor(served.config), seed=7)
     local.set_weights(weights, 0)
     for _ in range(2):  # env state and episodes carry across segments
         a, b = served.sample(), local.sample()
@@ -162,8 +172,8 @@ def test_a_served_cnn_policy_picks_the_in_actor_policys_greedy_actions(transport
     weights = weights_of(env.observation_space, env.action_space, config, seed=3)
     local = Agent(env.observation_space, env.action_space, config, seed=0)
     local.load(weights, 5)
-    remote = RemotePolicy(env.observation_space, env.action_space, config, seed=0, num_envs=16)
-    remote.client, remote.version = served(remote, env, weights, 5, transport, stack), 5
+    remote = BackendPolicy(env.observation_space, env.action_space, config, seed=0, num_envs=16)
+    remote.backend, remote.version = served(remote, env, weights, 5, transport, stack), 5
     obs = local.obs_spec.encode_many([env.reset(seed=i)[0] for i in range(16)])
     actions, log_probs, values = remote.act(obs, greedy=True)
     want_actions, want_log_probs, want_values = local.act(obs, greedy=True)

@@ -1,4 +1,5 @@
-"""The actor's own policy on a worker thread (dppo.rl.worker_thread), in one or two halves, against the in-actor Agent: the
+"""The actor's own policy on a worker thread (dppo.rl.worker_thread), in one or two halves, against the in-actor Agent:
+the
 same segments for a seeded run (exactly for MLPs, which draw from the same stream; for a greedy CNN and LSTM the same
 actions, values to float tolerance), masks respected, an env that raises retried the same way; and the config's
 checks of run.actor_halves and run.actor_gpus."""
@@ -22,9 +23,10 @@ from dppo.distributed.actor import actor_sampler, gpu_shortage
 from dppo.envs.make import make_vector_env
 from dppo.rl.agent import export_weights
 from dppo.rl.build import build_model
-from dppo.rl.worker_thread import OverlappedPolicy
+from dppo.rl.policy import BackendPolicy
 from dppo.rl.sampler import Sampler
 from dppo.rl.segment import Segment
+from dppo.rl.worker_thread import WorkerThread, worker_thread_policy
 from dppo.sweep.spec import load_sweep
 from dppo.sweep.trainable import trial_bundles
 
@@ -45,8 +47,9 @@ def weights_of(config: Config, sharpen: float = 1.0) -> dict[str, np.ndarray]:
 
 def overlapped(config: Config, halves: int, make_envs: Any = make_vector_env) -> Sampler:
     env = gym.make(config.env.id, **config.env.kwargs)
-    policy = OverlappedPolicy(env.observation_space, env.action_space, config.model, SEED, config.env.num_envs, halves)
-    return Sampler(config, seed=SEED, policy=policy, make_envs=make_envs)
+    policy = worker_thread_policy(env.observation_space, env.action_space, config.model, SEED, config.env.num_envs)
+    halved = config.model_copy(update={"run": config.run.model_copy(update={"actor_halves": halves})})
+    return Sampler(halved, seed=SEED, policy=policy, make_envs=make_envs)
 
 
 def assert_same(a: Segment, b: Segment, exact: bool) -> None:
@@ -109,7 +112,7 @@ def test_a_greedy_cnn_or_lstm_on_the_worker_acts_as_the_in_actor_agent(overrides
 
 
 class RaiseOnce(VectorWrapper):
-    """A vector env whose ``at``-th step raises (the Sampler restarts its envs and samples the segment again)."""
+    """A vector env whose ``at``-th step raises out of it (as ale-py's does: it cannot recreate one copy)."""
 
     def __init__(self, env: gym.vector.VectorEnv, at: int) -> None:
         super().__init__(env)
@@ -123,7 +126,7 @@ class RaiseOnce(VectorWrapper):
 
 
 def failing_at(which: int, at: int) -> Any:
-    """make_envs whose ``which``-th vector env made raises at its ``at``-th step (the last half to step)."""
+    """make_envs whose ``which``-th vector env made raises at its ``at``-th step."""
     made: list[gym.vector.VectorEnv] = []
 
     def make(config: Config) -> gym.vector.VectorEnv:
@@ -133,24 +136,39 @@ def failing_at(which: int, at: int) -> Any:
     return make
 
 
-def test_an_env_that_raises_is_restarted_and_the_segment_sampled_again_as_in_the_actor() -> None:
+def test_a_vector_env_that_raises_is_made_afresh_mid_segment_as_in_the_actor() -> None:
+    """The worker thread's sampler and the in-actor one handle a raising vector env the same way: made afresh at
+    that step, every copy's episode cut there (truncated, counted as a failure), the segment kept."""
     config = load_config(overrides={"env.num_envs": 4, "ppo.segment_length": 20, "ppo.num_minibatches": 1})
     weights = weights_of(config)
-    mine = overlapped(config, 2, make_envs=failing_at(which=2, at=5))  # the second half raises, a request in flight
+    mine = overlapped(config, 1, make_envs=failing_at(which=1, at=5))
     local = Sampler(config, seed=SEED, make_envs=failing_at(which=1, at=5))
     for sampler in (mine, local):
         sampler.set_weights(weights, 0)
-    assert_same(mine.sample(), local.sample(), exact=True)
+    seg = mine.sample()
+    assert_same(seg, local.sample(), exact=True)
     assert mine.env_resets == local.env_resets == 1
+    assert seg.truncated[4].all() and not seg.terminated[4].any() and seg.rewards[4].sum() == 0
+    assert seg.env_failures.count == 4 and "injected env failure" in seg.env_failures.first
+
+
+def test_with_two_halves_only_the_half_that_raised_is_made_afresh() -> None:
+    config = load_config(overrides={"env.num_envs": 4, "ppo.segment_length": 20, "ppo.num_minibatches": 1})
+    mine = overlapped(config, 2, make_envs=failing_at(which=2, at=5))  # the second half raises, a request in flight
+    mine.set_weights(weights_of(config), 0)
+    seg = mine.sample()
+    assert seg.truncated[4, 2:].all() and not seg.truncated[4, :2].any() and seg.env_failures.count == 2
+    assert mine.env_resets == 1 and not mine.in_flight
+    assert mine.sample().actions.shape == (20, 4)  # the next segment goes on from there
 
 
 def test_the_actor_makes_the_overlapped_policy_only_when_asked() -> None:
     config = load_config(overrides={"env.num_envs": 4, "ppo.num_minibatches": 1})
-    assert not isinstance(actor_sampler(config, 0, SEED).policy, OverlappedPolicy)  # today's path by default
+    assert not isinstance(actor_sampler(config, 0, SEED).policy, BackendPolicy)  # the Agent by default
     halved = config.model_copy(update={"run": config.run.model_copy(update={"actor_halves": 2})})
     sampler = actor_sampler(halved, 0, SEED)
-    assert isinstance(sampler.policy, OverlappedPolicy) and len(sampler.half_envs) == 2
-    assert sampler.policy.agent.device == "cpu"
+    assert isinstance(sampler.policy.backend, WorkerThread) and len(sampler.half_envs) == 2
+    assert sampler.policy.backend.agent.device == "cpu"
 
 
 @pytest.mark.parametrize("overrides, message", [

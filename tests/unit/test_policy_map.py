@@ -152,11 +152,13 @@ def test_the_joint_sampler_returns_one_segment_per_policy_stamped_and_reproducib
     assert not np.array_equal(other[1].actions, thief.actions)  # another actor, another stream
 
 
-def test_a_joint_sampler_whose_env_raises_restarts_every_policys_episodes() -> None:
+def test_a_joint_sampler_whose_env_copy_raises_recreates_that_copy_alone() -> None:
+    """Every policy's columns of the copy that raised end there as failures; the other copy goes on, untouched."""
     sampler = JointSampler(config("faults.env_retries=2"))
     sampler.sample()
     calls = {"n": 0}
-    real_step = sampler.joint.envs[0].step
+    broken, other = sampler.joint.envs
+    real_step = broken.step
 
     def flaky(actions: dict):
         calls["n"] += 1
@@ -164,10 +166,13 @@ def test_a_joint_sampler_whose_env_raises_restarts_every_policys_episodes() -> N
             raise RuntimeError("the simulator hiccuped")
         return real_step(actions)
 
-    sampler.joint.envs[0].step = flaky
+    broken.step = flaky
     guard, thief = sampler.sample()
-    assert sampler.env_resets == 1 and all(s.env_resets == 1 for s in sampler.samplers)
     assert guard.rewards.shape == (8, 4) and thief.rewards.shape == (8, 2)
+    assert sampler.joint.envs[0] is not broken and sampler.joint.envs[1] is other
+    assert guard.truncated[2, :2].all() and thief.truncated[2, 0] and not guard.terminated[2, :2].any()
+    assert (guard.env_failures.count, thief.env_failures.count) == (2, 1)  # each cut agent-episode
+    assert "the simulator hiccuped" in guard.env_failures.first
 
 
 def test_policy_spaces_and_the_start_check_come_from_the_map() -> None:

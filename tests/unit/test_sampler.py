@@ -11,7 +11,7 @@ import torch
 
 from dppo.config import Config, load_config
 from dppo.rl.agent import Agent
-from dppo.rl.policy import RemotePolicy, Reply, Request
+from dppo.rl.policy import BackendPolicy, Reply, Request
 from dppo.rl.sampler import Sampler
 
 
@@ -145,11 +145,11 @@ class SlowService:
 def test_with_two_halves_the_wait_for_the_service_and_the_stepping_add_up_within_the_segment() -> None:
     steps, num_envs = 8, 4
     cfg = load_config(overrides={"env.num_envs": num_envs, "ppo.segment_length": steps, "ppo.minibatch_size": 4,
-                                 "env.latency_ms": 2})
+                                 "env.latency_ms": 2, "run.inference": "server"})
     env = gym.make(cfg.env.id)
-    policy = RemotePolicy(env.observation_space, env.action_space, cfg.model, seed=7, num_envs=num_envs)
     service = SlowService(Agent(env.observation_space, env.action_space, cfg.model, seed=0), delay=0.003)
-    policy.client = service
+    policy = BackendPolicy(env.observation_space, env.action_space, cfg.model, seed=7, num_envs=num_envs,
+                           backend=service)
     sampler = Sampler(cfg, seed=7, policy=policy)
     sampler.set_weights({}, 0)
     seg = sampler.sample()

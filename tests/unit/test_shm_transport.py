@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +32,7 @@ from dppo.rl.agent import export_weights
 from dppo.rl.build import build_model
 from dppo.rl.policy import InferenceError, InferenceLost, Request
 from dppo.rl.spaces import check_spaces
+from dppo.transport.client import ShmClient
 from dppo.transport.protocol import (
     ERROR,
     HEADER,
@@ -41,7 +43,6 @@ from dppo.transport.protocol import (
     WELCOME,
     Endpoint,
     Layout,
-    ShmClient,
     TransportError,
     new_endpoint,
     pack,
@@ -163,6 +164,49 @@ def test_a_malformed_message_or_another_protocol_version_is_answered_with_one_cl
             client.result(client.submit(request(env, config, version=9, rows=2)))
 
 
+def test_a_silent_connection_is_dropped_and_never_stalls_the_actors_after_it() -> None:
+    env, config, weights = cartpole()
+    with running_service(env.observation_space, env.action_space, config, {1: weights}) as (service, endpoint, _):
+        service.transport.handshake_timeout_s = 1.0
+        with socket.socket(socket.AF_UNIX) as silent:
+            silent.connect(endpoint.address)  # connects and says nothing
+            started = time.monotonic()
+            client = ShmClient(endpoint, layout_of(env, config, rows=2))  # served at once, not after the silent one
+            client.result(client.submit(request(env, config, version=1, rows=2)))
+            assert time.monotonic() - started < 1.0
+            silent.settimeout(5)
+            while silent.recv(4096):  # the challenge, then the end: the service hung up on it
+                pass
+            assert time.monotonic() - started >= 1.0
+            client.close()
+
+
+def test_an_actor_gives_up_on_a_service_that_accepts_and_says_nothing() -> None:
+    env, config, _ = cartpole()
+    endpoint = new_endpoint()
+    with socket.socket(socket.AF_UNIX) as mute:
+        mute.bind(endpoint.address)
+        mute.listen(1)
+        with pytest.raises(InferenceLost, match=r"cannot be reached \(it said nothing within 0\.5 s\)"):
+            ShmClient(endpoint, layout_of(env, config, rows=2), handshake_timeout_s=0.5)
+
+
+def test_a_cancelled_request_frees_its_slot_once_its_reply_comes() -> None:
+    """Issue 54: a sampler that abandons a segment cancels what it asked; without it, each abandoned segment leaked
+    a slot and the next one failed with 'more than 3 requests in flight'."""
+    env, config, weights = cartpole()
+    with running_service(env.observation_space, env.action_space, config, {1: weights}) as (service, endpoint, _):
+        client = ShmClient(endpoint, layout_of(env, config, rows=2))
+        for _ in range(3):  # three abandoned segments, each with every slot in flight
+            for slot in [client.submit(request(env, config, version=1, rows=2)) for _ in range(3)]:
+                client.cancel(slot)
+        asked = request(env, config, version=1, rows=2)
+        reply = client.result(client.submit(asked))
+        np.testing.assert_array_equal(reply.heads.values, service.server.forward([asked])[0].heads.values)
+        assert not client.asked and not client.cancelled and len(client.free) == 3
+        client.close()
+
+
 @contextmanager
 def scripted_service(answer: Any) -> Iterator[Endpoint]:
     """A service that welcomes one actor and answers its first request with ``answer(conn, slot, version, rows)``,
@@ -217,7 +261,8 @@ ACTOR = """
 import sys, time
 import gymnasium as gym, numpy as np
 from dppo.config import ModelConfig
-from dppo.transport.protocol import Endpoint, Layout, ShmClient
+from dppo.transport.client import ShmClient
+from dppo.transport.protocol import Endpoint, Layout
 from dppo.rl.policy import Request
 from dppo.rl.spaces import check_spaces
 env, config = gym.make("CartPole-v1"), ModelConfig()

@@ -1,0 +1,156 @@
+"""The actor's side of the same-node transport (:mod:`dppo.transport.protocol`): a Backend of
+:class:`~dppo.rl.policy.BackendPolicy` whose requests and replies lie in the service's shared-memory segment for this
+actor, announced by small messages on a Unix socket. No Ray."""
+
+from __future__ import annotations
+
+from multiprocessing.connection import Client, Connection
+from multiprocessing.shared_memory import SharedMemory
+
+from dppo.rl.policy import InferenceError, InferenceLost, Reply, Request
+from dppo.transport.protocol import (
+    CONNECT_TIMEOUT_S,
+    ERROR,
+    HANDSHAKE_TIMEOUT_S,
+    HELLO,
+    KINDS,
+    REPLY,
+    REQUEST,
+    WELCOME,
+    Endpoint,
+    HandshakeFailed,
+    Layout,
+    TransportError,
+    attach,
+    authenticate,
+    pack,
+    remove,
+    unpack,
+)
+
+
+class ShmClient:
+    """An actor's side: slots of its segment hold the requests in flight; a slot is the ticket."""
+
+    def __init__(self, endpoint: Endpoint, layout: Layout, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+        self.endpoint, self.layout = endpoint, layout
+        self.conn: Connection | None = None
+        self.segment: SharedMemory | None = None
+        self.asked: dict[int, tuple[int, int]] = {}  # slot -> (version, rows) of the request in it
+        self.answered: dict[int, tuple[int, int]] = {}  # replies read while waiting for another slot's
+        self.cancelled: set[int] = set()  # slots whose reply is not wanted: free once it has come
+        try:
+            self.conn = Client(endpoint.address, family="AF_UNIX")
+            authenticate(self.conn, endpoint.authkey, serving=False, timeout=handshake_timeout_s)
+            self.conn.send_bytes(pack(HELLO, layout.slots, rows=layout.rows))
+            if not self.conn.poll(CONNECT_TIMEOUT_S):
+                raise InferenceLost(f"the inference service did not answer within {CONNECT_TIMEOUT_S:g} s")
+            welcome = self._receive()
+        except (OSError, EOFError) as err:  # HandshakeFailed among them
+            self.close()
+            what = f"it {err}" if isinstance(err, HandshakeFailed) else f"{type(err).__name__}: {err}"
+            raise InferenceLost(f"the inference service cannot be reached ({what})") from None
+        except InferenceError:
+            self.close()
+            raise
+        kind, _slot, _version, _rows, body = welcome
+        if kind != WELCOME:
+            self.close()
+            raise TransportError(f"malformed message from the inference service: a {KINDS[kind]} before welcome")
+        try:
+            self.segment = attach(body.decode())
+        except OSError as err:  # removed already: the service went while welcoming
+            self.close()
+            raise InferenceLost(f"the inference service's segment cannot be opened ({type(err).__name__})") from None
+        if self.segment.size < layout.size:
+            self.close()
+            raise TransportError(f"the inference service's segment holds {self.segment.size} bytes, this actor's "
+                                 f"layout needs {layout.size}: run one dppo version on every node")
+        self.views = [layout.views(self.segment.buf, slot) for slot in range(layout.slots)]
+        self.free = list(range(layout.slots - 1, -1, -1))
+
+    @property
+    def closed(self) -> bool:
+        return self.conn is None
+
+    def _receive(self) -> tuple[int, int, int, int, bytes]:
+        assert self.conn is not None
+        message = unpack(self.conn.recv_bytes(), "the inference service")
+        if message[0] == ERROR and message[1] not in self.cancelled:
+            raise InferenceError(f"the inference service refused a request: {message[4].decode(errors='replace')}")
+        return message
+
+    def submit(self, request: Request) -> int:
+        """Write ``request`` into a free slot and say so; the slot is the ticket. With every slot taken by requests
+        cancelled and not yet answered, their replies are awaited first."""
+        if self.conn is None:
+            raise InferenceLost("this actor's connection to the inference service is closed")
+        while not self.free and self.cancelled:
+            self._read_one()
+        if not self.free:
+            raise TransportError(f"more than {self.layout.slots} requests in flight to the inference service")
+        slot = self.free.pop()
+        rows = self.layout.write_request(self.views[slot], request)
+        self.asked[slot] = (request.version, rows)
+        try:
+            self.conn.send_bytes(pack(REQUEST, slot, request.version, rows))
+        except OSError as err:
+            self._lost(err)
+        return slot
+
+    def result(self, slot: int) -> Reply:
+        """The reply in ``slot``, read once the service says it is there (replies of other slots kept meanwhile)."""
+        while slot not in self.answered:
+            self._read_one()
+        version, rows = self.answered.pop(slot)
+        heads = self.layout.read_reply(self.views[slot], rows)
+        self._release(slot)
+        return Reply(version, heads)
+
+    def cancel(self, slot: int) -> None:
+        """The reply in ``slot`` is not wanted: the slot is free at once if it came, else when it comes."""
+        if slot in self.answered:
+            del self.answered[slot]
+            self._release(slot)
+        elif slot in self.asked:
+            self.cancelled.add(slot)
+
+    def _release(self, slot: int) -> None:
+        del self.asked[slot]
+        self.cancelled.discard(slot)
+        self.free.append(slot)
+
+    def _read_one(self) -> None:
+        """One message of the service: a reply kept for its slot (a cancelled slot's freed); TransportError unless
+        it answers a request waiting."""
+        if self.conn is None:
+            raise InferenceLost("this actor's connection to the inference service is closed")
+        try:
+            kind, answered, version, rows, _ = self._receive()
+        except (EOFError, OSError) as err:
+            self._lost(err)
+        if kind not in (REPLY, ERROR) or answered not in self.asked or answered in self.answered:
+            raise TransportError(f"malformed message from the inference service: a {KINDS[kind]} for slot "
+                                 f"{answered}, which has no request waiting")
+        if answered in self.cancelled:
+            self._release(answered)
+            return
+        if (version, rows) != self.asked[answered]:
+            raise TransportError(f"the inference service answered slot {answered} with weights version "
+                                 f"{version} and {rows} rows, not the {self.asked[answered][0]} and "
+                                 f"{self.asked[answered][1]} asked for")
+        self.answered[answered] = (version, rows)
+
+    def _lost(self, err: BaseException) -> None:
+        self.close()
+        raise InferenceLost(f"the inference service closed its connection ({type(err).__name__})") from None
+
+    def close(self) -> None:
+        """Hang up and remove the segment (the service does too when it sees this end; whoever is first)."""
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.segment is not None:
+            self.views = []
+            remove(self.segment, attached=True)
+            self.segment = None
