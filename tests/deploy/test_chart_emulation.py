@@ -178,8 +178,9 @@ def http_status(url: str, headers: dict[str, str] | None = None) -> int:
 
 
 def start_rendered_cluster(local: LocalCluster, cluster: dict[str, Any], cluster_root: Path, gcs: int, dash: int,
-                           client: int, node_ports: list[int]) -> tuple[str, dict[str, str], str]:
-    """The rendered head and worker pods as local processes; returns (dashboard address, env, token)."""
+                           client: int, node_ports: list[int], prefix: str = "") -> tuple[str, dict[str, str], str]:
+    """The rendered head and worker pods as local processes; returns (dashboard address, env, token). ``prefix``
+    names a second cluster's workers apart from the first's (a retry on a new cluster)."""
     head = cluster["headGroupSpec"]
     head_container = head["template"]["spec"]["containers"][0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -207,29 +208,46 @@ def start_rendered_cluster(local: LocalCluster, cluster: dict[str, Any], cluster
     # Each pod has its own filesystem; here the nodes share one. Ray keeps runtime_env files (a working_dir
     # unpacked on every node) under the session directory, so each worker node gets a private one in its
     # own mount namespace: otherwise a worker's unpacking would replace the directory the driver runs in.
-    resources = (cluster_root / "session_latest").resolve() / "runtime_resources"
-    resources.mkdir(parents=True, exist_ok=True)
     i = 0
     for group in cluster["workerGroupSpecs"]:
-        worker_container = group["template"]["spec"]["containers"][0]
         for _ in range(group["replicas"]):
-            p = node_ports[4 + 4 * i: 8 + 4 * i]
-            private = cluster_root / f"worker-{i}-runtime-resources"
-            private.mkdir()
-            own_files = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                         'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(private), str(resources)]
-            local.start([*own_files, ray, "start", f"--address=127.0.0.1:{gcs}", "--block",
-                         *flags(group["rayStartParams"]), *group_resource_flags(group.get("resources", {})),
-                         f"--metrics-export-port={p[0]}", f"--dashboard-agent-listen-port={p[1]}",
-                         f"--dashboard-agent-grpc-port={p[2]}", f"--runtime-env-agent-port={p[3]}",
-                         "--object-store-memory=100000000", "--node-ip-address=127.0.0.1",
-                         "--disable-usage-stats"],
-                        env | container_env(worker_container), f"worker-{i}.log")
-            # One at a time, as pods would usually come up: two raylets registering at once from one IP
-            # can time out on this small machine.
-            local.wait_for_log(f"worker-{i}.log", "Ray runtime started", timeout=120)
+            start_worker(local, group, cluster_root, gcs, node_ports[4 + 4 * i: 8 + 4 * i], env, f"{prefix}worker-{i}")
             i += 1
     return address, env, token
+
+
+def start_worker(local: LocalCluster, group: dict[str, Any], cluster_root: Path, gcs: int, ports: list[int],
+                 env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
+    """One pod of a rendered worker group, as KubeRay starts it, once Ray says it runs (its process: PID 1 of the
+    pod)."""
+    resources = (cluster_root / "session_latest").resolve() / "runtime_resources"
+    resources.mkdir(parents=True, exist_ok=True)
+    private = cluster_root / f"{name}-runtime-resources"
+    private.mkdir()
+    own_files = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(private), str(resources)]
+    # The worker pod's restartPolicy (unset: Always) restarts a container that exits: `ray start` gives up after 30 s
+    # without its raylet registered, which a loaded 2-core machine can take.
+    for restart in range(3):
+        log = f"{name}.log" if restart == 0 else f"{name}-restart-{restart}.log"
+        local.start([*own_files, str(BIN / "ray"), "start", f"--address=127.0.0.1:{gcs}", "--block",
+                     *flags(group["rayStartParams"]), *group_resource_flags(group.get("resources", {})),
+                     f"--metrics-export-port={ports[0]}", f"--dashboard-agent-listen-port={ports[1]}",
+                     f"--dashboard-agent-grpc-port={ports[2]}", f"--runtime-env-agent-port={ports[3]}",
+                     "--object-store-memory=100000000", "--node-ip-address=127.0.0.1",
+                     "--disable-usage-stats"],
+                    env | container_env(group["template"]["spec"]["containers"][0]), log)
+        # One at a time, as pods would usually come up: two raylets registering at once from one IP
+        # can time out on this small machine.
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in (local.root / log).read_text(errors="replace"):
+            assert time.monotonic() < deadline, f"{log}: Ray never started\n" + local.logs()
+            if local.procs[-1].poll() is not None:
+                break
+            time.sleep(0.5)
+        else:
+            return local.procs[-1]
+    pytest.fail(f"{name}: Ray did not start in 3 tries\n" + local.logs())
 
 
 def local_job(objects: list[dict[str, Any]], cluster_root: Path) -> tuple[dict[str, Any], dict[str, Any], Path, str]:
@@ -585,5 +603,172 @@ def test_chart_runs_a_sweep_through_the_rendered_rayjob(helm_bin: str, cluster_r
         trained = [a for a in ray_list(address, env, "actors") if a["class_name"] in ("ImplicitFunc", "Actor")]
         assert {a["class_name"] for a in trained} == {"ImplicitFunc", "Actor"}, trained
         assert all(not nodes[a["node_id"]]["is_head_node"] for a in trained), "a trial ran on the head"
+    finally:
+        local.stop()
+
+
+def submitter(address: str, job_id: str, entrypoint: str, env: dict[str, str],
+              local: LocalCluster) -> subprocess.Popen[str]:
+    """The submitter pod of K8sJobMode: KubeRay v1.7.0's command (common/job.go, BuildJobSubmitCommand) after its wait
+    for the head, run with `bash -c`: submit unless the job exists, then follow its logs."""
+    ray = BIN / "ray"
+    command = (f"if ! {ray} job status --address {address} {job_id} >/dev/null 2>&1 ; then {ray} job submit "
+               f"--address {address} --no-wait --submission-id {job_id} -- {entrypoint} ; fi ; "
+               f"{ray} job logs --address {address} --follow {job_id}")
+    proc = subprocess.Popen(["bash", "-c", command], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    local.procs.append(proc)  # type: ignore[arg-type]
+    return proc
+
+
+def wait_for(metrics_port: int, name: str, at_least: float, proc: subprocess.Popen[str], local: LocalCluster,
+             timeout: float = 240) -> dict[str, float]:
+    """Poll the driver's metrics until ``name`` reaches ``at_least`` (the submitter must still be following)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the submitter ended before {name} reached {at_least}\n{proc.communicate()[0]}{local.logs()}")
+        assert time.monotonic() < deadline, f"{name} never reached {at_least}\n" + local.logs()
+        sample = scrape(metrics_port)
+        if sample and sample.get(name, 0) >= at_least:
+            return sample
+        time.sleep(0.5)
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it: what runs in its container."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+class MetricsProxy:
+    """The API server's service proxy as `dppo status` calls it, reaching the driver's metrics port here."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def connect_get_namespaced_service_proxy_with_path(self, _service: str, _namespace: str, path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/{path}", timeout=5) as resp:
+            return resp.read().decode()
+
+
+@pytest.mark.timeout(420)
+def test_a_lost_head_fails_the_run_at_once_and_the_retry_resumes(helm_bin: str, cluster_root: Path) -> None:
+    """The head container dies mid-run (every process of the head pod killed, as when it runs out of memory or its
+    node goes). As rendered: the head pod does not restart (restartPolicy Never, and KubeRay told not to re-create
+    it), and the submitter pod, KubeRay's own command, exits non-zero within seconds: with the rendered
+    submitterConfig.backoffLimit 0 its Job fails, and KubeRay marks the RayJob Failed (SubmissionFailed) instead of
+    leaving it Running. job.backoffLimit's retry (a new cluster, the same claim) resumes from the newest checkpoint,
+    and `dppo status` says which attempt it is and the iteration it resumed from."""
+    from dppo.commands import status
+
+    metrics = free_ports(1)[0]
+    pvc = cluster_root / "pvc"
+    pvc.mkdir()
+    objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "--set", f"metrics.port={metrics}",
+                     "--set", "metrics.lingerSeconds=5", "--set", "totalSteps=12288", "--set", "actors=1",
+                     "--set", "envsPerActor=8", "--set", "segmentLength=64", "--set", "config.ppo.minibatch_size=256",
+                     "--set", "config.run.checkpoint_every=1", "--set", "persistence.enabled=true",
+                     "--set", f"persistence.mountPath={pvc}", "--set", "job.backoffLimit=1")
+    spec, _config, run_dir, entrypoint = local_job(objects, cluster_root)
+    rayjob = next(o for o in objects if o["kind"] == "RayJob")
+    head_pod = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head_pod["restartPolicy"] == "Never" and spec["submitterConfig"]["backoffLimit"] == 0
+    assert rayjob["metadata"]["annotations"]["ray.io/disable-provisioned-head-restart"] == "true"
+    assert spec["backoffLimit"] == 1 and entrypoint.endswith("--auto-resume")
+
+    first_root, second_root = cluster_root / "1", cluster_root / "2"
+    first_root.mkdir()
+    second_root.mkdir()
+    first = LocalCluster(first_root)
+    try:
+        gcs, dash, client, *node_ports = free_ports(3 + 4 * 2)
+        address, env, _token = start_rendered_cluster(first, spec["rayClusterSpec"], first_root, gcs, dash, client,
+                                                      node_ports)
+        follow = submitter(address, "attempt-1", entrypoint, env, first)
+        wait_for(metrics, "dppo_checkpoints_written_total", 2, follow, first)
+        head = first.procs[0]
+        lost_at = time.monotonic()
+        for pid in descendants(head.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        output, _ = follow.communicate(timeout=120)
+        failed_after = time.monotonic() - lost_at
+        assert follow.returncode != 0, f"the submitter did not fail when its head was lost\n{output}"
+        assert failed_after < 60, f"the submitter took {failed_after:.0f} s to fail"
+        assert not (run_dir / "summary.json").exists()
+    finally:
+        first.stop()
+    checkpoints = sorted((run_dir / "checkpoints").glob("*.pt"))
+    assert checkpoints, "no checkpoint on the claim"
+
+    # KubeRay's retry: the failed attempt's cluster deleted, a new one created from the same spec, the same claim.
+    second = LocalCluster(second_root)
+    try:
+        gcs, dash, client, *node_ports = free_ports(3 + 4 * 2)
+        address, env, _token = start_rendered_cluster(second, spec["rayClusterSpec"], second_root, gcs, dash,
+                                                      client, node_ports, prefix="retry-")
+        follow = submitter(address, "attempt-2", entrypoint, env, second)
+        live = wait_for(metrics, "dppo_iteration_seconds_count", 1, follow, second)
+        # What KubeRay's status says of the retried RayJob (status.failed: the attempts that failed), and the driver.
+        shown = status.status_of({**rayjob, "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
+                                                       "failed": 1, "succeeded": 0}}, MetricsProxy(metrics))
+        assert (shown.attempt, shown.attempts) == (2, 2)
+        resumed = int(live["dppo_iteration"] - live["dppo_iteration_seconds_count"])
+        assert resumed >= 2 and abs((shown.resumed_from_iteration or 0) - resumed) <= 1, (shown, live)
+        assert "ATTEMPT" in status.table([shown], show_namespace=False)
+        output, _ = follow.communicate(timeout=240)
+        assert follow.returncode == 0, output + second.logs()
+        assert "iter=1 " not in output and "resuming" in output, output
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["env_steps"] >= 12288
+    finally:
+        second.stop()
+
+
+@pytest.mark.timeout(420)
+def test_a_spot_reclaim_costs_the_actors_of_one_pod_and_the_run_goes_on(helm_bin: str, cluster_root: Path) -> None:
+    """tests/deploy/values/spot.yaml with two actor pods (one actor each): one pod's spot node is reclaimed mid-run,
+    so the pod gets SIGTERM and, after the rendered grace period, SIGKILL. The driver counts its actor as lost to a
+    node (no crash, no crash-loop budget spent) and finishes the run on the other pod's actor (faults.min_actors 1);
+    its replacement waits for a pod with room (KubeRay's replacement pod, which a busy spot pool may not give)."""
+    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
+    objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "-f", str(REPO / "tests/deploy/values/spot.yaml"),
+                     "--set", f"metrics.port={metrics}", "--set", "metrics.lingerSeconds=0", "--set", "head.gpus=0",
+                     "--set", "persistence.enabled=false", "--set", "totalSteps=20480", "--set", "actors=2",
+                     "--set", "actorsPerPod=1", "--set", "envsPerActor=8", "--set", "segmentLength=64",
+                     "--set", "config.faults.min_actors=1", "--set", "config.ppo.minibatch_size=256",
+                     "--set", "worker.terminationGracePeriodSeconds=2")
+    spec, _config, run_dir, entrypoint = local_job(objects, cluster_root)
+    (group,) = spec["rayClusterSpec"]["workerGroupSpecs"]
+    assert group["replicas"] == 2 and group["template"]["spec"]["nodeSelector"] == {"cloud.google.com/gke-spot": "true"}
+    grace = group["template"]["spec"]["terminationGracePeriodSeconds"]
+    local = LocalCluster(cluster_root)
+    try:
+        address, env, _token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash, client,
+                                                      node_ports)
+        follow = submitter(address, "spot", entrypoint, env, local)
+        wait_for(metrics, "dppo_iteration", 2, follow, local)
+        pod = local.procs[1]  # the first worker pod's PID 1
+        os.kill(pod.pid, signal.SIGTERM)  # the reclaim notice
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            pod.wait(timeout=grace)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pod.pid, signal.SIGKILL)  # the grace period is over: the node goes
+        output, _ = follow.communicate(timeout=300)
+        assert follow.returncode == 0, output + local.logs()
+        assert "lost with its node" in output, output
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["env_steps"] >= 20480 and summary["actor_crashes"] == 0, summary
+        assert summary["node_losses"] >= 1, summary
     finally:
         local.stop()
