@@ -1268,3 +1268,13 @@ def test_misspellings_are_one_edit_from_a_key_and_nothing_else() -> None:
     jsonschema.validate({**values, "actor": 8}, schema)  # let through to the template
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**values, "bogus": 8}, schema)
+
+
+def test_notes_say_who_admits_the_run_and_what_is_kept_when_it_ends(helm_bin: str) -> None:
+    text = notes(helm_bin)
+    assert "after a success the cluster is deleted 600 s later" in text
+    assert "the workers are deleted at once and the head pod stays 3600 s" in text
+    text = notes(helm_bin, "-f", str(VALUES_DIR / "kueue.yaml"))
+    assert "Queued by Kueue in LocalQueue team-a" in text and "deleted 600 s later, success or failure" in text
+    text = notes(helm_bin, "-f", str(VALUES_DIR / "volcano.yaml"))
+    assert "Gang-scheduled by volcano in queue ml-training" in text and "batchScheduler.name=volcano" in text
