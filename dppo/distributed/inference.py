@@ -195,10 +195,10 @@ class InferenceService:
         self.figures = BatchStats()  # read and reset by stats()
         self.transport = ShmServer(self._layout, self._enqueue)
 
-    def _layout(self, rows: int, slots: int) -> Layout:
-        """A same-node actor's slots, for ``rows`` envs."""
+    def _layout(self, rows: int, regions: int) -> Layout:
+        """A same-node actor's regions, for ``rows`` envs."""
         server = self.server
-        return Layout(*check_spaces(server.obs_space, server.action_space, server.config), server.config, rows, slots)
+        return Layout(*check_spaces(server.obs_space, server.action_space, server.config), server.config, rows, regions)
 
     async def act(self, request: Request) -> Reply:
         """A request by Ray call (an actor on another node)."""

@@ -30,19 +30,19 @@ from dppo.transport.protocol import (
 
 
 class ShmClient:
-    """An actor's side: slots of its segment hold the requests in flight; a slot is the ticket."""
+    """An actor's side: regions of its segment hold the requests in flight; a region is the ticket."""
 
     def __init__(self, endpoint: Endpoint, layout: Layout, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
         self.endpoint, self.layout = endpoint, layout
         self.conn: Connection | None = None
         self.segment: SharedMemory | None = None
-        self.asked: dict[int, tuple[int, int]] = {}  # slot -> (version, rows) of the request in it
-        self.answered: dict[int, tuple[int, int]] = {}  # replies read while waiting for another slot's
-        self.cancelled: set[int] = set()  # slots whose reply is not wanted: free once it has come
+        self.asked: dict[int, tuple[int, int]] = {}  # region -> (version, rows) of the request in it
+        self.answered: dict[int, tuple[int, int]] = {}  # replies read while waiting for another region's
+        self.cancelled: set[int] = set()  # regions whose reply is not wanted: free once it has come
         try:
             self.conn = Client(endpoint.address, family="AF_UNIX")
             authenticate(self.conn, endpoint.authkey, serving=False, timeout=handshake_timeout_s)
-            self.conn.send_bytes(pack(HELLO, layout.slots, rows=layout.rows))
+            self.conn.send_bytes(pack(HELLO, layout.regions, rows=layout.rows))
             if not self.conn.poll(CONNECT_TIMEOUT_S):
                 raise InferenceLost(f"the inference service did not answer within {CONNECT_TIMEOUT_S:g} s")
             welcome = self._receive()
@@ -53,7 +53,7 @@ class ShmClient:
         except InferenceError:
             self.close()
             raise
-        kind, _slot, _version, _rows, body = welcome
+        kind, _region, _version, _rows, body = welcome
         if kind != WELCOME:
             self.close()
             raise TransportError(f"malformed message from the inference service: a {KINDS[kind]} before welcome")
@@ -66,8 +66,8 @@ class ShmClient:
             self.close()
             raise TransportError(f"the inference service's segment holds {self.segment.size} bytes, this actor's "
                                  f"layout needs {layout.size}: run one dppo version on every node")
-        self.views = [layout.views(self.segment.buf, slot) for slot in range(layout.slots)]
-        self.free = list(range(layout.slots - 1, -1, -1))
+        self.views = [layout.views(self.segment.buf, region) for region in range(layout.regions)]
+        self.free = list(range(layout.regions - 1, -1, -1))
 
     @property
     def closed(self) -> bool:
@@ -81,47 +81,47 @@ class ShmClient:
         return message
 
     def submit(self, request: Request) -> int:
-        """Write ``request`` into a free slot and say so; the slot is the ticket. With every slot taken by requests
-        cancelled and not yet answered, their replies are awaited first."""
+        """Write ``request`` into a free region and say so; the region is the ticket. With every region taken by
+        requests cancelled and not yet answered, their replies are awaited first."""
         if self.conn is None:
             raise InferenceLost("this actor's connection to the inference service is closed")
         while not self.free and self.cancelled:
             self._read_one()
         if not self.free:
-            raise TransportError(f"more than {self.layout.slots} requests in flight to the inference service")
-        slot = self.free.pop()
-        rows = self.layout.write_request(self.views[slot], request)
-        self.asked[slot] = (request.version, rows)
+            raise TransportError(f"more than {self.layout.regions} requests in flight to the inference service")
+        region = self.free.pop()
+        rows = self.layout.write_request(self.views[region], request)
+        self.asked[region] = (request.version, rows)
         try:
-            self.conn.send_bytes(pack(REQUEST, slot, request.version, rows))
+            self.conn.send_bytes(pack(REQUEST, region, request.version, rows))
         except OSError as err:
             self._lost(err)
-        return slot
+        return region
 
-    def result(self, slot: int) -> Reply:
-        """The reply in ``slot``, read once the service says it is there (replies of other slots kept meanwhile)."""
-        while slot not in self.answered:
+    def result(self, region: int) -> Reply:
+        """The reply in ``region``, read once the service says it is there (replies of other regions kept meanwhile)."""
+        while region not in self.answered:
             self._read_one()
-        version, rows = self.answered.pop(slot)
-        heads = self.layout.read_reply(self.views[slot], rows)
-        self._release(slot)
+        version, rows = self.answered.pop(region)
+        heads = self.layout.read_reply(self.views[region], rows)
+        self._release(region)
         return Reply(version, heads)
 
-    def cancel(self, slot: int) -> None:
-        """The reply in ``slot`` is not wanted: the slot is free at once if it came, else when it comes."""
-        if slot in self.answered:
-            del self.answered[slot]
-            self._release(slot)
-        elif slot in self.asked:
-            self.cancelled.add(slot)
+    def cancel(self, region: int) -> None:
+        """The reply in ``region`` is not wanted: the region is free at once if it came, else when it comes."""
+        if region in self.answered:
+            del self.answered[region]
+            self._release(region)
+        elif region in self.asked:
+            self.cancelled.add(region)
 
-    def _release(self, slot: int) -> None:
-        del self.asked[slot]
-        self.cancelled.discard(slot)
-        self.free.append(slot)
+    def _release(self, region: int) -> None:
+        del self.asked[region]
+        self.cancelled.discard(region)
+        self.free.append(region)
 
     def _read_one(self) -> None:
-        """One message of the service: a reply kept for its slot (a cancelled slot's freed); TransportError unless
+        """One message of the service: a reply kept for its region (a cancelled region's freed); TransportError unless
         it answers a request waiting."""
         if self.conn is None:
             raise InferenceLost("this actor's connection to the inference service is closed")
@@ -130,13 +130,13 @@ class ShmClient:
         except (EOFError, OSError) as err:
             self._lost(err)
         if kind not in (REPLY, ERROR) or answered not in self.asked or answered in self.answered:
-            raise TransportError(f"malformed message from the inference service: a {KINDS[kind]} for slot "
+            raise TransportError(f"malformed message from the inference service: a {KINDS[kind]} for region "
                                  f"{answered}, which has no request waiting")
         if answered in self.cancelled:
             self._release(answered)
             return
         if (version, rows) != self.asked[answered]:
-            raise TransportError(f"the inference service answered slot {answered} with weights version "
+            raise TransportError(f"the inference service answered region {answered} with weights version "
                                  f"{version} and {rows} rows, not the {self.asked[answered][0]} and "
                                  f"{self.asked[answered][1]} asked for")
         self.answered[answered] = (version, rows)

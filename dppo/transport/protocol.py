@@ -2,13 +2,13 @@
 
 An actor's requests and the service's replies lie in one shared-memory segment per actor (``multiprocessing.
 shared_memory``, created by the service when the actor connects, attached by name); a 20-byte message on a Unix
-socket (``multiprocessing.connection``, authenticated once at connect) says which slot of it holds a request or a
+socket (``multiprocessing.connection``, authenticated once at connect) says which region of it holds a request or a
 reply. This is Sample Factory's and PufferLib's pattern (shared buffers, small messages): a Ray call per env step
 sends a Breakout batch of 113 KB through the object store and cost 0.46x of the actors' own forward pass on an H100
 (issue 42). Actors on other nodes keep the Ray calls (:class:`dppo.distributed.inference.RayCallClient`).
 
 Every message is stamped with the protocol and the weights' version; anything else (a short or unknown message, a
-reply for a slot not asked, another version) is one :class:`TransportError`. A lost peer is an end of file: the
+reply for a region not asked, another version) is one :class:`TransportError`. A lost peer is an end of file: the
 service gone makes the actor's receive raise :class:`~dppo.rl.policy.InferenceLost` (the driver replaces the
 service); an actor gone makes the service release its segment (:mod:`dppo.transport.server`). A peer that connects
 and says nothing is dropped after HANDSHAKE_TIMEOUT_S by either side (:func:`authenticate`). This module is the
@@ -41,10 +41,10 @@ from dppo.rl.spaces import Obs, ObsSpec
 
 PROTOCOL = 1  # raised whenever a message or the segment's layout changes
 MAGIC = b"dppo"
-HEADER = struct.Struct("<4sHBBqI")  # magic, protocol, kind, slot, weights version, rows
+HEADER = struct.Struct("<4sHBBqI")  # magic, protocol, kind, region, weights version, rows
 HELLO, WELCOME, REQUEST, REPLY, ERROR = 1, 2, 3, 4, 5  # kinds: actor->service, service->actor, ...
 KINDS = {HELLO: "hello", WELCOME: "welcome", REQUEST: "request", REPLY: "reply", ERROR: "error"}
-SLOTS = 3  # requests an actor has in flight at most: one per half of its envs, and a value query
+REGIONS = 3  # requests an actor has in flight at most: one per half of its envs, and a value query
 SEGMENT_PREFIX = "dppo_"  # every segment's name: dppo_<service's pid>_<service token>_<actor's connection>
 SHM_DIR = Path("/dev/shm")  # where Linux lists the segments (stale ones are swept from there)
 CONNECT_TIMEOUT_S = 60.0  # a service that accepts but never welcomes is lost
@@ -109,15 +109,15 @@ def authenticate(conn: Connection, authkey: bytes, serving: bool, timeout: float
         raise HandshakeFailed(f"said nothing within {timeout:g} s")
 
 
-def pack(kind: int, slot: int = 0, version: int = 0, rows: int = 0, body: bytes = b"") -> bytes:
-    return HEADER.pack(MAGIC, PROTOCOL, kind, slot, version, rows) + body
+def pack(kind: int, region: int = 0, version: int = 0, rows: int = 0, body: bytes = b"") -> bytes:
+    return HEADER.pack(MAGIC, PROTOCOL, kind, region, version, rows) + body
 
 
 def unpack(message: bytes, sender: str) -> tuple[int, int, int, int, bytes]:
-    """(kind, slot, version, rows, body) of a message from ``sender``; TransportError unless well formed."""
+    """(kind, region, version, rows, body) of a message from ``sender``; TransportError unless well formed."""
     if len(message) < HEADER.size:
         raise TransportError(f"malformed message from {sender}: {len(message)} bytes, shorter than a header")
-    magic, protocol, kind, slot, version, rows = HEADER.unpack_from(message)
+    magic, protocol, kind, region, version, rows = HEADER.unpack_from(message)
     if magic != MAGIC:
         raise TransportError(f"malformed message from {sender}: it does not start with {MAGIC!r}")
     if protocol != PROTOCOL:
@@ -125,24 +125,24 @@ def unpack(message: bytes, sender: str) -> tuple[int, int, int, int, bytes]:
                              "run one dppo version on every node")
     if kind not in KINDS:
         raise TransportError(f"malformed message from {sender}: unknown kind {kind}")
-    return kind, slot, version, rows, message[HEADER.size:]
+    return kind, region, version, rows, message[HEADER.size:]
 
 
 @dataclass(frozen=True)
 class Field:
     name: str
     dtype: np.dtype
-    shape: tuple[int, ...]  # for a full slot: ``rows`` leading, or (2, rows, hidden) for a memory
-    offset: int  # bytes from the slot's start
+    shape: tuple[int, ...]  # for a full region: ``rows`` leading, or (2, rows, hidden) for a memory
+    offset: int  # bytes from the region's start
 
 
 class Layout:
-    """Where each field of a slot lies: a request (up to ``rows`` envs' observations, a recurrent policy's memory
+    """Where each field of a region lies: a request (up to ``rows`` envs' observations, a recurrent policy's memory
     and episode starts) and its reply (the heads). Both sides compute it from the spaces and the model config."""
 
     def __init__(self, obs_spec: ObsSpec, action_spec: ActionSpec, config: ModelConfig, rows: int,
-                 slots: int = SLOTS) -> None:
-        self.rows, self.slots = rows, slots
+                 regions: int = REGIONS) -> None:
+        self.rows, self.regions = rows, regions
         hidden = config.lstm_hidden_size if config.recurrent == "lstm" else 0
         wanted = [("image", np.uint8, (rows, *obs_spec.image_shape)) if obs_spec.has_image else None,
                   ("vector", np.float32, (rows, obs_spec.vector_dim)) if obs_spec.has_vector else None,
@@ -157,12 +157,12 @@ class Layout:
         for name, dtype, shape in filter(None, wanted):
             self.fields[name] = Field(name, np.dtype(dtype), shape, offset)
             offset += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // ALIGN) * ALIGN
-        self.slot_bytes = offset
-        self.size = offset * slots
+        self.region_bytes = offset
+        self.size = offset * regions
 
-    def views(self, buf: memoryview, slot: int) -> dict[str, np.ndarray]:
-        """The fields of ``slot`` as arrays over ``buf`` (the segment)."""
-        start = slot * self.slot_bytes
+    def views(self, buf: memoryview, region: int) -> dict[str, np.ndarray]:
+        """The fields of ``region`` as arrays over ``buf`` (the segment)."""
+        start = region * self.region_bytes
         return {f.name: np.ndarray(f.shape, f.dtype, buf, start + f.offset) for f in self.fields.values()}
 
     def write_request(self, views: dict[str, np.ndarray], request: Request) -> int:
@@ -191,7 +191,7 @@ class Layout:
             views["memory_after"][:, :rows] = heads.memory
 
     def read_reply(self, views: dict[str, np.ndarray], rows: int) -> Heads:
-        """A copy: the slot is free for the next request once read."""
+        """A copy: the region is free for the next request once read."""
         memory = views["memory_after"][:, :rows].copy() if "memory_after" in views else None
         log_std = views["log_std"].copy() if "log_std" in views else None
         return Heads(views["out"][:rows].copy(), log_std, views["values"][:rows].copy(), memory)

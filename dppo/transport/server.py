@@ -47,7 +47,7 @@ from dppo.transport.protocol import (
     unpack,
 )
 
-MAX_SLOTS = 255  # a slot is one byte of the header
+MAX_REGIONS = 255  # a region is one byte of the header
 BACKLOG = 256  # actors connecting at once (a run's start)
 WAKE_TIMEOUT_S = 1.0  # the most a closing service waits to reach its own listener
 
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 
 class Peer:
-    """One connected actor: its connection, and once it said hello its layout, segment and slots."""
+    """One connected actor: its connection, and once it said hello its layout, segment and regions."""
 
     def __init__(self, conn: Connection, number: int) -> None:
         self.conn: Connection | None = conn
@@ -69,13 +69,13 @@ class Peer:
         """Its segment, created now, named for the service and this connection, and the welcome naming it."""
         self.layout = layout
         self.segment = create(segment_name(token, self.number), layout.size)
-        self.views = [layout.views(self.segment.buf, slot) for slot in range(layout.slots)]
+        self.views = [layout.views(self.segment.buf, region) for region in range(layout.regions)]
         assert self.conn is not None
         self.conn.send_bytes(pack(WELCOME, body=self.segment.name.lstrip("/").encode()))
 
 
 class ShmServer:
-    """Serves actors on this node: ``layout(rows, slots)`` sizes a new actor's segment; ``enqueue(request, answer)``
+    """Serves actors on this node: ``layout(rows, regions)`` sizes a new actor's segment; ``enqueue(request, answer)``
     hands a request to the service's batches, which call ``answer`` with its reply or the error that stopped it."""
 
     def __init__(self, layout: Callable[[int, int], Layout], enqueue: Callable[[Request, Answer], None],
@@ -148,39 +148,40 @@ class ShmServer:
             self.drop(peer)
             return
         try:
-            kind, slot, version, rows, _ = unpack(message, f"actor connection {peer.number}")
+            kind, region, version, rows, _ = unpack(message, f"actor connection {peer.number}")
             if peer.layout is None:
-                self._hello(peer, kind, slot, rows)
+                self._hello(peer, kind, region, rows)
                 return
-            if kind != REQUEST or slot >= peer.layout.slots or not 0 < rows <= peer.layout.rows:
+            if kind != REQUEST or region >= peer.layout.regions or not 0 < rows <= peer.layout.rows:
                 raise TransportError(f"malformed message from actor connection {peer.number}: a {KINDS[kind]} for "
-                                     f"slot {slot} of {peer.layout.slots} with {rows} rows (at most "
+                                     f"region {region} of {peer.layout.regions} with {rows} rows (at most "
                                      f"{peer.layout.rows})")
         except TransportError as err:
             self._refuse(peer, str(err))
             return
-        request = peer.layout.read_request(peer.views[slot], version, rows)
-        self.enqueue(request, lambda answer: self._answer(peer, slot, answer))
+        request = peer.layout.read_request(peer.views[region], version, rows)
+        self.enqueue(request, lambda answer: self._answer(peer, region, answer))
 
-    def _hello(self, peer: Peer, kind: int, slots: int, rows: int) -> None:
-        if kind != HELLO or not 0 < slots <= MAX_SLOTS or rows <= 0:
+    def _hello(self, peer: Peer, kind: int, regions: int, rows: int) -> None:
+        if kind != HELLO or not 0 < regions <= MAX_REGIONS or rows <= 0:
             raise TransportError(f"malformed message from actor connection {peer.number}: a {KINDS[kind]} with "
-                                 f"{slots} slots and {rows} rows before its hello")
+                                 f"{regions} regions and {rows} rows before its hello")
         assert self.endpoint is not None
         try:
-            peer.welcome(self.layout(rows, slots), self.endpoint.token)
+            peer.welcome(self.layout(rows, regions), self.endpoint.token)
         except OSError:
             self.drop(peer)
 
-    def _answer(self, peer: Peer, slot: int, answer: Reply | Exception) -> None:
+    def _answer(self, peer: Peer, region: int, answer: Reply | Exception) -> None:
         if peer.conn is None or peer.layout is None:  # gone while its request waited
             return
         try:
             if isinstance(answer, Exception):
-                peer.conn.send_bytes(pack(ERROR, slot, body=f"{type(answer).__name__}: {first_line(answer)}".encode()))
+                reason = f"{type(answer).__name__}: {first_line(answer)}"
+                peer.conn.send_bytes(pack(ERROR, region, body=reason.encode()))
             else:
-                peer.layout.write_reply(peer.views[slot], answer.heads)
-                peer.conn.send_bytes(pack(REPLY, slot, answer.version, len(answer.heads.values)))
+                peer.layout.write_reply(peer.views[region], answer.heads)
+                peer.conn.send_bytes(pack(REPLY, region, answer.version, len(answer.heads.values)))
         except OSError:
             self.drop(peer)
 

@@ -146,14 +146,14 @@ def test_a_malformed_message_or_another_protocol_version_is_answered_with_one_cl
             (HEADER.pack(MAGIC, PROTOCOL + 1, HELLO, 3, 0, 4),
              f"actor connection 1 speaks dppo's shared-memory protocol {PROTOCOL + 1}, this process {PROTOCOL}: "
              "run one dppo version on every node"),
-            (pack(HELLO, 3, rows=4) + b"", None),  # well formed: welcomed, then a request for a slot it has not
+            (pack(HELLO, 3, rows=4) + b"", None),  # well formed: welcomed, then a request for a region it has not
         ]:
             conn = Client(endpoint.address, "AF_UNIX", authkey=endpoint.authkey)
             conn.send_bytes(message)
             if reason is None:
                 assert unpack(conn.recv_bytes(), "service")[0] == WELCOME
                 conn.send_bytes(pack(REPLY, 7, 1, 2))
-                reason = "malformed message from actor connection 2: a reply for slot 7 of 3 with 2 rows (at most 4)"
+                reason = "malformed message from actor connection 2: a reply for region 7 of 3 with 2 rows (at most 4)"
             kind, *_, body = unpack(conn.recv_bytes(), "service")
             assert kind == ERROR and body.decode() == reason
             with pytest.raises(EOFError):  # and the peer let go
@@ -193,13 +193,13 @@ def test_an_actor_gives_up_on_a_service_that_accepts_and_says_nothing() -> None:
 
 def test_a_cancelled_request_frees_its_slot_once_its_reply_comes() -> None:
     """Issue 54: a sampler that abandons a segment cancels what it asked; without it, each abandoned segment leaked
-    a slot and the next one failed with 'more than 3 requests in flight'."""
+    a region and the next one failed with 'more than 3 requests in flight'."""
     env, config, weights = cartpole()
     with running_service(env.observation_space, env.action_space, config, {1: weights}) as (service, endpoint, _):
         client = ShmClient(endpoint, layout_of(env, config, rows=2))
-        for _ in range(3):  # three abandoned segments, each with every slot in flight
-            for slot in [client.submit(request(env, config, version=1, rows=2)) for _ in range(3)]:
-                client.cancel(slot)
+        for _ in range(3):  # three abandoned segments, each with every region in flight
+            for region in [client.submit(request(env, config, version=1, rows=2)) for _ in range(3)]:
+                client.cancel(region)
         asked = request(env, config, version=1, rows=2)
         reply = client.result(client.submit(asked))
         np.testing.assert_array_equal(reply.heads.values, service.server.forward([asked])[0].heads.values)
@@ -209,7 +209,7 @@ def test_a_cancelled_request_frees_its_slot_once_its_reply_comes() -> None:
 
 @contextmanager
 def scripted_service(answer: Any) -> Iterator[Endpoint]:
-    """A service that welcomes one actor and answers its first request with ``answer(conn, slot, version, rows)``,
+    """A service that welcomes one actor and answers its first request with ``answer(conn, region, version, rows)``,
     then hangs up without removing the segment (as a service killed outright)."""
     endpoint = new_endpoint()
     listener = Listener(endpoint.address, "AF_UNIX", authkey=endpoint.authkey)
@@ -220,8 +220,8 @@ def scripted_service(answer: Any) -> Iterator[Endpoint]:
         env, config, _ = cartpole()
         segment = SharedMemory(segment_name(endpoint.token, 0), create=True, size=layout_of(env, config, rows).size)
         conn.send_bytes(pack(WELCOME, body=segment.name.encode()))
-        _kind, slot, version, rows, _ = unpack(conn.recv_bytes(), "actor")
-        answer(conn, slot, version, rows)
+        _kind, region, version, rows, _ = unpack(conn.recv_bytes(), "actor")
+        answer(conn, region, version, rows)
         conn.close()
         segment.close()
 
@@ -235,13 +235,14 @@ def scripted_service(answer: Any) -> Iterator[Endpoint]:
 
 
 @pytest.mark.parametrize("answer, error, match", [
-    (lambda conn, slot, version, rows: conn.send_bytes(pack(REPLY, slot, version + 1, rows)), TransportError,
-     "answered slot 0 with weights version 4 and 2 rows, not the 3 and 2 asked for"),
-    (lambda conn, slot, version, rows: conn.send_bytes(b"dppo"), TransportError,
+    (lambda conn, region, version, rows: conn.send_bytes(pack(REPLY, region, version + 1, rows)), TransportError,
+     "answered region 0 with weights version 4 and 2 rows, not the 3 and 2 asked for"),
+    (lambda conn, region, version, rows: conn.send_bytes(b"dppo"), TransportError,
      "malformed message from the inference service: 4 bytes"),
-    (lambda conn, slot, version, rows: conn.send_bytes(HEADER.pack(MAGIC, PROTOCOL + 1, REPLY, slot, version, rows)),
+    (lambda conn, region, version, rows: conn.send_bytes(HEADER.pack(MAGIC, PROTOCOL + 1, REPLY, region, version,
+                                                                      rows)),
      TransportError, f"the inference service speaks dppo's shared-memory protocol {PROTOCOL + 1}"),
-    (lambda conn, slot, version, rows: None, InferenceLost, "closed its connection"),  # the service died
+    (lambda conn, region, version, rows: None, InferenceLost, "closed its connection"),  # the service died
 ], ids=["wrong version", "short message", "other protocol", "service died"])
 def test_an_actor_raises_one_clear_error_for_a_wrong_reply_and_inference_lost_when_the_service_dies(
         answer: Any, error: type, match: str) -> None:
