@@ -125,7 +125,8 @@ def test_a_checkpoint_of_the_old_layout_loads_and_resumes(tmp_path: Path) -> Non
     # and what a run writes now has the same keys, in the same places, and the self-play league (None here)
     written = compose(state, {"default": {}}, {"default": {}}, None)
     assert set(written) == set(saved) | {"league"} and written["league"] is None
-    assert written["counters"] == {**saved["counters"], "env_failures": 0, "env_failures_by_actor": {}}
+    assert written["counters"] == {**saved["counters"], "env_failures": 0, "env_failures_by_actor": {},
+                                   "eval_env_steps": None}  # counters added since: their defaults
 
 
 def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path: Path) -> None:
