@@ -17,7 +17,11 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 class Parser(argparse.ArgumentParser):
     """argparse with a one-line error (exit 2) instead of usage + message; the line's one prefix is fail()'s, the
-    command's name is in the help it points to."""
+    command's name is in the help it points to. Options are taken only when written in full (a prefix of one is an
+    error, never another option)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str) -> NoReturn:
         fail(f"{message} (see {self.prog} --help)")

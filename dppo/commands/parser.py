@@ -97,8 +97,9 @@ def show_warning(message: Warning | str, category: type[Warning], *args: object,
     """A deprecated config key or a note on the config as one line on stderr; other warnings as Python shows
     them."""
     from dppo.config import ConfigNote, DeprecatedKey
+    from dppo.errors import OneLineWarning
 
-    if issubclass(category, DeprecatedKey):
+    if issubclass(category, (DeprecatedKey, OneLineWarning)):
         print(f"dppo: warning: {message}", file=sys.stderr, flush=True)
     elif issubclass(category, ConfigNote):
         print(f"dppo: note: {message}", file=sys.stderr, flush=True)

@@ -122,8 +122,8 @@ class FaultConfig(Section):
     """Learner-group restarts (run.learners > 1) allowed within restart_window_s before the run stops."""
     env_retries: int = Field(3, ge=0)
     """An env copy whose reset raises is recreated and reset again up to this many times (then the run stops); a
-    vector env that cannot recreate one copy alone (ale-py's, PettingZoo's) is recreated and the segment resampled
-    up to this many times in a row."""
+    vector env that cannot recreate one copy alone (ale-py's) is made afresh mid-segment, its episodes cut, up to
+    this many steps in a row."""
     max_env_failure_share: float = Field(0.5, gt=0, le=1)
     """An env copy whose step raises is recreated and its episode cut there (counted, warned, never a return); the
     run stops once such failures are more than this share of the episodes ended so far (failed and finished, after

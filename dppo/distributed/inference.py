@@ -3,7 +3,7 @@ networks and answers every actor's observations in batches, so the forward pass 
 GPU instead of once per actor on its CPU (Sample Factory's inference workers, SEED RL, Cleanba).
 
 The service returns the networks' outputs (logits or mean and log-std, values, a recurrent policy's memory), not
-actions: each actor draws its actions with its own seeded stream (:class:`dppo.rl.policy.RemotePolicy`), so a
+actions: each actor draws its actions with its own seeded stream (:class:`dppo.rl.policy.BackendPolicy`), so a
 seeded run is reproducible and an MLP policy draws what it would in the actor. A recurrent policy's memory
 travels with each request, so the service holds nothing but weights: the last two versions, since with
 ``run.overlap_sampling`` one round samples with the weights the update is about to replace. A request names its

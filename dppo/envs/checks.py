@@ -52,7 +52,8 @@ def check_parallel_api(config: Config, steps: int = API_STEPS) -> None:
     said: set[str] = set()
     try:
         obs, _ = env.reset(seed=config.run.seed)
-        finished: set[str] = set()
+        finished: set[str] = set()  # agents that terminated or truncated this episode
+        gone: set[str] = set()  # of those, the ones that have left env.agents
         for _ in range(steps):
             for agent in env.agents:
                 if agent not in env.possible_agents:
@@ -72,16 +73,17 @@ def check_parallel_api(config: Config, steps: int = API_STEPS) -> None:
                 warnings.warn(f"env {name!r} keeps agent {kept[0]!r} in agents after it terminated or truncated, "
                               "where PettingZoo's Parallel API removes it; dppo pads its column until the episode "
                               "ends (pettingzoo.test.parallel_api_test shows the rest)", OneLineWarning, stacklevel=2)
-            back = sorted(finished & set(env.agents) - ended)
-            if back and "back" not in said and not kept:
+            back = sorted(gone & set(env.agents))
+            if back and "back" not in said:
                 said.add("back")
                 warnings.warn(f"env {name!r} brings agent {back[0]!r} back after it terminated or truncated; dppo "
                               "pads its column until the episode ends (PettingZoo's Parallel API: an agent that "
                               "left does not return)", OneLineWarning, stacklevel=2)
             finished |= ended
+            gone |= finished - set(env.agents)
             if not env.agents or set(env.agents) <= finished:
                 obs, _ = env.reset()
-                finished = set()
+                finished, gone = set(), set()
     except EnvLoadError:
         raise
     except Exception:  # the env raised: the check of its reset and step that follows names it

@@ -7,6 +7,7 @@ exist are refused with one line. The same faults on a real cluster: tests/integr
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -21,7 +22,11 @@ from test_shm_transport import running_service
 
 from dppo.config import Config, ConfigError, load_config
 from dppo.distributed.actor import actor_sampler
+from dppo.envs.checks import check_env
+from dppo.envs.flaky import FlakyPair
 from dppo.envs.make import env_spaces, make_vector_env, with_agents
+from dppo.envs.user_code import EnvLoadError
+from dppo.errors import OneLineWarning
 from dppo.rl.agent import export_weights
 from dppo.rl.build import build_model
 from dppo.rl.opponents import SelfPlayGames
@@ -136,9 +141,9 @@ def test_one_copy_of_a_two_agent_env_is_served_in_one_group(stack: ExitStack) ->
 
 
 def test_flaky_envs_raise_only_in_actors_unless_told(tmp_path: Path) -> None:
-    env = gym.make("CartPole-v1")
     from dppo.envs.flaky import FlakyEnv
 
+    env = gym.make("CartPole-v1")
     quiet = FlakyEnv(env, every=1)
     quiet.reset(seed=0)
     quiet.step(0)  # not in a Ray actor: never raises
@@ -147,3 +152,56 @@ def test_flaky_envs_raise_only_in_actors_unless_told(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="lost its state"):
         loud.step(0)
     assert np.isfinite(quiet.reset(seed=1)[0]).all()
+
+
+class KeepsTheListener(FlakyPair):
+    """The listener terminates at step 3 and stays in ``agents`` (PettingZoo's own parallel_api_test fails it)."""
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        obs, rewards, terminated, truncated, infos = super().step(actions)
+        if self.t == 3:
+            terminated["listener"] = True
+        return obs, rewards, terminated, truncated, infos
+
+
+class Stranger(FlakyPair):
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        result = super().step(actions)
+        self.agents = [*self.agents, "stranger"] if self.agents else []
+        return result
+
+
+class Mute(FlakyPair):
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        obs, *rest = super().step(actions)
+        del obs["listener"]
+        return (obs, *rest)
+
+
+def keeps_the_listener() -> KeepsTheListener:
+    return KeepsTheListener(every=10**9)
+
+
+def stranger() -> Stranger:
+    return Stranger(every=10**9)
+
+
+def mute() -> Mute:
+    return Mute(every=10**9)
+
+
+def test_an_env_that_bends_pettingzoos_api_is_warned_in_one_line_or_refused() -> None:
+    def checked(factory: str) -> Config:
+        return with_agents(load_config(overrides={"env.entry_point": f"test_fault_matrix:{factory}",
+                                                  "env.multiagent": True, "ppo.num_minibatches": 1}))
+
+    with pytest.warns(OneLineWarning, match=r"^env 'test_fault_matrix:keeps_the_listener' keeps agent 'listener' in "
+                                            r"agents after it terminated or truncated"):
+        check_env(checked("keeps_the_listener"))
+    with pytest.raises(EnvLoadError, match=r"agent 'stranger' is in agents but not in possible_agents"):
+        check_env(checked("stranger"))
+    with pytest.raises(EnvLoadError, match=r"live agent 'listener' got no observation"):
+        check_env(checked("mute"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(row_config("parallel", "actor"))  # a well-behaved env: not a word
