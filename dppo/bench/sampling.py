@@ -110,10 +110,10 @@ def _served(config: Config, env: Any, inference: str) -> Iterator[Callable | Non
     import torch
 
     from dppo.distributed.broadcast import Broadcast
-    from dppo.distributed.inference import Inference
+    from dppo.distributed.inference import ServiceSupervisor
     from dppo.rl.agent import export_weights
 
-    service = Inference(config, env.observation_space, env.action_space,
+    service = ServiceSupervisor(config, env.observation_space, env.action_space,
                         "cuda" if torch.cuda.is_available() else "cpu", print)
     service.start()
 

@@ -13,9 +13,9 @@ Three layers: :class:`Batcher` (when to run a batch), :class:`BatchStats` (what 
 :class:`ForwardPasses` (the versions and the batched forward pass) are plain classes tested without Ray;
 :class:`InferenceService` is the asyncio Ray actor around them, reached by actors on its node through shared memory
 (:mod:`dppo.transport.server`) and by others with a Ray call per request
-(:mod:`dppo.distributed.inference_client`), all in the same batches; :class:`Inference` is the driver's side (start,
-ready, load each broadcast, replace a lost one, read the batch figures, close), a group of one actor on the shared
-lifecycle (:class:`~dppo.distributed.lifecycle.ActorGroup`) like the sampling actors.
+(:mod:`dppo.distributed.inference_client`), all in the same batches; :class:`ServiceSupervisor` is the driver's
+side (start, ready, load each broadcast, replace a lost one, read the batch figures, close), a group of one actor on
+the shared lifecycle (:class:`~dppo.distributed.lifecycle.ActorGroup`) like the sampling actors.
 """
 
 from __future__ import annotations
@@ -274,7 +274,7 @@ def lost_service(err: BaseException) -> InferenceLost | None:
     return None
 
 
-class Inference:
+class ServiceSupervisor:
     """The driver's side of the service: start it, load each broadcast, replace it when lost (counted)."""
 
     def __init__(self, config: Config, obs_space: gym.Space, action_space: gym.Space, device: str,

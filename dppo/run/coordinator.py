@@ -22,7 +22,7 @@ from dppo.config import Config
 from dppo.distributed.actor_pool import ActorPool, Gathered, Round, Stop
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, SnapshotRefs, broadcast_arg
 from dppo.distributed.evaluation import FINISH_WAIT_S, EvalResult, Evaluation, EvaluationStopped
-from dppo.distributed.inference import Inference, lost_service, resolve_inference
+from dppo.distributed.inference import ServiceSupervisor, lost_service, resolve_inference
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.make import check_self_play, is_self_play, policy_spaces, with_agents
@@ -77,7 +77,7 @@ class Coordinator:
         self.signals = StopSignals()
         self.pool = ActorPool(config, self.reporter, lambda: self.signals.received is not None)
         self.learners: dict[str, LearnerGroup] = {}  # each policy's
-        self.inference: Inference | None = None  # the policy-inference service (run.inference=server)
+        self.inference: ServiceSupervisor | None = None  # the policy-inference service (run.inference=server)
         self.snapshot_refs = SnapshotRefs()  # self-play: each snapshot in the object store once
         self.evaluation = Evaluation(config)
         faults = config.faults
@@ -92,7 +92,7 @@ class Coordinator:
                          for name, model in self.models.items()}
         if self.config.run.inference == "server":  # beside the learner, on its device (one policy)
             (name, learners), = self.learners.items()
-            self.inference = Inference(self.config, *self.spaces[name], learners.device, self.reporter.message)
+            self.inference = ServiceSupervisor(self.config, *self.spaces[name], learners.device, self.reporter.message)
             self.inference.start()
         self.pool.start()
 

@@ -19,7 +19,7 @@ import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import Config, ConfigError, ModelConfig, load_config
 from dppo.config.load import GPU_PRESETS_DIR
 from dppo.distributed.broadcast import Broadcast
-from dppo.distributed.inference import Batcher, ForwardPasses, Inference, resolve_inference
+from dppo.distributed.inference import Batcher, ForwardPasses, ServiceSupervisor, resolve_inference
 from dppo.distributed.ray_calls import RayCalls
 from dppo.errors import RunFailure, UsageError
 from dppo.rl.agent import Agent, export_weights
@@ -281,11 +281,11 @@ class FakeServiceCalls(RayCalls):
         self.killed.append(handle)
 
 
-def driver_side(calls: FakeServiceCalls, max_restarts: int = 10) -> tuple[Inference, list[str]]:
+def driver_side(calls: FakeServiceCalls, max_restarts: int = 10) -> tuple[ServiceSupervisor, list[str]]:
     config = load_config(overrides={"faults.max_actor_restarts": max_restarts})
     env = gym.make("CartPole-v1")
     said: list[str] = []
-    return Inference(config, env.observation_space, env.action_space, "cpu", said.append, calls), said
+    return ServiceSupervisor(config, env.observation_space, env.action_space, "cpu", said.append, calls), said
 
 
 def broadcast(version: int) -> Broadcast:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dppo.config import ModelConfig, load_config
-from dppo.distributed.inference import BATCH_WAIT_S, BatchStats, Inference, InferenceService
+from dppo.distributed.inference import BATCH_WAIT_S, BatchStats, InferenceService, ServiceSupervisor
 from dppo.distributed.ray_calls import RayCalls
 from dppo.rl.agent import export_weights
 from dppo.rl.build import build_model
@@ -74,6 +74,6 @@ def test_a_batch_short_of_expected_runs_after_the_wait_and_says_how_long_its_fir
 
 def test_without_a_service_the_driver_reads_no_figures() -> None:
     env = gym.make("CartPole-v1")
-    unstarted = Inference(load_config(), env.observation_space, env.action_space, "cpu", print,
+    unstarted = ServiceSupervisor(load_config(), env.observation_space, env.action_space, "cpu", print,
                           calls=RayCalls(lambda index, seed: None))  # no start(): no service to ask
     assert unstarted.handle is None and unstarted.batch_stats() == {}

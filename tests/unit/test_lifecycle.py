@@ -18,7 +18,7 @@ from fake_ray import Call, FakeRayCalls, Script, crash, preempted
 from dppo.config import load_config
 from dppo.distributed.broadcast import Broadcast
 from dppo.distributed.evaluation import Evaluation
-from dppo.distributed.inference import Inference
+from dppo.distributed.inference import ServiceSupervisor
 from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.restarts import RestartBudget
 from dppo.errors import RunFailure
@@ -156,7 +156,7 @@ def test_the_inference_service_is_replaced_on_any_loss_and_only_its_crashes_spen
     calls = FakeRayCalls(lambda index, spawn: Script(calls=lambda n: Call(0.0, error=fails.get((spawn, n)))))
     env = gym.make("CartPole-v1")
     said: list[str] = []
-    inference = Inference(config, env.observation_space, env.action_space, "cpu", said.append, calls)
+    inference = ServiceSupervisor(config, env.observation_space, env.action_space, "cpu", said.append, calls)
     inference.start()
     weights = {"w": np.zeros(2)}
     inference.serve(Broadcast(weights, 1, None, None))
