@@ -190,15 +190,15 @@ class InferenceService:
         import torch
 
         torch.set_num_threads(threads)
-        self.server = ForwardPasses(obs_space, action_space, config, device)
+        self.passes = ForwardPasses(obs_space, action_space, config, device)
         self.batcher = Batcher(expected)
         self.figures = BatchStats()  # read and reset by stats()
         self.transport = ShmServer(self._layout, self._enqueue)
 
     def _layout(self, rows: int, regions: int) -> Layout:
         """A same-node actor's regions, for ``rows`` envs."""
-        server = self.server
-        return Layout(*check_spaces(server.obs_space, server.action_space, server.config), server.config, rows, regions)
+        passes = self.passes
+        return Layout(*check_spaces(passes.obs_space, passes.action_space, passes.config), passes.config, rows, regions)
 
     async def act(self, request: Request) -> Reply:
         """A request by Ray call (an actor on another node)."""
@@ -226,7 +226,7 @@ class InferenceService:
         items = self.batcher.take()
         started = time.perf_counter()
         try:
-            replies = self.server.forward([request for request, _ in items])
+            replies = self.passes.forward([request for request, _ in items])
         except Exception as err:
             for _, answer in items:
                 answer(err)
@@ -236,8 +236,8 @@ class InferenceService:
             answer(reply)
 
     async def load(self, weights: Weights, version: int) -> list[int]:
-        self.server.load(weights, version)
-        return self.server.versions
+        self.passes.load(weights, version)
+        return self.passes.versions
 
     async def ready(self) -> Endpoint | None:
         """Where actors on this node reach it through shared memory (None where no Unix socket can be opened: they

@@ -8,31 +8,14 @@ from multiprocessing.connection import Client, Connection
 from multiprocessing.shared_memory import SharedMemory
 
 from dppo.rl.policy import InferenceError, InferenceLost, Reply, Request
-from dppo.transport.protocol import (
-    CONNECT_TIMEOUT_S,
-    ERROR,
-    HANDSHAKE_TIMEOUT_S,
-    HELLO,
-    KINDS,
-    REPLY,
-    REQUEST,
-    WELCOME,
-    Endpoint,
-    HandshakeFailed,
-    Layout,
-    TransportError,
-    attach,
-    authenticate,
-    pack,
-    remove,
-    unpack,
-)
+from dppo.transport import protocol as wire
 
 
 class ShmClient:
     """An actor's side: regions of its segment hold the requests in flight; a region is the ticket."""
 
-    def __init__(self, endpoint: Endpoint, layout: Layout, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+    def __init__(self, endpoint: wire.Endpoint, layout: wire.Layout,
+                 handshake_timeout_s: float = wire.HANDSHAKE_TIMEOUT_S) -> None:
         self.endpoint, self.layout = endpoint, layout
         self.conn: Connection | None = None
         self.segment: SharedMemory | None = None
@@ -41,31 +24,32 @@ class ShmClient:
         self.cancelled: set[int] = set()  # regions whose reply is not wanted: free once it has come
         try:
             self.conn = Client(endpoint.address, family="AF_UNIX")
-            authenticate(self.conn, endpoint.authkey, serving=False, timeout=handshake_timeout_s)
-            self.conn.send_bytes(pack(HELLO, layout.regions, rows=layout.rows))
-            if not self.conn.poll(CONNECT_TIMEOUT_S):
-                raise InferenceLost(f"the inference service did not answer within {CONNECT_TIMEOUT_S:g} s")
+            wire.authenticate(self.conn, endpoint.authkey, serving=False, timeout=handshake_timeout_s)
+            self.conn.send_bytes(wire.pack(wire.HELLO, layout.regions, rows=layout.rows))
+            if not self.conn.poll(wire.CONNECT_TIMEOUT_S):
+                raise InferenceLost(f"the inference service did not answer within {wire.CONNECT_TIMEOUT_S:g} s")
             welcome = self._receive()
         except (OSError, EOFError) as err:  # HandshakeFailed among them
             self.close()
-            what = f"it {err}" if isinstance(err, HandshakeFailed) else f"{type(err).__name__}: {err}"
+            what = f"it {err}" if isinstance(err, wire.HandshakeFailed) else f"{type(err).__name__}: {err}"
             raise InferenceLost(f"the inference service cannot be reached ({what})") from None
         except InferenceError:
             self.close()
             raise
         kind, _region, _version, _rows, body = welcome
-        if kind != WELCOME:
+        if kind != wire.WELCOME:
             self.close()
-            raise TransportError(f"malformed message from the inference service: a {KINDS[kind]} before welcome")
+            raise wire.TransportError(f"malformed message from the inference service: a {wire.KINDS[kind]} before "
+                                      "welcome")
         try:
-            self.segment = attach(body.decode())
+            self.segment = wire.attach(body.decode())
         except OSError as err:  # removed already: the service went while welcoming
             self.close()
             raise InferenceLost(f"the inference service's segment cannot be opened ({type(err).__name__})") from None
         if self.segment.size < layout.size:
             self.close()
-            raise TransportError(f"the inference service's segment holds {self.segment.size} bytes, this actor's "
-                                 f"layout needs {layout.size}: run one dppo version on every node")
+            raise wire.TransportError(f"the inference service's segment holds {self.segment.size} bytes, this actor's "
+                                      f"layout needs {layout.size}: run one dppo version on every node")
         self.views = [layout.views(self.segment.buf, region) for region in range(layout.regions)]
         self.free = list(range(layout.regions - 1, -1, -1))
 
@@ -75,8 +59,8 @@ class ShmClient:
 
     def _receive(self) -> tuple[int, int, int, int, bytes]:
         assert self.conn is not None
-        message = unpack(self.conn.recv_bytes(), "the inference service")
-        if message[0] == ERROR and message[1] not in self.cancelled:
+        message = wire.unpack(self.conn.recv_bytes(), "the inference service")
+        if message[0] == wire.ERROR and message[1] not in self.cancelled:
             raise InferenceError(f"the inference service refused a request: {message[4].decode(errors='replace')}")
         return message
 
@@ -88,12 +72,12 @@ class ShmClient:
         while not self.free and self.cancelled:
             self._read_one()
         if not self.free:
-            raise TransportError(f"more than {self.layout.regions} requests in flight to the inference service")
+            raise wire.TransportError(f"more than {self.layout.regions} requests in flight to the inference service")
         region = self.free.pop()
         rows = self.layout.write_request(self.views[region], request)
         self.asked[region] = (request.version, rows)
         try:
-            self.conn.send_bytes(pack(REQUEST, region, request.version, rows))
+            self.conn.send_bytes(wire.pack(wire.REQUEST, region, request.version, rows))
         except OSError as err:
             self._lost(err)
         return region
@@ -121,24 +105,24 @@ class ShmClient:
         self.free.append(region)
 
     def _read_one(self) -> None:
-        """One message of the service: a reply kept for its region (a cancelled region's freed); TransportError unless
-        it answers a request waiting."""
+        """One message of the service: a reply kept for its region (a cancelled region's freed); TransportError
+        unless it answers a request waiting."""
         if self.conn is None:
             raise InferenceLost("this actor's connection to the inference service is closed")
         try:
             kind, answered, version, rows, _ = self._receive()
         except (EOFError, OSError) as err:
             self._lost(err)
-        if kind not in (REPLY, ERROR) or answered not in self.asked or answered in self.answered:
-            raise TransportError(f"malformed message from the inference service: a {KINDS[kind]} for region "
-                                 f"{answered}, which has no request waiting")
+        if kind not in (wire.REPLY, wire.ERROR) or answered not in self.asked or answered in self.answered:
+            raise wire.TransportError(f"malformed message from the inference service: a {wire.KINDS[kind]} for region "
+                                      f"{answered}, which has no request waiting")
         if answered in self.cancelled:
             self._release(answered)
             return
         if (version, rows) != self.asked[answered]:
-            raise TransportError(f"the inference service answered region {answered} with weights version "
-                                 f"{version} and {rows} rows, not the {self.asked[answered][0]} and "
-                                 f"{self.asked[answered][1]} asked for")
+            raise wire.TransportError(f"the inference service answered region {answered} with weights version "
+                                      f"{version} and {rows} rows, not the {self.asked[answered][0]} and "
+                                      f"{self.asked[answered][1]} asked for")
         self.answered[answered] = (version, rows)
 
     def _lost(self, err: BaseException) -> None:
@@ -152,5 +136,5 @@ class ShmClient:
             self.conn = None
         if self.segment is not None:
             self.views = []
-            remove(self.segment, attached=True)
+            wire.remove(self.segment, attached=True)
             self.segment = None

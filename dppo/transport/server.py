@@ -25,27 +25,7 @@ from multiprocessing.shared_memory import SharedMemory
 
 from dppo.errors import first_line
 from dppo.rl.policy import Reply, Request
-from dppo.transport.protocol import (
-    ERROR,
-    HANDSHAKE_TIMEOUT_S,
-    HELLO,
-    KINDS,
-    REPLY,
-    REQUEST,
-    WELCOME,
-    Endpoint,
-    HandshakeFailed,
-    Layout,
-    TransportError,
-    authenticate,
-    create,
-    new_endpoint,
-    pack,
-    remove,
-    segment_name,
-    sweep_stale,
-    unpack,
-)
+from dppo.transport import protocol as wire
 
 MAX_REGIONS = 255  # a region is one byte of the header
 BACKLOG = 256  # actors connecting at once (a run's start)
@@ -61,39 +41,39 @@ class Peer:
     def __init__(self, conn: Connection, number: int) -> None:
         self.conn: Connection | None = conn
         self.number = number
-        self.layout: Layout | None = None
+        self.layout: wire.Layout | None = None
         self.segment: SharedMemory | None = None
         self.views: list = []
 
-    def welcome(self, layout: Layout, token: str) -> None:
+    def welcome(self, layout: wire.Layout, token: str) -> None:
         """Its segment, created now, named for the service and this connection, and the welcome naming it."""
         self.layout = layout
-        self.segment = create(segment_name(token, self.number), layout.size)
+        self.segment = wire.create(wire.segment_name(token, self.number), layout.size)
         self.views = [layout.views(self.segment.buf, region) for region in range(layout.regions)]
         assert self.conn is not None
-        self.conn.send_bytes(pack(WELCOME, body=self.segment.name.lstrip("/").encode()))
+        self.conn.send_bytes(wire.pack(wire.WELCOME, body=self.segment.name.lstrip("/").encode()))
 
 
 class ShmServer:
     """Serves actors on this node: ``layout(rows, regions)`` sizes a new actor's segment; ``enqueue(request, answer)``
     hands a request to the service's batches, which call ``answer`` with its reply or the error that stopped it."""
 
-    def __init__(self, layout: Callable[[int, int], Layout], enqueue: Callable[[Request, Answer], None],
-                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+    def __init__(self, layout: Callable[[int, int], wire.Layout], enqueue: Callable[[Request, Answer], None],
+                 handshake_timeout_s: float = wire.HANDSHAKE_TIMEOUT_S) -> None:
         self.layout, self.enqueue, self.handshake_timeout_s = layout, enqueue, handshake_timeout_s
         self.peers: dict[int, Peer] = {}
         self.numbers = count()
-        self.endpoint: Endpoint | None = None
+        self.endpoint: wire.Endpoint | None = None
         self.listener: Listener | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.accepting: threading.Thread | None = None
         self.closing = False
 
-    def open(self, loop: asyncio.AbstractEventLoop, node: str) -> Endpoint:
+    def open(self, loop: asyncio.AbstractEventLoop, node: str) -> wire.Endpoint:
         """Listen (once) on a fresh address; actors' connections join ``loop``."""
         if self.endpoint is None:
-            sweep_stale()  # a killed run's, on this node
-            endpoint = new_endpoint(node)
+            wire.sweep_stale()  # a killed run's, on this node
+            endpoint = wire.new_endpoint(node)
             self.listener = Listener(endpoint.address, "AF_UNIX", backlog=BACKLOG)  # authenticated per connection
             self.loop, self.endpoint = loop, endpoint
             self.accepting = threading.Thread(target=self._accept, name="dppo-shm-accept", daemon=True)
@@ -118,8 +98,8 @@ class ShmServer:
         """Authenticate one connection (a silent or foreign peer dropped, with one line), then serve it."""
         assert self.endpoint is not None and self.loop is not None
         try:
-            authenticate(conn, self.endpoint.authkey, serving=True, timeout=self.handshake_timeout_s)
-        except HandshakeFailed as err:
+            wire.authenticate(conn, self.endpoint.authkey, serving=True, timeout=self.handshake_timeout_s)
+        except wire.HandshakeFailed as err:
             conn.close()
             if not self.closing:
                 log.warning("dppo inference service: dropped a connection that %s", err)
@@ -148,24 +128,24 @@ class ShmServer:
             self.drop(peer)
             return
         try:
-            kind, region, version, rows, _ = unpack(message, f"actor connection {peer.number}")
+            kind, region, version, rows, _ = wire.unpack(message, f"actor connection {peer.number}")
             if peer.layout is None:
                 self._hello(peer, kind, region, rows)
                 return
-            if kind != REQUEST or region >= peer.layout.regions or not 0 < rows <= peer.layout.rows:
-                raise TransportError(f"malformed message from actor connection {peer.number}: a {KINDS[kind]} for "
-                                     f"region {region} of {peer.layout.regions} with {rows} rows (at most "
-                                     f"{peer.layout.rows})")
-        except TransportError as err:
+            if kind != wire.REQUEST or region >= peer.layout.regions or not 0 < rows <= peer.layout.rows:
+                raise wire.TransportError(f"malformed message from actor connection {peer.number}: a "
+                                          f"{wire.KINDS[kind]} for region {region} of {peer.layout.regions} with "
+                                          f"{rows} rows (at most {peer.layout.rows})")
+        except wire.TransportError as err:
             self._refuse(peer, str(err))
             return
         request = peer.layout.read_request(peer.views[region], version, rows)
         self.enqueue(request, lambda answer: self._answer(peer, region, answer))
 
     def _hello(self, peer: Peer, kind: int, regions: int, rows: int) -> None:
-        if kind != HELLO or not 0 < regions <= MAX_REGIONS or rows <= 0:
-            raise TransportError(f"malformed message from actor connection {peer.number}: a {KINDS[kind]} with "
-                                 f"{regions} regions and {rows} rows before its hello")
+        if kind != wire.HELLO or not 0 < regions <= MAX_REGIONS or rows <= 0:
+            raise wire.TransportError(f"malformed message from actor connection {peer.number}: a "
+                                      f"{wire.KINDS[kind]} with {regions} regions and {rows} rows before its hello")
         assert self.endpoint is not None
         try:
             peer.welcome(self.layout(rows, regions), self.endpoint.token)
@@ -178,17 +158,17 @@ class ShmServer:
         try:
             if isinstance(answer, Exception):
                 reason = f"{type(answer).__name__}: {first_line(answer)}"
-                peer.conn.send_bytes(pack(ERROR, region, body=reason.encode()))
+                peer.conn.send_bytes(wire.pack(wire.ERROR, region, body=reason.encode()))
             else:
                 peer.layout.write_reply(peer.views[region], answer.heads)
-                peer.conn.send_bytes(pack(REPLY, region, answer.version, len(answer.heads.values)))
+                peer.conn.send_bytes(wire.pack(wire.REPLY, region, answer.version, len(answer.heads.values)))
         except OSError:
             self.drop(peer)
 
     def _refuse(self, peer: Peer, reason: str) -> None:
         with contextlib.suppress(OSError):
             assert peer.conn is not None
-            peer.conn.send_bytes(pack(ERROR, body=reason.encode()))
+            peer.conn.send_bytes(wire.pack(wire.ERROR, body=reason.encode()))
         self.drop(peer)
 
     def drop(self, peer: Peer) -> None:
@@ -201,7 +181,7 @@ class ShmServer:
             peer.conn = None
         if peer.segment is not None:
             peer.views = []
-            remove(peer.segment, attached=False)
+            wire.remove(peer.segment, attached=False)
             peer.segment = None
 
     def close(self) -> None:

@@ -36,15 +36,15 @@ TRANSPORTS = ["in-process", "shared memory"]
 class InProcess:
     """A Backend that runs each request through a plain ForwardPasses when its result is asked for."""
 
-    def __init__(self, server: ForwardPasses) -> None:
-        self.server, self.requests = server, 0
+    def __init__(self, passes: ForwardPasses) -> None:
+        self.passes, self.requests = passes, 0
 
     def submit(self, request: Request) -> Request:
         self.requests += 1
         return request
 
     def result(self, ticket: Request) -> Reply:
-        return self.server.forward([ticket])[0]
+        return self.passes.forward([ticket])[0]
 
     def cancel(self, ticket: Request) -> None:
         """Nothing computed before the result is asked for."""

@@ -127,7 +127,7 @@ def test_requests_of_several_actors_are_answered_in_one_batch_each_with_its_own_
         asked = [request(env, config, version, rows) for version, rows in ((1, 3), (2, 8), (1, 5))]
         tickets = [client.submit(r) for client, r in zip(clients, asked, strict=True)]
         replies = [client.result(t) for client, t in zip(clients, tickets, strict=True)]
-        want = service.server.forward(asked)
+        want = service.passes.forward(asked)
         for reply, expected in zip(replies, want, strict=True):
             assert reply.version == expected.version
             np.testing.assert_array_equal(reply.heads.out, expected.heads.out)
@@ -202,7 +202,7 @@ def test_a_cancelled_request_frees_its_slot_once_its_reply_comes() -> None:
                 client.cancel(region)
         asked = request(env, config, version=1, rows=2)
         reply = client.result(client.submit(asked))
-        np.testing.assert_array_equal(reply.heads.values, service.server.forward([asked])[0].heads.values)
+        np.testing.assert_array_equal(reply.heads.values, service.passes.forward([asked])[0].heads.values)
         assert not client.asked and not client.cancelled and len(client.free) == 3
         client.close()
 
