@@ -33,7 +33,6 @@ agents to stay until the end.
 
 from __future__ import annotations
 
-import contextlib
 import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -42,7 +41,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from dppo.envs.failures import RESEED_STEP, EnvFailure, describe
+from dppo.envs.failures import RESEED_STEP, describe, fresh_copy
 from dppo.envs.multiagent import AgentObservations, global_state
 from dppo.envs.policy_map import PolicyGroup, policy_groups
 
@@ -177,20 +176,12 @@ class ParallelEnvs:
             terminated[g][column], truncated[g][column] = False, True
             cut = {"final_obs": self._obs[g][column], "env_failure": line, "env_failure_traceback": details}
             infos[g] = self.views[g]._add_info(infos[g], cut, column)
-        for attempt in range(self.reset_tries + 1):
-            with contextlib.suppress(Exception):
-                self.envs[copy].close()
+        def start(env: ParallelEnv) -> tuple[dict[str, Any], dict[str, Any]]:
             self.recreated[copy] += 1
             first = self.first_seeds[copy]
-            try:
-                self.envs[copy] = self.make()
-                obs, info = self.envs[copy].reset(seed=None if first is None else first + RESEED_STEP *
-                                                  self.recreated[copy])
-                break
-            except Exception as err:
-                if attempt == self.reset_tries:
-                    raise EnvFailure(f"env {self.name} never got through a reset (tried {attempt + 1} times, "
-                                     f"recreating it each time): {describe(err)}", traceback.format_exc()) from err
+            return env.reset(seed=None if first is None else first + RESEED_STEP * self.recreated[copy])
+
+        self.envs[copy], (obs, info) = fresh_copy(self.make, start, self.name, self.reset_tries, self.envs[copy])
         self._start_episode(copy, obs, info, infos)
 
     def state_of(self, copy: int) -> np.ndarray | None:

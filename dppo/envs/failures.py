@@ -25,7 +25,7 @@ import contextlib
 import sysconfig
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -121,6 +121,30 @@ class RecreateOnFailure(gym.Wrapper):
         if failure is not None:
             info = {**info, "env_failure": failure[0], "env_failure_traceback": failure[1]}
         return obs, info
+
+
+Made = TypeVar("Made")
+Started = TypeVar("Started")
+
+
+def fresh_copy(make: Callable[[], Made], start: Callable[[Made], Started], name: str, tries: int,
+               broken: Any = None) -> tuple[Made, Started]:
+    """A fresh copy of an env from ``make`` (``broken``, the one it replaces, closed first) and what ``start`` of it
+    returned (its reset); a start that raises is tried again on another fresh copy, ``tries`` times, then an
+    EnvFailure: an env that never gets through a reset stops the run."""
+    attempts = 0
+    while True:
+        with contextlib.suppress(Exception):
+            if broken is not None:
+                broken.close()
+        attempts += 1
+        try:
+            broken = make()
+            return broken, start(broken)
+        except Exception as err:
+            if attempts > tries:
+                raise EnvFailure(f"env {name} never got through a reset (tried {attempts} times, recreating it each "
+                                 f"time): {describe(err)}", traceback.format_exc()) from err
 
 
 def failure_info(failed: np.ndarray, line: str, details: str) -> dict[str, Any]:

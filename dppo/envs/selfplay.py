@@ -15,7 +15,6 @@ sign of the learner's return), which the driver turns into win rates and Elo.
 
 from __future__ import annotations
 
-import contextlib
 import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,7 +24,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
-from dppo.envs.failures import EnvFailure, describe
+from dppo.envs.failures import describe, fresh_copy
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import UsageError
 
@@ -271,17 +270,12 @@ class SelfPlayVectorEnv(VectorEnv):
         """A fresh copy of the game whose move raised, seeded from this vector env's generator (reproducible), and
         a new game in it; a copy that cannot reset is made again, faults.env_retries times before an EnvFailure."""
         assert self.make is not None
-        for attempt in range(self.reset_tries + 1):
-            with contextlib.suppress(Exception):
-                game.env.close()
-            try:
-                game.env = self.make()
-                self._start(game, int(self.rng.integers(2**31)))
-                return
-            except Exception as err:
-                if attempt == self.reset_tries:
-                    raise EnvFailure(f"env {self.name} never got through a reset (tried {attempt + 1} times, "
-                                     f"recreating it each time): {describe(err)}", traceback.format_exc()) from err
+        game.env, _ = fresh_copy(self.make, lambda env: self._start_in(game, env), self.name, self.reset_tries,
+                                 game.env)
+
+    def _start_in(self, game: Game, env: AECEnv) -> None:
+        game.env = env
+        self._start(game, int(self.rng.integers(2**31)))
 
     def take_results(self) -> list[tuple[int, float]]:
         results, self.results = self.results, []

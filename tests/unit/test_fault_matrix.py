@@ -113,7 +113,7 @@ def test_every_kind_trains_through_its_env_faults_in_every_placement(kind: str, 
     assert failures >= 1 and not sampler.in_flight
     backend = getattr(sampler.policy, "backend", None)
     if isinstance(backend, ShmClient):
-        assert not backend.asked and len(backend.free) == backend.layout.slots  # every slot back
+        assert not backend.asked and len(backend.free) == backend.layout.regions  # every region back
         token = backend.endpoint.token
         stack.close()
         assert not list(SHM_DIR.glob(f"dppo_*_{token}_*"))  # the service's segments are gone with it
