@@ -220,6 +220,7 @@ def load_config_with_source(
         source = f"the preset {shown_path(preset)}" if preset else "the defaults"
     designed = copy.deepcopy(data)
     one_batch_rule(data, pairs)
+    one_env_name(data, pairs)
     for keys, value in pairs:
         merge(data, keys, value)
     config = validate(data)
@@ -241,6 +242,16 @@ def one_batch_rule(data: dict[str, Any], pairs: list[tuple[list[str], Any]]) -> 
     ppo = data.get("ppo")
     if len(given) == 1 and isinstance(ppo, dict):
         ppo.pop(next(rule for rule in BATCH_RULES if rule not in given), None)
+
+
+def one_env_name(data: dict[str, Any], pairs: list[tuple[list[str], Any]]) -> None:
+    """A flag or ``--set`` that names the env (env.id or env.entry_point) replaces the other name of the file or
+    preset underneath: ``--set env.entry_point=mysim:make`` over a preset's env.id names one env, not two."""
+    given = {keys[1] for keys, value in pairs if len(keys) == 2 and keys[0] == "env"
+             and keys[1] in ("id", "entry_point") and value is not None}
+    env = data.get("env")
+    if len(given) == 1 and isinstance(env, dict):
+        env.pop("entry_point" if "id" in given else "id", None)
 
 
 def minibatch_note(designed: dict[str, Any], config: Config, source: str) -> str | None:

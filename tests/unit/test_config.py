@@ -94,3 +94,15 @@ def test_a_config_file_s_typos_are_named_like_the_command_line_s(tmp_path: Path)
         "unknown keys 'ppo.lr' (did you mean ppo.learning_rate?) and 'ppo.epoch' (did you mean ppo.epochs?); check "
         "the spelling (dppo train --help lists the keys); run.actors: Input should be greater than or equal to 1 "
         "(got 0)")
+
+
+def test_an_env_named_on_the_command_line_replaces_the_files_other_name(tmp_path: Path) -> None:
+    """--set env.entry_point over a preset's env.id (or env.id over a file's entry point) names one env, not two."""
+    config = load_config(Path(__file__).parents[2] / "configs" / "cartpole.yaml",
+                         sets=["env.entry_point=dppo.envs.flaky:flaky_gym"])
+    assert (config.env.id, config.env.entry_point) == (None, "dppo.envs.flaky:flaky_gym")
+    path = tmp_path / "mine.yaml"
+    path.write_text("env:\n  entry_point: mysim:make\n")
+    assert load_config(path, sets=["env.id=CartPole-v1"]).env.entry_point is None
+    with pytest.raises(ConfigError, match="set exactly one of env.id and env.entry_point"):
+        load_config(sets=["env.id=CartPole-v1", "env.entry_point=mysim:make"])
