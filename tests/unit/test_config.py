@@ -104,5 +104,5 @@ def test_an_env_named_on_the_command_line_replaces_the_files_other_name(tmp_path
     path = tmp_path / "mine.yaml"
     path.write_text("env:\n  entry_point: mysim:make\n")
     assert load_config(path, sets=["env.id=CartPole-v1"]).env.entry_point is None
-    with pytest.raises(ConfigError, match="set exactly one of env.id and env.entry_point"):
+    with pytest.raises(ConfigError, match=r"set exactly one of env\.id and env\.entry_point"):
         load_config(sets=["env.id=CartPole-v1", "env.entry_point=mysim:make"])
