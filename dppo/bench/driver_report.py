@@ -10,21 +10,26 @@ from typing import Any
 from dppo.bench.common import Row
 from dppo.bench.docs import emit
 
-COLUMNS = ["actors", "inference", "startup_s", "iteration_ms", "sample_ms", "overhead_ms", "overhead_per_actor_ms",
-           "driver_cpu_ms", "broadcast_ms", "gather_wait_ms", "gather_get_ms", "polls", "polled_refs", "poll_us",
+COLUMNS = ["actors", "inference", "learners", "startup_s", "iteration_ms", "sample_ms", "overhead_ms",
+           "overhead_per_actor_ms", "driver_cpu_ms", "broadcast_ms", "gather_wait_ms", "gather_get_ms",
+           "received_kib_per_actor", "polls", "polled_refs", "poll_us",
            "batch_ms", "sgd_ms", "bookkeeping_ms", "report_ms", "other_ms", "actor_rss_mib", "actor_pss_mib"]
 SERVED = ["inference_batches", "inference_rows", "inference_forward_ms", "inference_queue_ms"]  # server rows only
 
 NOTE = (
     "N tiny actors ({envs} x {steps} steps of {env} each, `run.actor_cpus={cpus:g}`) on one machine and a negligible "
-    "update (an 8-unit MLP, 1 epoch, one minibatch), driven by the run's own Coordinator with its driver-side "
+    "update (an 8-unit MLP, after the CNN for image observations; 1 epoch, one minibatch), driven by the run's own "
+    "Coordinator with its driver-side "
     "work timed from outside; medians over the timed iterations, after one warm-up. `overhead_ms` = the iteration's "
     "wall time - the slowest actor's own sampling (`sample_ms`); `driver_cpu_ms`: the driver process's CPU time "
     "per iteration (all its threads, Ray's included). The pieces: `broadcast_ms` (export the weights, "
     "`broadcast_arg`, dispatch N `sample` calls), `gather_wait_ms` (the `ray.wait` polls, `polls` of them over "
     "`polled_refs` refs in all: the actors' sampling and their calls' transport are inside it; `poll_us` is one "
     "such poll over N ready refs, measured alone), `gather_get_ms` "
-    "(`ray.get` of the N segments), `batch_ms` (the N-way concatenation and GAE), `sgd_ms` (the tiny update), "
+    "(`ray.get` of the N segments; with `learners` > 1, processes of their own that fetch the segments, of their "
+    "summaries only), `received_kib_per_actor` (the bytes of what those `ray.get`s returned, serialized as Ray "
+    "moves them, per actor per iteration: what crosses into the driver's process), `batch_ms` (the N-way "
+    "concatenation and GAE), `sgd_ms` (the tiny update), "
     "`bookkeeping_ms` (counters and the progress record), `report_ms` (progress.jsonl, metrics, TensorBoard, "
     "log), `other_ms` the rest of the loop. `startup_s`: the learner and N actors started and their envs made. "
     "One idle actor takes {rss_mib:.0f} MiB RSS, {pss_mib:.0f} MiB PSS here; an N whose actors would not fit this "
@@ -60,10 +65,10 @@ NOTE = (
     "28 MiB each) 1,000 actors put about 27 GiB through it per iteration, far more than one process deserializes "
     "in the 0.5 s budget. Next come the head's GCS (the actor table, N object-ownership records per round, the "
     "raylets' reports) and the head node's object store, which receives every segment the driver gets. How the "
-    "design answers it: with `run.learners` > 1 the learners already get the segments by reference and the "
-    "driver never concatenates the batch, but the pool still `ray.get`s every segment (for its NaN/Inf check and "
-    "the episode counts), so the transfer into the head remains; an actor that returns a small summary (episode "
-    "returns, NaN flag, sample seconds) beside its segment's ref removes it. Fewer, bigger actors (more envs "
+    "design answers it: with `run.learners` > 1 the learners get the segments by reference, and each actor returns a "
+    "summary of its segment beside it (episode returns, NaN flag, sample seconds, normalizer statistics, faults), "
+    "which is all the driver reads: the `received_kib_per_actor` of the `learners` > 1 rows, whatever the "
+    "segment's size (issue 56). Fewer, bigger actors (more envs "
     "each, ale-py's vector env) keep N in the hundreds for the same env steps; a hierarchical gather (a "
     "sub-driver per node group) bounds what any one process receives; the inference service (issue 35) moves "
     "the policy's forward pass off the actors, so each is lighter and holds more envs, at the cost of one "

@@ -5,7 +5,8 @@ iteration costs beyond the slowest actor's own sampling is the driver's: the run
 from outside by a bench-only subclass (the loop itself is not changed). Its Ray calls go through a timing
 :class:`~dppo.distributed.ray_calls.RayCalls`, and the phases it already times (progress.jsonl's ``sync_s``,
 ``sample_s``) are split further: the broadcast (export, ``broadcast_arg``, then N ``sample`` calls
-dispatched), the gather (the ``ray.wait`` polls and the ``ray.get`` of N segments), the N-way batch
+dispatched), the gather (the ``ray.wait`` polls and the ``ray.get`` of N segments, or with ``--learners`` > 1 of
+their summaries, and the bytes of what it got), the N-way batch
 (concatenation and GAE), the bookkeeping, the reporting. The driver's own CPU seconds are read beside the wall
 clock (on one machine the N actors share its cores: the wait for them is not the driver's cost, its CPU time is).
 Actor start-up and per-actor memory are columns of their own (they bound how many actors fit). With
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import pickle
 import resource
 import signal
 import statistics
@@ -49,7 +51,7 @@ class Ledger:
 
     @staticmethod
     def _zero() -> tuple[dict[str, float], dict[str, int]]:
-        return dict.fromkeys(PIECES, 0.0), {"polls": 0, "polled_refs": 0}
+        return dict.fromkeys(PIECES, 0.0), {"polls": 0, "polled_refs": 0, "received_bytes": 0}
 
     @contextmanager
     def timing(self, piece: str) -> Iterator[None]:
@@ -94,7 +96,9 @@ def timed_coordinator(config: Config, run_dir: Path, ledger: Ledger,
 
         def get(self, ref: Any) -> Any:
             with ledger.timing("get"):
-                return super().get(ref)
+                value = super().get(ref)
+            ledger.counts["received_bytes"] += wire_bytes(value)
+            return value
 
     class TimedPool(ActorPool):
         def dispatch(self, broadcast: Any) -> Any:
@@ -111,8 +115,9 @@ def timed_coordinator(config: Config, run_dir: Path, ledger: Ledger,
 
         def start(self) -> None:
             super().start()
-            (learners,) = self.learners.values()  # the benchmark's one policy, its one learner in this process
-            assert learners.local is not None
+            (learners,) = self.learners.values()  # the benchmark's one policy
+            if learners.local is None:  # learner processes (--learners): their update is not the driver's
+                return
             trainer = learners.local.trainer
 
             def train_on(segments: list[Any], lr_clock: float, version: int) -> Any:  # Trainer.train_on, timed
@@ -131,8 +136,15 @@ def timed_coordinator(config: Config, run_dir: Path, ledger: Ledger,
     return TimedCoordinator()
 
 
+def wire_bytes(value: Any) -> int:
+    """Bytes ``value`` takes serialized as Ray moves it (pickle protocol 5, large arrays as buffers of their own)."""
+    buffers: list[pickle.PickleBuffer] = []
+    body = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    return len(body) + sum(buffer.raw().nbytes for buffer in buffers)
+
+
 def driver_config(env_id: str, actors: int, envs_per_actor: int, segment_length: int, actor_cpus: float,
-                  iterations: int, run_dir: Path, inference: str = "actor") -> Config:
+                  iterations: int, run_dir: Path, inference: str = "actor", learners: int = 1) -> Config:
     """Tiny actors and a negligible update (an 8-unit MLP, 1 epoch, one minibatch): the iteration is the driver's.
     One warm-up iteration before the timed ones; no checkpoint until the end, no evaluation; the run waits for all
     N actors at start. Bad values (an N over run.actors' limit, an odd E with the server) are a usage error here,
@@ -143,7 +155,7 @@ def driver_config(env_id: str, actors: int, envs_per_actor: int, segment_length:
     sets = ["model.hidden_sizes=[8]", "ppo.epochs=1", f"run.actor_cpus={actor_cpus}",  # one minibatch: bench_config
             f"run.total_steps={batch * (iterations + 1)}", f"run.run_dir={run_dir}",
             f"run.checkpoint_every={iterations + 2}", "run.log_format=none", "run.device=cpu", "run.eval_every=0",
-            f"run.inference={inference}",
+            f"run.inference={inference}", f"run.learners={learners}",
             # every round with all N actors, however slow they start (one node starts a few worker processes at once)
             f"faults.actor_start_timeout_s={START_TIMEOUT_S}"]
     return resolve_inference(bench_config(env_id, envs_per_actor, segment_length, 0.0, "sync", actors=actors,
@@ -254,7 +266,8 @@ def measure(config: Config, iterations: int) -> Row:
     timed = per_iteration[1:]  # the first iteration warms up (first weights, first calls)
     if not timed:
         raise RuntimeError("the run ended before its timed iterations")  # total_steps is set so it does not
-    return {**summarize(config.run.actors, timed, startup_s, rss, pss), "inference": config.run.inference}
+    return {**summarize(config.run.actors, timed, startup_s, rss, pss), "inference": config.run.inference,
+            "learners": config.run.learners}
 
 
 def served(inference: Any) -> dict[str, float]:
@@ -287,6 +300,7 @@ def summarize(actors: int, timed: list[dict[str, float]], startup_s: float, rss:
         "gather_wait_ms": med("wait"), "gather_get_ms": med("get"),
         "polls": statistics.median([it["polls"] for it in timed]),
         "polled_refs": statistics.median([it["polled_refs"] for it in timed]),
+        "received_kib_per_actor": round(statistics.median([it["received_bytes"] for it in timed]) / actors / 1024, 3),
         "batch_ms": med("batch"), "sgd_ms": med("sgd"), "bookkeeping_ms": med("bookkeeping"),
         "report_ms": med("report"),
         "other_ms": _median_ms([it["wall"] - sum(it[p] for p in PIECES) for it in timed]),
@@ -309,12 +323,12 @@ def total_gib() -> float:
 
 def bench_driver(counts: list[int], env_id: str = "CartPole-v1", envs_per_actor: int = 1, segment_length: int = 8,
                  actor_cpus: float = 0.01, iterations: int = 20, address: str | None = None,
-                 inference: tuple[str, ...] = ("actor",), log: Callable[[str], None] = print
+                 inference: tuple[str, ...] = ("actor",), log: Callable[[str], None] = print, learners: int = 1
                  ) -> tuple[list[Row], dict[str, float]]:
     """One row per N and ``inference`` mode (an N whose actors would not fit this machine's memory gets a row that
     says so instead); one idle actor's memory and the polls of a 1,000-segment gather."""
     rows: list[Row] = []
-    cpus = max(2, math.ceil(max(counts) * actor_cpus))
+    cpus = max(2, math.ceil(max(counts) * actor_cpus), learners)
     with ray_session(address, cpus):
         rss, pss = idle_actor_memory(env_id, envs_per_actor, segment_length)
         idle = {"rss_mib": rss, "pss_mib": pss, "polls_1000_ms": gather_polls_ms(1000)}
@@ -329,7 +343,7 @@ def bench_driver(counts: list[int], env_id: str = "CartPole-v1", envs_per_actor:
                 continue
             with tempfile.TemporaryDirectory(prefix="dppo-bench-driver-") as tmp:
                 config = driver_config(env_id, n, envs_per_actor, segment_length, actor_cpus, iterations,
-                                       Path(tmp) / "run", mode)
+                                       Path(tmp) / "run", mode, learners)
                 rows.append({**measure(config, iterations), "poll_us": poll_us(n)})
             per_actor = max(per_actor, rows[-1]["actor_pss_mib"])
             log(f"N={n}, inference {mode}: overhead {rows[-1]['overhead_ms']} ms, "
@@ -360,6 +374,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="T (default 8)")
     parser.add_argument("--actor-cpus", type=above_zero, default=0.01,
                         help="Ray CPUs each actor reserves (default 0.01: all fit on one machine)")
+    parser.add_argument("--learners", type=positive(int, "--learners"), default=1,
+                        help="run.learners: above 1 the learners are processes that fetch the segments and the "
+                             "driver reads their summaries only (default 1: the update in the driver)")
     parser.add_argument("--inference", default="actor",
                         help="comma-separated: actor (each actor's own forward pass), server (the inference service "
                              "batching every actor's, its batch figures as columns; run.inference) (default actor)")
@@ -375,9 +392,9 @@ def cmd_driver(args: argparse.Namespace) -> int:
     env_id = check_env_id(args.env)
     for mode in modes:  # bad input is found before anything starts
         driver_config(env_id, max(counts), args.envs_per_actor, args.segment_length, args.actor_cpus,
-                      args.iterations, Path("unused"), mode)
+                      args.iterations, Path("unused"), mode, args.learners)
     info = machine()
     rows, idle = bench_driver(counts, env_id, args.envs_per_actor, args.segment_length, args.actor_cpus,
-                              args.iterations, args.address, modes)
+                              args.iterations, args.address, modes, learners=args.learners)
     write_report(args, rows, idle, info)
     return 0

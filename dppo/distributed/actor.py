@@ -18,7 +18,7 @@ from dppo.errors import UsageError, first_line
 from dppo.rl.agent import Agent
 from dppo.rl.opponents import SelfPlayGames
 from dppo.rl.policy import BackendPolicy
-from dppo.rl.segment import Segment
+from dppo.rl.segment import Segment, SegmentSummary
 from dppo.rl.worker_thread import WorkerThread, worker_thread_policy
 
 if TYPE_CHECKING:
@@ -42,6 +42,13 @@ def actor_sampler(config: Config, actor_id: int, seed: int,
         return local_sampler(config, actor_id, seed, make_envs)
     return Sampler(config, actor_id, seed=seed, policy=policy, make_envs=make_envs,
                    policy_name=config.policy_names[0])
+
+
+def summaries_only(config: Config) -> bool:
+    """Whether actors return each segment's summary beside it, for the driver to read alone: when the learners are
+    processes of their own (run.learners > 1), which fetch the segments by reference (issue 56). With one learner the
+    update runs in the driver, which reads the whole segments anyway."""
+    return config.run.learners > 1
 
 
 def load_broadcast(sampler: Sampler, broadcast: Broadcast, games: SelfPlayGames | None = None) -> None:
@@ -87,6 +94,7 @@ class Actor:
         warnings.filterwarnings("ignore", module="gymnasium")
         add_import_paths(import_paths or [])
         self.actor_id = actor_id
+        self.summaries = summaries_only(config)
         self.problem: str | None = None
         self.games = SelfPlayGames(config, seed)  # self-play's opponents and results, behind the sampler's envs
         try:
@@ -111,18 +119,23 @@ class Actor:
 
         return self.sampler.samplers if isinstance(self.sampler, JointSampler) else [self.sampler]
 
-    def sample(self, broadcast: Broadcast | PolicyBroadcasts) -> Segment | tuple[Segment, ...]:
-        """One segment; with several policies one per policy, in map order (the pool asks for as many returns)."""
+    def sample(self, broadcast: Broadcast | PolicyBroadcasts) -> Segment | tuple[Segment | SegmentSummary, ...]:
+        """One segment; with several policies one per policy, in map order; each preceded by its summary when the
+        driver reads summaries only (:func:`summaries_only`). The pool asks for as many
+        returns."""
         if isinstance(broadcast, dict):
             for sampler in self.samplers:
                 load_broadcast(sampler, broadcast[sampler.policy_name])
-            return tuple(self.sampler.sample())
-        if isinstance(broadcast, ServedBroadcast):  # the service named in each round: a replacement's too
-            self.sampler.policy.backend = service_client(broadcast, self.sampler.policy)
-        load_broadcast(self.sampler, broadcast, self.games)
-        segment = self.sampler.sample()
-        segment.match_results = self.games.take_results()
-        return segment
+            segments = list(self.sampler.sample())
+        else:
+            if isinstance(broadcast, ServedBroadcast):  # the service named in each round: a replacement's too
+                self.sampler.policy.backend = service_client(broadcast, self.sampler.policy)
+            load_broadcast(self.sampler, broadcast, self.games)
+            segments = [self.sampler.sample()]
+            segments[0].match_results = self.games.take_results()
+        if self.summaries:
+            return tuple(part for segment in segments for part in (segment.summary(), segment))
+        return segments[0] if len(segments) == 1 else tuple(segments)
 
     def ready(self) -> tuple[str | None, str]:
         """(None once the envs are made, else the one-line reason this actor cannot sample; this actor's node)."""

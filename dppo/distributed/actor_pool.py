@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 import ray
 
 from dppo.config import Config
-from dppo.distributed.actor import gpu_shortage
+from dppo.distributed.actor import gpu_shortage, summaries_only
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts
 from dppo.distributed.membership import POLL_S, Membership, PoolEvents, Stop
 from dppo.distributed.ray_calls import RayCalls
 from dppo.envs.failures import EnvFailure, own_frame
 from dppo.errors import RunFailure, UsageError, first_line
-from dppo.rl.segment import Segment
+from dppo.rl.segment import Segment, SegmentSummary
 
 
 @dataclass
@@ -44,9 +44,10 @@ class Round:
 @dataclass
 class Gathered:
     """A round's usable segments in actor order (each actor's in policy order), and their object refs (remote
-    learners read those)."""
+    learners read those). With learner processes (run.learners > 1) the driver holds only each segment's summary:
+    the learners fetch the segments themselves, so no T x E array crosses into the driver's process."""
 
-    segments: list[Segment]
+    segments: list[Segment | SegmentSummary]
     refs: list[ray.ObjectRef]
 
 
@@ -71,7 +72,8 @@ class ActorPool:
         self.config, self.events, self.should_stop = config, events, should_stop
         self.membership = Membership(config, events, should_stop, calls)
         self.calls = self.membership.calls
-        self.returns = len(config.policy_names)  # segments per sample call: one per policy
+        self.summaries = summaries_only(config)  # the driver reads summaries, the learners the segments
+        self.returns = len(config.policy_names) * (2 if self.summaries else 1)  # per sample call, per policy
 
     def start(self) -> None:
         """Every actor spawned and ready (see Membership.start): bad input is found before anything is written,
@@ -149,8 +151,12 @@ class ActorPool:
             for ref in ready:
                 index = pending.pop(ref)
                 refs = round_.outputs.get(ref, [ref])
+                if self.summaries:  # (summary, segment) per policy: the driver reads the first, learners the second
+                    refs, read = refs[1::2], refs[0::2]
+                else:
+                    read = refs
                 try:
-                    delivered = [self.calls.get(part) for part in refs]
+                    delivered = [self.calls.get(part) for part in read]
                 except ray.exceptions.RayTaskError as err:
                     if isinstance(err.cause, EnvFailure):
                         raise RunFailure(f"actor {index}: {err.cause}", err.cause.details) from err
@@ -163,7 +169,7 @@ class ActorPool:
                     segments[index] = list(zip(delivered, refs, strict=True))
         return lost, False
 
-    def _usable(self, index: int, segment: Segment) -> bool:
+    def _usable(self, index: int, segment: Segment | SegmentSummary) -> bool:
         """False for NaN/Inf data when faults.nonfinite_data=drop (counted); RunFailure when it is "error"."""
         if not segment.nonfinite:
             return True

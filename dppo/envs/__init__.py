@@ -16,6 +16,7 @@ TOY_ENVS = {
     "dppo/DictMatch-v0": ("MatchEnv", {"kind": "dict"}, None),
     "dppo/MaskedGrid-v0": ("MaskedGrid", {}, 50),
     "dppo/CueCorridor-v0": ("CueCorridor", {}, 100),
+    "dppo/Frames-v0": ("FramesEnv", {}, 200),
 }
 
 for _env_id, (_cls, _kwargs, _limit) in TOY_ENVS.items():

@@ -12,6 +12,8 @@
   task simple enough to learn in a few thousand steps.
 - ``dppo/MaskedGrid-v0``: a grid with walls whose observation carries an ``action_mask`` of the legal moves
   (an illegal move ends the episode), for action masking.
+- ``dppo/Frames-v0``: Atari-sized observations (84 x 84 x 4 uint8 frames, Discrete(4)) made for almost nothing, for
+  benchmarks of what the frames cost to move (``dppo bench driver``); reward 1 per step.
 - ``dppo/CueCorridor-v0``: a cue shown once, then a choice several steps later that must name it: a task only a
   policy with memory (``model.recurrent: lstm``) solves.
 """
@@ -24,6 +26,24 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+
+class FramesEnv(gym.Env):
+    """Frames the size of Atari's after preprocessing, one pixel telling the step apart: the cost is in moving them."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+        self.action_space = gym.spaces.Discrete(4)
+        self.frame = np.zeros((84, 84, 4), np.uint8)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.frame[0, 0, 0] = 0
+        return self.frame.copy(), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.frame[0, 0, 0] = (int(self.frame[0, 0, 0]) + 1) % 256
+        return self.frame.copy(), 1.0, False, False, {}
 
 
 class CounterEnv(gym.Env):

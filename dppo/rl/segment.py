@@ -1,4 +1,5 @@
-"""Segment: what one actor sends the driver per iteration (the learners train on it), T steps of E envs."""
+"""Segment: what one actor samples per iteration (the learners train on it), T steps of E envs; and its summary, the
+few numbers the driver needs of it when the learners are processes of their own and fetch the segment themselves."""
 
 from __future__ import annotations
 
@@ -67,3 +68,35 @@ class Segment:
     @property
     def num_steps(self) -> int:
         return int(self.rewards.size)
+
+    def summary(self) -> SegmentSummary:
+        """What the driver reads of this segment (counters, episode windows, normalizer statistics, timings, faults,
+        self-play results), without the T x E arrays."""
+        return SegmentSummary(**{name: getattr(self, name) for name in SUMMARY_FIELDS}, num_steps=self.num_steps)
+
+
+@dataclass
+class SegmentSummary:
+    """A Segment's numbers without its arrays: what the driver receives from an actor when the learners fetch the
+    segment by reference (run.learners > 1), a few hundred bytes whatever T, E and the observations' size. It reads
+    like the Segment wherever the driver reads one."""
+
+    num_steps: int
+    episode_returns: np.ndarray
+    episode_lengths: np.ndarray
+    policy_version: int
+    actor_id: int
+    sample_seconds: float
+    env_seconds: float
+    policy_seconds: float
+    obs_stats: RunningStats | None
+    return_stats: RunningStats | None
+    nonfinite: bool
+    match_results: np.ndarray | None
+    policy_name: str
+    env_failures: EnvFailures
+
+
+SUMMARY_FIELDS = ("episode_returns", "episode_lengths", "policy_version", "actor_id", "sample_seconds", "env_seconds",
+                  "policy_seconds", "obs_stats", "return_stats", "nonfinite", "match_results", "policy_name",
+                  "env_failures")

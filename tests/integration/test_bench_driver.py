@@ -67,3 +67,18 @@ def test_driver_bad_input_is_a_usage_error() -> None:
         run_bench(["driver", "--inference", "actor,gpu"])
     with pytest.raises(UsageError, match=r"env\.num_envs must be even"):
         run_bench(["driver", "--inference", "server", "--envs-per-actor", "3"])
+
+
+def test_with_learner_processes_the_driver_receives_summaries_not_segments(ray_address: str, tmp_path: Path) -> None:
+    """Issue 56: Atari-sized segments (8 steps of 84x84x4 uint8 frames, 220 KiB) cross into the driver with one
+    learner (it updates there); with two learner processes only each segment's summary does, under 1 KiB."""
+    rows = {}
+    for learners in (1, 2):
+        out = tmp_path / f"driver-{learners}.json"
+        argv = ["driver", "--actors", "2", "--iterations", "2", "--segment-length", "8", "--env", "dppo/Frames-v0",
+                "--learners", str(learners), "--json", str(out), "--address", ray_address]
+        assert run_bench(argv) == 0
+        (rows[learners],) = json.loads(out.read_text())
+    segment_kib = 8 * 84 * 84 * 4 / 1024
+    assert rows[1]["learners"] == 1 and rows[1]["received_kib_per_actor"] > segment_kib
+    assert rows[2]["learners"] == 2 and rows[2]["received_kib_per_actor"] < 1

@@ -157,3 +157,28 @@ def test_with_two_halves_the_wait_for_the_service_and_the_stepping_add_up_within
     assert seg.policy_seconds >= service.replies * 0.003 and service.replies >= 2 * steps
     assert seg.env_seconds >= steps * num_envs * 0.002
     assert seg.env_seconds + seg.policy_seconds <= seg.sample_seconds
+
+
+def test_a_segments_summary_holds_what_the_driver_reads_in_a_few_hundred_bytes() -> None:
+    """With learner processes the actor returns (summary, segment) and the driver reads only the summary (issue 56):
+    every field the driver reads, equal to the segment's; its size grows with the episodes that finished (their
+    returns and lengths, 16 bytes each), not with T, E or the observations."""
+    import pickle
+
+    from dppo.distributed.actor import Actor
+    from dppo.distributed.broadcast import Broadcast
+    from dppo.rl.agent import export_weights
+    from dppo.rl.build import build_model
+
+    cfg = load_config(overrides={"env.num_envs": 8, "ppo.segment_length": 128, "ppo.num_minibatches": 1,
+                                 "run.learners": 2, "env.normalize_obs": True})
+    env = gym.make(cfg.env.id)
+    weights = export_weights(build_model(env.observation_space, env.action_space, cfg.model))
+    summary, segment = Actor(cfg, actor_id=0, seed=1).sample(Broadcast(weights, 0, None, None))
+    assert summary.num_steps == segment.num_steps == 8 * 128
+    for name in ("episode_returns", "episode_lengths"):
+        np.testing.assert_array_equal(getattr(summary, name), getattr(segment, name))
+    assert (summary.policy_version, summary.actor_id, summary.nonfinite) == (0, 0, False)
+    assert summary.obs_stats is segment.obs_stats and summary.sample_seconds == segment.sample_seconds
+    episodes = len(summary.episode_returns)
+    assert len(pickle.dumps(summary, protocol=5)) < 1024 + 16 * episodes < len(pickle.dumps(segment, protocol=5)) / 10
