@@ -328,7 +328,7 @@ def bench_driver(counts: list[int], env_id: str = "CartPole-v1", envs_per_actor:
     """One row per N and ``inference`` mode (an N whose actors would not fit this machine's memory gets a row that
     says so instead); one idle actor's memory and the polls of a 1,000-segment gather."""
     rows: list[Row] = []
-    cpus = max(2, math.ceil(max(counts) * actor_cpus), learners)
+    cpus = max(2, math.ceil(max(counts) * actor_cpus + (learners if learners > 1 else 0)))  # a CPU per learner
     with ray_session(address, cpus):
         rss, pss = idle_actor_memory(env_id, envs_per_actor, segment_length)
         idle = {"rss_mib": rss, "pss_mib": pss, "polls_1000_ms": gather_polls_ms(1000)}
