@@ -67,18 +67,16 @@ def check_parallel_api(config: Config, steps: int = API_STEPS) -> None:
                        for agent in live}
             obs, _, terminated, truncated, _ = env.step(actions)
             ended = {agent for agent in live if terminated.get(agent) or truncated.get(agent)}
-            kept = sorted(ended & set(env.agents))
-            if kept and "kept" not in said:
-                said.add("kept")
-                warnings.warn(f"env {name!r} keeps agent {kept[0]!r} in agents after it terminated or truncated, "
-                              "where PettingZoo's Parallel API removes it; dppo pads its column until the episode "
-                              "ends (pettingzoo.test.parallel_api_test shows the rest)", OneLineWarning, stacklevel=2)
-            back = sorted(gone & set(env.agents))
-            if back and "back" not in said:
-                said.add("back")
-                warnings.warn(f"env {name!r} brings agent {back[0]!r} back after it terminated or truncated; dppo "
-                              "pads its column until the episode ends (PettingZoo's Parallel API: an agent that "
-                              "left does not return)", OneLineWarning, stacklevel=2)
+            for bend, agents, what in (
+                    ("kept", ended & set(env.agents), "keeps agent {} in agents after it terminated or truncated, "
+                     "where PettingZoo's Parallel API removes it"),
+                    ("back", gone & set(env.agents), "brings agent {} back after it terminated or truncated, where "
+                     "PettingZoo's Parallel API lets no agent that left return")):
+                if agents and bend not in said:
+                    said.add(bend)
+                    warnings.warn(f"env {name!r} {what.format(repr(sorted(agents)[0]))}; dppo pads its column until "
+                                  "the episode ends (pettingzoo.test.parallel_api_test shows the rest)",
+                                  OneLineWarning, stacklevel=2)
             finished |= ended
             gone |= finished - set(env.agents)
             if not env.agents or set(env.agents) <= finished:
