@@ -5,7 +5,7 @@ shared_memory``, created by the service when the actor connects, attached by nam
 socket (``multiprocessing.connection``, authenticated once at connect) says which region of it holds a request or a
 reply. This is Sample Factory's and PufferLib's pattern (shared buffers, small messages): a Ray call per env step
 sends a Breakout batch of 113 KB through the object store and cost 0.46x of the actors' own forward pass on an H100
-(issue 42). Actors on other nodes keep the Ray calls (:class:`dppo.distributed.inference.RayCallClient`).
+(issue 42). Actors on other nodes keep the Ray calls (:class:`dppo.distributed.inference_client.RayCallClient`).
 
 Every message is stamped with the protocol and the weights' version; anything else (a short or unknown message, a
 reply for a region not asked, another version) is one :class:`TransportError`. A lost peer is an end of file: the
