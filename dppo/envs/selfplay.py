@@ -270,10 +270,10 @@ class SelfPlayVectorEnv(VectorEnv):
         """A fresh copy of the game whose move raised, seeded from this vector env's generator (reproducible), and
         a new game in it; a copy that cannot reset is made again, faults.env_retries times before an EnvFailure."""
         assert self.make is not None
-        game.env, _ = fresh_copy(self.make, lambda env: self._start_in(game, env), self.name, self.reset_tries,
-                                 game.env)
+        fresh_copy(self.make, lambda env: self._start_in(game, env), self.name, self.reset_tries, game.env)
 
     def _start_in(self, game: Game, env: AECEnv) -> None:
+        """A new game in the fresh copy ``env``."""
         game.env = env
         self._start(game, int(self.rng.integers(2**31)))
 

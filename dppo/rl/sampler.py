@@ -59,8 +59,8 @@ def group_count(config: Config) -> int:
 
 @contextlib.contextmanager
 def env_faults_named(config: Config) -> Iterator[None]:
-    """Faults of the env that no retry mends, as one EnvFailure naming the env: an action mask that allows nothing,
-    the old gym API."""
+    """A fault of the env that no retry mends, raised where actions are drawn, as one EnvFailure naming the env: an
+    action mask that allows nothing (the old gym API is named where the env steps, :meth:`Sampler._step`)."""
     try:
         yield
     except NoLegalAction as err:

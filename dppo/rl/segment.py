@@ -3,7 +3,7 @@ few numbers the driver needs of it when the learners are processes of their own 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -72,7 +72,7 @@ class Segment:
     def summary(self) -> SegmentSummary:
         """What the driver reads of this segment (counters, episode windows, normalizer statistics, timings, faults,
         self-play results), without the T x E arrays."""
-        return SegmentSummary(**{name: getattr(self, name) for name in SUMMARY_FIELDS}, num_steps=self.num_steps)
+        return SegmentSummary(**{f.name: getattr(self, f.name) for f in fields(SegmentSummary)})
 
 
 @dataclass
@@ -96,7 +96,3 @@ class SegmentSummary:
     policy_name: str
     env_failures: EnvFailures
 
-
-SUMMARY_FIELDS = ("episode_returns", "episode_lengths", "policy_version", "actor_id", "sample_seconds", "env_seconds",
-                  "policy_seconds", "obs_stats", "return_stats", "nonfinite", "match_results", "policy_name",
-                  "env_failures")

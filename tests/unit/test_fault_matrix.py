@@ -10,11 +10,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 from gymnasium.vector import VectorWrapper
@@ -140,18 +138,16 @@ def test_one_copy_of_a_two_agent_env_is_served_in_one_group(stack: ExitStack) ->
     assert len(sampler.half_envs) == 1 and sampler.sample().rewards.shape == (STEPS, 2)
 
 
-def test_flaky_envs_raise_only_in_actors_unless_told(tmp_path: Path) -> None:
+def test_flaky_envs_raise_only_in_actors_unless_told() -> None:
     from dppo.envs.flaky import FlakyEnv
 
-    env = gym.make("CartPole-v1")
-    quiet = FlakyEnv(env, every=1)
+    quiet = FlakyEnv(gym.make("CartPole-v1"), every=1)
     quiet.reset(seed=0)
-    quiet.step(0)  # not in a Ray actor: never raises
+    assert quiet.step(0)[0].shape == (4,)  # not in a Ray actor: never raises, though every step would
     loud = FlakyEnv(gym.make("CartPole-v1"), every=1, anywhere=True)
     loud.reset(seed=0)
     with pytest.raises(ValueError, match="lost its state"):
         loud.step(0)
-    assert np.isfinite(quiet.reset(seed=1)[0]).all()
 
 
 class KeepsTheListener(FlakyPair):
