@@ -308,15 +308,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ResourceScheduling(config, log) if config.getvalue("dist") == "load" else None
 
 
-@pytest.fixture(autouse=True)
-def taking_turns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """In a worker of `pytest -n`, a test marked `alone` runs while no other test does (tests/parallel.py)."""
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """In a worker of `pytest -n`, a test marked `alone` runs while no other test does (tests/parallel.py). The turn
+    wraps pytest-timeout's hook, so waiting for it is not part of a test's timeout; a background resource the test
+    uses is waited for first, holding no turn (a test that fails on it reports the error from its fixture)."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
-        return
-    alone = request.node.get_closest_marker("alone") is not None
-    with turn(tmp_path_factory.getbasetemp().parent / "turns.lock", alone):
-        yield
+        return (yield)
+    for name in sorted(set(RESOURCE_MODULES.values()).intersection(getattr(item, "fixturenames", ()))):
+        if name in PREPARED or makers()[name] is not None:
+            with contextlib.suppress(Exception):
+                prepared(name)
+    # xdist gives each worker the basetemp <the session's>/gwN: the parent is the one every worker sees.
+    lock = Path(item.config.option.basetemp).parent / "turns.lock"
+    with turn(lock, item.get_closest_marker("alone") is not None):
+        return (yield)
 
 
 def prepared(name: str) -> Any:

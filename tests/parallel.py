@@ -7,7 +7,8 @@ overlapped.
   it renames node ids, which pytest 9.2 no longer reads), so :class:`ResourceScheduling` groups by module.
 - A test marked `alone` measures time (a gap while a node is down, scrapes a second, a minute of kills) and runs
   while no other test does: every test holds a shared lock on a file all workers see, an `alone` test an exclusive
-  one.
+  one; once an `alone` test waits, no other test starts. Its wait is not part of its timeout (the turn is taken
+  around pytest-timeout's own hook), and a test that uses a resource being made waits for it before its turn.
 """
 
 from __future__ import annotations
@@ -50,9 +51,16 @@ def unlisted_users(items: list[Any], resources: set[str]) -> list[str]:
 
 @contextlib.contextmanager
 def turn(lock_file: Path, alone: bool) -> Iterator[None]:
-    """Hold ``lock_file`` shared (any number of tests at once) or, ``alone``, exclusive (no other test), blocking."""
-    with open(lock_file, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    """Hold ``lock_file`` shared (any number of tests at once) or, ``alone``, exclusive (no other test), blocking.
+    Every turn passes a gate first, which an `alone` turn keeps while it waits: flock alone grants a shared hold
+    while an exclusive one waits, so the other workers' overlapping tests would keep an `alone` test waiting (398 s
+    of setup for one, with 3 workers) until its timeout."""
+    with open(lock_file.with_suffix(".gate"), "a+") as gate, open(lock_file, "a+") as f:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             yield
         finally:

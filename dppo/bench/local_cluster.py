@@ -7,7 +7,9 @@ whole process tree (raylet, agents, workers), found from its ``ray start`` proce
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -54,19 +56,32 @@ class LocalCluster:
         self.dashboard = ""  # the job API's address (http://...), when the head serves one
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None,
-              wait_for: str = "Ray runtime started", timeout: float = 120.0, wait: bool = True) -> None:
+              wait_for: str = "Ray runtime started", timeout: float = 120.0, wait: bool = True,
+              tries: int = 3) -> None:
         """Start a node's process (``args``: the whole command) and wait until its log says ``wait_for`` (unless
-        not ``wait``: a node coming back while the caller goes on)."""
-        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 (closed with the node's life)
-        self.nodes[name] = subprocess.Popen(args, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-        if not wait:
-            return
-        deadline = time.monotonic() + timeout
-        while wait_for not in self.log(name):
-            if self.nodes[name].poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"Ray node {name} did not start:\n{self.log(name)[-3000:]}")
-            time.sleep(0.3)
+        not ``wait``: a node coming back while the caller goes on). A `ray start` that exits first is started
+        again, as a pod's container is (up to ``tries`` times): it gives up after Ray's fixed 30 s for its raylet
+        to register, which a loaded small machine can take; what the failed try started goes with it."""
+        for attempt in range(tries):
+            log_name = name if attempt == 0 else f"{name}-restart-{attempt}"
+            log = open(self.root / f"{log_name}.log", "wb")  # noqa: SIM115 (closed with the node's life)
+            self.nodes[name] = subprocess.Popen(args, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
+                                                start_new_session=True)
+            if not wait:
+                return
+            deadline = time.monotonic() + timeout
+            while wait_for not in self.log(log_name):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Ray node {name} did not start in {timeout:.0f} s:\n"
+                                       f"{self.log(log_name)[-3000:]}")
+                if self.nodes[name].poll() is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self.nodes[name].pid, signal.SIGKILL)  # its GCS or raylet, left behind
+                    break
+                time.sleep(0.3)
+            else:
+                return
+        raise RuntimeError(f"Ray node {name} did not start in {tries} tries:\n{self.log(log_name)[-3000:]}")
 
     def start_head(self, cpus: int, *extra: str, dashboard: bool = False) -> str:
         """A head with ``cpus`` CPUs, without a dashboard unless ``dashboard`` (then ``self.dashboard`` is its job

@@ -192,14 +192,24 @@ def start_rendered_cluster(local: LocalCluster, cluster: dict[str, Any], cluster
     ray = str(BIN / "ray")
     head_params = dict(head["rayStartParams"])
     assert head_params.pop("dashboard-host") == "0.0.0.0"
-    local.start([ray, "start", "--head", "--block", *flags(head_params),
-                 "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--port={gcs}",
-                 f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
-                 f"--metrics-export-port={node_ports[0]}", f"--dashboard-agent-listen-port={node_ports[1]}",
-                 f"--dashboard-agent-grpc-port={node_ports[2]}", f"--runtime-env-agent-port={node_ports[3]}",
-                 "--object-store-memory=100000000", "--node-ip-address=127.0.0.1", f"--temp-dir={cluster_root}",
-                 "--disable-usage-stats"],
-                env | container_env(head_container), "head.log")
+    # The head pod's container is restarted as a worker's is (below): its `ray start` gives up after Ray's 30 s
+    # for the raylet to register, which a loaded 2-core machine can take; the failed try's GCS goes with it.
+    for restart in range(3):
+        log = "head.log" if restart == 0 else f"head-restart-{restart}.log"
+        local.start([ray, "start", "--head", "--block", *flags(head_params),
+                     "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--port={gcs}",
+                     f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
+                     f"--metrics-export-port={node_ports[0]}", f"--dashboard-agent-listen-port={node_ports[1]}",
+                     f"--dashboard-agent-grpc-port={node_ports[2]}", f"--runtime-env-agent-port={node_ports[3]}",
+                     "--object-store-memory=100000000", "--node-ip-address=127.0.0.1", f"--temp-dir={cluster_root}",
+                     "--disable-usage-stats"],
+                    env | container_env(head_container), log)
+        if ray_started(local, log):
+            break
+        local.stop()
+        local.procs.clear()
+    else:
+        pytest.fail("head: Ray did not start in 3 tries\n" + local.logs())
     address = f"http://127.0.0.1:{dash}"
     deadline = time.monotonic() + 90
     while http_status(f"{address}/api/gcs_healthz") != 200:
@@ -239,15 +249,22 @@ def start_worker(local: LocalCluster, group: dict[str, Any], cluster_root: Path,
                     env | container_env(group["template"]["spec"]["containers"][0]), log)
         # One at a time, as pods would usually come up: two raylets registering at once from one IP
         # can time out on this small machine.
-        deadline = time.monotonic() + 120
-        while "Ray runtime started" not in (local.root / log).read_text(errors="replace"):
-            assert time.monotonic() < deadline, f"{log}: Ray never started\n" + local.logs()
-            if local.procs[-1].poll() is not None:
-                break
-            time.sleep(0.5)
-        else:
+        if ray_started(local, log):
             return local.procs[-1]
     pytest.fail(f"{name}: Ray did not start in 3 tries\n" + local.logs())
+
+
+def ray_started(local: LocalCluster, log: str, timeout: float = 120) -> bool:
+    """Whether the node started last says Ray runs (True) or its `ray start` exits first (False: the pod's
+    container would be restarted); the head gone meanwhile fails the test at once."""
+    deadline = time.monotonic() + timeout
+    while "Ray runtime started" not in (local.root / log).read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"{log}: Ray never started\n" + local.logs()
+        if local.procs[-1].poll() is not None:
+            return False
+        assert local.procs[0].poll() is None, f"{log}: the head exited\n" + local.logs()
+        time.sleep(0.5)
+    return True
 
 
 def local_job(objects: list[dict[str, Any]], cluster_root: Path) -> tuple[dict[str, Any], dict[str, Any], Path, str]:

@@ -264,3 +264,29 @@ def test_each_kill_recovery_and_reason_to_wait_is_a_line_as_it_happens(tmp_path:
     assert [(m["kind"], m["why"].split(":")[0]) for m in missed] == [
         ("evaluation", "no evaluation actor alive"), ("node", "no worker node up, until the chaos ended at t=1"),
         ("driver", "its moment never came")]
+
+
+def test_a_node_whose_start_exits_is_started_again_and_its_leftovers_go(tmp_path: Path) -> None:
+    """A `ray start` that gives up (Ray's 30 s for a raylet to register, on a loaded machine) is started again as a
+    pod's container would be; what the failed try left in its process group (its GCS) is killed; a node that never
+    starts is one error naming it after the last try."""
+    local = LocalCluster({}, root=tmp_path)
+    tries = tmp_path / "tries"
+    # The first try leaves a child behind (a GCS, say) and exits; the second says Ray runs and stays.
+    script = (f'echo x >> {tries}; if [ $(wc -l < {tries}) -lt 2 ]; then sleep 300 & echo $! > {tmp_path}/left; '
+              'exit 1; fi; echo "Ray runtime started."; exec sleep 300')
+    try:
+        local.start("head", ["sh", "-c", script], env=dict(os.environ), timeout=30)
+        assert tries.read_text().count("x") == 2
+        left = int((tmp_path / "left").read_text())
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(left) and psutil.Process(left).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the failed try's child outlived it"
+            time.sleep(0.1)
+        assert local.nodes["head"].poll() is None and "Ray runtime started" in local.log("head-restart-1")
+        with pytest.raises(RuntimeError, match=r"Ray node worker did not start in 2 tries"):
+            local.start("worker", ["sh", "-c", "echo no; exit 1"], env=dict(os.environ), tries=2)
+    finally:
+        for proc in local.nodes.values():
+            proc.kill()
+            proc.wait()

@@ -64,3 +64,28 @@ def test_an_alone_turn_waits_for_the_shared_ones_and_keeps_the_next_waiting(tmp_
     for thread in threads:
         thread.join(10)
     assert events == ["shared in", "shared out", "alone in", "alone out", "next in", "next out"]
+
+
+def test_once_an_alone_turn_waits_no_shared_one_starts_before_it(tmp_path: Path) -> None:
+    """Writer preference: with the other workers' shared turns overlapping, an alone turn would otherwise wait
+    until none is held, which may be never."""
+    lock, events = tmp_path / "turns.lock", []
+    first, alone, later = threading.Event(), threading.Event(), threading.Event()
+    threads = [threading.Thread(target=in_turn, args=(lock, False, "shared", events, first))]
+    threads[0].start()
+    wait_for("shared in", events)
+    threads.append(threading.Thread(target=in_turn, args=(lock, True, "alone", events, alone)))
+    threads[1].start()
+    time.sleep(0.3)  # the alone turn waits at the lock, holding the gate
+    threads.append(threading.Thread(target=in_turn, args=(lock, False, "later", events, later)))
+    threads[2].start()
+    time.sleep(0.3)  # room for a wrong entry: a shared turn that starts beside the first one
+    assert events == ["shared in"]
+    first.set()
+    wait_for("alone in", events)
+    alone.set()
+    wait_for("later in", events)
+    later.set()
+    for thread in threads:
+        thread.join(10)
+    assert events == ["shared in", "shared out", "alone in", "alone out", "later in", "later out"]
