@@ -1,21 +1,14 @@
-"""The policy-inference service (``run.inference: server``): one Ray actor on ``run.device`` that holds the
-networks and answers every actor's observations in batches, so the forward pass runs once for many actors on the
-GPU instead of once per actor on its CPU (Sample Factory's inference workers, SEED RL, Cleanba).
+"""The policy-inference service (``run.inference: server``): one Ray actor on ``run.device`` that answers every
+actor's observations in batches, so the forward pass runs once for many actors (Sample Factory, SEED RL, Cleanba).
 
-The service returns the networks' outputs (logits or mean and log-std, values, a recurrent policy's memory), not
-actions: each actor draws its actions with its own seeded stream (:class:`dppo.rl.policy.BackendPolicy`), so a
-seeded run is reproducible and an MLP policy draws what it would in the actor. A recurrent policy's memory
-travels with each request, so the service holds nothing but weights: the last two versions, since with
-``run.overlap_sampling`` one round samples with the weights the update is about to replace. A request names its
-version and the reply is stamped with it.
+It returns the networks' outputs, not actions (each actor draws its own, seeded: :class:`dppo.rl.policy.
+BackendPolicy`), and a recurrent policy's memory travels with each request, so it holds nothing but the last two
+weights versions (with ``run.overlap_sampling`` a round samples with the weights the update is about to replace).
 
-Three layers: :class:`Batcher` (when to run a batch), :class:`BatchStats` (what each batch held and cost) and
-:class:`ForwardPasses` (the versions and the batched forward pass) are plain classes tested without Ray;
-:class:`InferenceService` is the asyncio Ray actor around them, reached by actors on its node through shared memory
-(:mod:`dppo.transport.server`) and by others with a Ray call per request
-(:mod:`dppo.distributed.inference_client`), all in the same batches; :class:`ServiceSupervisor` is the driver's
-side (start, ready, load each broadcast, replace a lost one, read the batch figures, close), a group of one actor on
-the shared lifecycle (:class:`~dppo.distributed.lifecycle.ActorGroup`) like the sampling actors.
+:class:`BatchStats` and :class:`ForwardPasses` are plain classes; :class:`InferenceService` is the asyncio Ray
+actor around them, which gathers each batch until every actor's request is in or BATCH_WAIT_S has passed (through
+shared memory on its node, :mod:`dppo.transport.server`, and Ray calls from others); :class:`ServiceSupervisor` is
+the driver's side, a group of one actor on the shared lifecycle (:class:`~dppo.distributed.lifecycle.ActorGroup`).
 """
 
 from __future__ import annotations
@@ -25,11 +18,11 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import ray
+import torch
 
 from dppo.config import Config, ModelConfig
 from dppo.distributed.broadcast import Broadcast
@@ -52,8 +45,7 @@ STATS_TIMEOUT_S = 10.0  # a service too busy to answer within it reports no figu
 
 def resolve_inference(config: Config) -> Config:
     """The config with run.inference decided: ``auto`` is the actors, the mode no measurement has found slower
-    (on one H100 the service sampled Breakout at 0.46x of them with Ray calls; issue 42); an odd E above 1 cannot
-    be split into halves."""
+    (issue 42); the service needs an even E (or 1) to step two halves."""
     mode = "actor" if config.run.inference == "auto" else config.run.inference
     num_envs = config.env.num_envs
     if mode == "server" and num_envs > 1 and num_envs % 2:
@@ -62,40 +54,9 @@ def resolve_inference(config: Config) -> Config:
     return config.model_copy(update={"run": config.run.model_copy(update={"inference": mode})})
 
 
-class Batcher:
-    """Collects requests until ``expected`` are in or ``wait_s`` has passed since the first (clock passed in)."""
-
-    def __init__(self, expected: int, wait_s: float = BATCH_WAIT_S) -> None:
-        self.expected, self.wait_s = expected, wait_s
-        self.items: list[Any] = []
-        self.first_at = 0.0
-
-    def add(self, item: Any, now: float) -> None:
-        if not self.items:
-            self.first_at = now
-        self.items.append(item)
-
-    @property
-    def full(self) -> bool:
-        return len(self.items) >= self.expected
-
-    def remaining(self, now: float) -> float:
-        """Seconds until the batch is due (<= 0: due now)."""
-        return self.first_at + self.wait_s - now
-
-    def due(self, now: float) -> bool:
-        return bool(self.items) and (self.full or self.remaining(now) <= 0)
-
-    def take(self) -> list[Any]:
-        items, self.items = self.items, []
-        return items
-
-
 class BatchStats:
-    """Each batch's rows, forward-pass seconds and queue wait (its first request's, from when the service took it to
-    when the batch ran) between two reads: what batching buys (rows per pass) and what it costs (the wait)
-    (`dppo bench driver`). The counts and totals are exact; the medians are over the last ``kept`` batches, so a
-    run that never reads them holds a bounded amount."""
+    """Each batch's rows, forward-pass seconds and queue wait (its first request's) between two reads: what batching
+    buys and costs (`dppo bench driver`). Counts and totals are exact; the medians are over the last ``kept``."""
 
     def __init__(self, kept: int = STATS_KEPT) -> None:
         self.kept = kept
@@ -182,16 +143,17 @@ class ForwardPasses:
 
 
 class InferenceService:
-    """The Ray actor (asyncio): requests, by Ray call or shared memory, wait in a Batcher; a full or due batch runs
-    as one forward pass."""
+    """The Ray actor (asyncio): requests, by Ray call or shared memory, wait for their batch: it runs as one forward
+    pass once ``expected`` requests are in, or BATCH_WAIT_S after its first."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, device: str,
                  expected: int, threads: int) -> None:
-        import torch
-
         torch.set_num_threads(threads)
         self.passes = ForwardPasses(obs_space, action_space, config, device)
-        self.batcher = Batcher(expected)
+        self.expected = expected
+        self.waiting: list[tuple[Request, Answer]] = []  # the batch being gathered
+        self.first_at = 0.0  # when its first request came
+        self.due: asyncio.TimerHandle | None = None  # runs it BATCH_WAIT_S after its first request
         self.figures = BatchStats()  # read and reset by stats()
         self.transport = ShmServer(self._layout, self._enqueue)
 
@@ -208,22 +170,20 @@ class InferenceService:
         return await future
 
     def _enqueue(self, request: Request, answer: Answer) -> None:
-        self.batcher.add((request, answer), time.monotonic())
-        if self.batcher.full:
+        if not self.waiting:
+            self.first_at = time.monotonic()
+        self.waiting.append((request, answer))
+        if len(self.waiting) >= self.expected:
             self._run()
-        elif len(self.batcher.items) == 1:
-            asyncio.get_running_loop().call_later(self.batcher.wait_s, self._run_when_due)
-
-    def _run_when_due(self) -> None:
-        now = time.monotonic()
-        if self.batcher.due(now):
-            self._run()
-        elif self.batcher.items:  # a newer batch than the one this timer was set for
-            asyncio.get_running_loop().call_later(self.batcher.remaining(now), self._run_when_due)
+        elif len(self.waiting) == 1:
+            self.due = asyncio.get_running_loop().call_later(BATCH_WAIT_S, self._run)
 
     def _run(self) -> None:
-        queue_s = time.monotonic() - self.batcher.first_at
-        items = self.batcher.take()
+        if self.due is not None:  # a batch that filled before its time
+            self.due.cancel()
+            self.due = None
+        queue_s = time.monotonic() - self.first_at
+        items, self.waiting = self.waiting, []
         started = time.perf_counter()
         try:
             replies = self.passes.forward([request for request, _ in items])
@@ -259,8 +219,8 @@ class InferenceService:
 
 def start_service(config: Config, obs_space: gym.Space, action_space: gym.Space, device: str
                   ) -> ray.actor.ActorHandle:
-    """The service on ``device``, beside the driver: half a GPU when it is cuda (the learner uses the rest), and no
-    reserved CPU (like the driver's own process: the actors keep their reservations)."""
+    """The service on ``device``, beside the driver: half a GPU on cuda (the learner has the rest), no reserved CPU
+    (the actors keep theirs)."""
     gpus = 0.5 if device.startswith("cuda") else 0
     return ray.remote(InferenceService).options(num_cpus=0, num_gpus=gpus, max_restarts=0).remote(
         obs_space, action_space, config.model, device, config.run.actors, config.run.learner_threads)
@@ -294,16 +254,8 @@ class ServiceSupervisor:
         return self.group.slots[0].handle if self.group.slots else None
 
     @property
-    def spawns(self) -> int:
-        return self.group.spawns
-
-    @property
     def losses(self) -> int:
         return sum(self.group.losses.values())
-
-    @property
-    def crashes(self) -> RestartBudget:
-        return self.group.crashes
 
     def start(self) -> None:
         """A service, ready, holding the versions its predecessor held."""
@@ -311,7 +263,7 @@ class ServiceSupervisor:
         self._ready()
 
     def _ready(self) -> None:
-        ready = self.group.slots[0].starting
+        ready = self.group.slots[0].starting  # its ready() call
         if not self.calls.wait([ready], 1, self.start_timeout_s):
             raise RunFailure(f"the inference service was not ready within faults.actor_start_timeout_s="
                              f"{self.start_timeout_s:g} s (on {self.device} it asks Ray for "
@@ -348,25 +300,23 @@ class ServiceSupervisor:
         """``broadcast`` for the actors, naming the current service (a round sent again after a replacement)."""
         return ServedBroadcast(weights={}, version=broadcast.version, obs_stats=broadcast.obs_stats,
                                return_stats=broadcast.return_stats, opponents=broadcast.opponents,
-                               service=self.handle, spawns=self.spawns, endpoint=self.endpoint)
+                               service=self.handle, spawns=self.group.spawns, endpoint=self.endpoint)
 
     def recover(self, broadcast: ServedBroadcast, err: Exception) -> ServedBroadcast:
-        """A round that failed because its service was lost: the service replaced (unless that was done since the
-        round was sent) and the round's broadcast for sending it again."""
-        if broadcast.spawns == self.spawns:
+        """A round lost with its service: the service replaced (unless it was since), the round's broadcast again."""
+        if broadcast.spawns == self.group.spawns:
             self.replace(err)
         return self.again(broadcast)
 
     def replace(self, err: Exception) -> None:
-        """A new service with the versions the lost one held; the loss counted by cause (only a crash spends the
-        budget) and said in one line."""
+        """A new service holding the lost one's versions; the loss counted by cause and said in one line."""
         self.group.replace(0, err)
         self.message(f"the inference service was lost ({first_line(err)}); replacing it (loss {self.losses})")
         self._ready()
 
     def batch_stats(self) -> dict[str, float]:
-        """The service's batch figures since the last call (:meth:`BatchStats.take`); {} without a service or when
-        it does not answer within STATS_TIMEOUT_S (figures for a benchmark are not worth failing a run over)."""
+        """The service's batch figures since the last call; {} without a service or an answer within
+        STATS_TIMEOUT_S (figures for a benchmark are not worth failing a run over)."""
         if self.handle is None:
             return {}
         try:

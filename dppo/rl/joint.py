@@ -1,12 +1,8 @@
 """Several policies over one multi-agent env (the run's policy map): the joint sampler, and whole episodes.
 
-Each policy's :class:`~dppo.rl.sampler.Sampler` acts for its agents' columns
-(:class:`~dppo.envs.columns.PolicyView`) with its own network, action stream, normalizers and episode counts,
-and returns its own Segment, stamped with its policy's name; the learners of each policy train on those alone. The
-Sampler stays single-policy: this class runs the policies' step loops (:meth:`Sampler.steps`) in lockstep and steps
-the env once per step with all their actions. A copy that raises is recreated alone (:mod:`dppo.envs.columns`), its
-episode cut for every policy's columns.
-:class:`JointPlayers` plays whole evaluation episodes of every policy at once.
+Each policy's :class:`~dppo.rl.sampler.Sampler` acts for its agents' columns (:class:`~dppo.envs.columns.PolicyView`)
+and returns its own Segment; :class:`JointSampler` runs their step loops (:meth:`Sampler.steps`) in lockstep and
+steps the env once per step with all their actions. :class:`JointPlayers` plays whole evaluation episodes.
 """
 
 from __future__ import annotations
@@ -51,7 +47,8 @@ class JointSampler:
     def __init__(self, config: Config, actor_id: int = 0, seed: int | None = None) -> None:
         self.config, self.actor_id = config, actor_id
         self.seed = actor_seed(config.run.seed, actor_id) if seed is None else seed
-        self.joint = self._start_joint()
+        self.joint = make_parallel_envs(config)
+        self.joint.reset(seed=self.seed)  # as a Sampler seeds its own envs
         self.samplers = [
             Sampler(policy_config(config, len(view.group.agents)), actor_id, seed=self.seed + POLICY_SEED_OFFSET * g,
                     make_envs=lambda _config, g=g: self.joint.views[g], policy_name=view.group.name)
@@ -60,11 +57,6 @@ class JointSampler:
     @property
     def by_policy(self) -> dict[str, Sampler]:
         return {sampler.policy_name: sampler for sampler in self.samplers}
-
-    def _start_joint(self) -> ParallelEnvs:
-        joint = make_parallel_envs(self.config)
-        joint.reset(seed=self.seed)  # as a Sampler seeds its own envs
-        return joint
 
     def sample(self) -> list[Segment]:
         """One segment per policy, in map order: T steps of every copy."""

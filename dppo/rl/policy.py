@@ -1,16 +1,10 @@
-"""The policy an actor samples with: local (:class:`dppo.rl.agent.Agent`, the networks in the actor's thread) or a
-:class:`BackendPolicy`, whose forward passes a backend computes: a worker thread of the actor (two halves, a GPU
-share: :mod:`dppo.rl.worker_thread`), or the inference service that batches many actors' observations (shared memory
-on its node, a Ray call from another).
+"""The policy an actor samples with: local (:class:`dppo.rl.agent.Agent`) or a :class:`BackendPolicy`, whose forward
+passes a backend computes: a worker thread of the actor (:mod:`dppo.rl.worker_thread`) or the inference service.
 
-Every policy draws the actions in the actor, from the distribution the networks give, with the actor's own random
-stream (:meth:`dppo.rl.actions.ActionSpec.sample`): a seeded run draws the same actions wherever the forward pass
-ran, and a backend holds no random state. A recurrent policy's memory stays with the actor too and travels with each
-request, so a backend is stateless but for its weights (a lost service is replaced without losing anything).
-
-The Sampler owns the per-step loop: how its env copies are grouped, and the tickets of the requests in flight
-(``submit`` returns one, ``result`` redeems it, ``cancel`` drops it when the segment is abandoned). A backend knows
-nothing of envs, agents, faults or halves: ``submit(request) -> ticket``, ``result(ticket)``, ``cancel(ticket)``.
+Every policy draws the actions in the actor with the actor's own random stream, so a seeded run draws the same
+actions wherever the forward pass ran; a recurrent policy's memory stays with the actor and travels with each
+request. A backend is thus stateless but for its weights, and knows nothing of envs, agents, faults or halves:
+``submit(request) -> ticket``, ``result(ticket)``, ``cancel(ticket)``; the Sampler holds the tickets.
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ class Policy(Protocol):
     def result(self, ticket: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(actions, log_probs, values) for what the ticket asked."""
 
-    def cancel(self, ticket: Any) -> None:
-        """Drop a request in flight (its segment is abandoned); whatever it holds is freed."""
+    def cancel(self, ticket: Any) -> None: ...
 
     def act(self, obs: Obs, greedy: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
@@ -83,17 +76,14 @@ class Reply:
 
 
 class Backend(Protocol):
-    """What computes a BackendPolicy's forward passes: a worker thread, the service through shared memory, a Ray
-    call to the service."""
+    """What computes a BackendPolicy's forward passes: a worker thread, the service (shared memory, Ray calls).
+    ``result`` raises InferenceLost when the service is gone; ``cancel``: the reply will not be read."""
 
-    def submit(self, request: Request) -> Any:
-        """Start computing ``request``; returns a ticket for ``result``."""
+    def submit(self, request: Request) -> Any: ...
 
-    def result(self, ticket: Any) -> Reply:
-        """The reply to a submitted request; InferenceLost when the service is gone."""
+    def result(self, ticket: Any) -> Reply: ...
 
-    def cancel(self, ticket: Any) -> None:
-        """The reply will not be read: free what the request holds."""
+    def cancel(self, ticket: Any) -> None: ...
 
 
 @dataclass

@@ -1,10 +1,9 @@
 """Sampler: steps a gymnasium vector env exactly T steps per call and returns a Segment.
 
-The env state persists across calls (no reset per iteration). The vector env runs in gymnasium's
-``SAME_STEP`` autoreset mode: when an episode ends, ``step`` returns the first observation of the next
-episode and puts the last one in ``info["final_obs"]``, so every stored transition belongs to one
-episode and a time-limit cut can be bootstrapped from V(final obs). The step loop is the only thing here:
-what is done to observations and rewards on the way lives in :mod:`dppo.rl.transforms`.
+The env state persists across calls. The vector env runs in gymnasium's ``SAME_STEP`` autoreset mode (the last
+observation of an episode in ``info["final_obs"]``), so every stored transition belongs to one episode and a
+time-limit cut is bootstrapped from V(final obs). What is done to observations and rewards lives in
+:mod:`dppo.rl.transforms`.
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ from dppo.rl.transforms import EpisodeStats, LearningReward, LifeLoss, ObsNormal
 
 def agent_cut(info: dict[str, Any], width: int) -> np.ndarray:
     """Many agents: the columns whose agent reached its own time limit while its env copy goes on
-    (:mod:`dppo.envs.columns`). For learning a time-limit cut (bootstrapped from V(final obs)); the column's episode
-    goes on with its copy's."""
+    (:mod:`dppo.envs.columns`): a time-limit cut for learning; the column's episode goes on with its copy's."""
     cut = info.get("agent_truncated")
     return np.zeros(width, bool) if cut is None else np.asarray(cut, bool)
 
@@ -49,9 +47,8 @@ def actor_seed(run_seed: int, actor: int, spawn: int = 0) -> int:
 
 
 def group_count(config: Config) -> int:
-    """How many groups a Sampler steps its env copies in, decided once from the config for every mode: two halves
-    (one steps while the other's actions are computed) with the policy on a worker thread in halves
-    (run.actor_halves=2, validated even) or in the inference service when the copies split evenly; else one."""
+    """How many groups a Sampler steps its env copies in, for every mode: two halves with run.actor_halves=2 or with
+    the inference service when the copies split evenly; else one."""
     if config.run.inference == "server":
         return 2 if config.env.num_envs % 2 == 0 else 1
     return config.run.actor_halves
@@ -69,26 +66,18 @@ def env_faults_named(config: Config) -> Iterator[None]:
 
 
 class Sampler:
-    """Env + policy + transforms of one actor, and the one owner of its per-step path. Plain Python, so tests and
-    benchmarks use it without Ray.
+    """Env + policy + transforms of one actor, and the one owner of its per-step path (plain Python: no Ray).
 
-    It decides once how its env copies are grouped (:func:`group_count`): with two halves it makes two vector envs
-    of E/2 copies each, seeded as the one vector env of E would be (copy i with seed + i), and steps them in turn so
-    one half steps while the other's actions are computed by the policy's backend (a vector env whose copies draw
-    from one generator, as self-play's do, differs between one and two halves). It holds the tickets of the
-    requests in flight, and cancels them when a segment is abandoned. A copy of a multi-agent env is one column per
-    agent: the sampler's rows are the columns its vector envs report.
+    Its env copies are grouped once (:func:`group_count`): two halves are two vector envs of E/2 copies, seeded as
+    one of E would be, stepped in turn so one steps while the policy's backend computes the other's actions. It
+    holds the tickets of the requests in flight and cancels them when a segment is abandoned. Its rows are the
+    columns its vector envs report (one per agent of a multi-agent copy). Env faults cost a step, not the segment: a
+    copy that raises is recreated alone by its vector env, one that raises out of ``step`` is made afresh
+    (:meth:`_step`).
 
-    Env faults cost a step, not the segment: a copy that raises is recreated alone by its vector env
-    (:mod:`dppo.envs.failures`, :mod:`dppo.envs.columns`, :mod:`dppo.envs.selfplay`); a vector env that raises out
-    of ``step`` (ale-py's cannot isolate a copy) is made afresh there, each of its episodes cut and counted as a
-    failure, and the segment goes on (:meth:`_step`).
-
-    ``policy``: what acts (default: a local Agent seeded like the actor). ``make_envs``: what makes the vector env,
-    each half's and each restart's (default :func:`make_vector_env`; what an env needs beside the sampler, such as
-    self-play's opponents, it gets there: :mod:`dppo.rl.opponents`); ``policy_name``: the policy of the run's policy
-    map this sampler acts for, stamped on its segments. A joint sampler (:mod:`dppo.rl.joint`) gives each policy's
-    sampler its columns of one multi-agent env and steps that env itself, through :meth:`steps`.
+    ``policy``: what acts (default: a local Agent seeded like the actor); ``make_envs``: what makes each half's
+    vector env (self-play's opponents come with it: :mod:`dppo.rl.opponents`); ``policy_name``: the policy map's
+    policy it acts for. A joint sampler (:mod:`dppo.rl.joint`) steps one env for several samplers via :meth:`steps`.
     """
 
     def __init__(self, config: Config, actor_id: int = 0, seed: int | None = None,
@@ -105,16 +94,14 @@ class Sampler:
         self.half_envs = self._start_envs()
         self.failures_in_row = [0] * groups  # each half's steps in a row that raised out of its vector env
         self.in_flight: dict[int, Any] = {}  # half -> the policy's ticket for its next actions
-        num_envs = self.num_columns
-        space = self.half_envs[0]
-        self.policy: Policy = policy or Agent(space.single_observation_space, space.single_action_space,
-                                              config.model, seed=self.seed)
+        envs, env = self.half_envs[0], config.env
+        self.policy: Policy = policy or Agent(envs.single_observation_space, envs.single_action_space, config.model,
+                                              seed=self.seed)
         self.obs_spec, self.action_spec = self.policy.obs_spec, self.policy.action_spec
-        env = config.env
         self.normalize_obs = ObsNormalizer(env.normalize_obs, env.obs_clip, self.obs_spec.vector_dim)
-        self.learning_reward = LearningReward(env.clip_reward, env.normalize_reward, num_envs, config.ppo.gamma,
-                                              env.reward_clip)
-        self.episodes = EpisodeStats(num_envs)
+        self.learning_reward = LearningReward(env.clip_reward, env.normalize_reward, self.num_columns,
+                                              config.ppo.gamma, env.reward_clip)
+        self.episodes = EpisodeStats(self.num_columns)
 
     @property
     def num_columns(self) -> int:
@@ -192,10 +179,9 @@ class Sampler:
         self.episodes.reset()
 
     def _step(self, h: int, actions: Any) -> tuple:
-        """Step half h's vector env. One that raises out of ``step`` (a copy it cannot recreate alone) is made afresh
-        and answers this step as every copy's episode cut by a failure: truncated, reward 0, the last observation
-        as the final one (bootstrapped, never across into the next episode), the failure in ``info`` as a
-        recreated copy reports it. faults.env_retries such steps in a row are an EnvFailure."""
+        """Step half h's vector env. One that raises out of ``step`` (ale-py's cannot recreate a copy alone) is made
+        afresh, and this step is every copy's episode cut by a failure (truncated, reward 0, the last observation as
+        the final one); faults.env_retries such steps in a row are an EnvFailure."""
         try:
             result = self.half_envs[h].step(actions)
         except EnvFailure:  # a copy that never got through a reset: its own retries are spent
@@ -217,10 +203,9 @@ class Sampler:
             self.half_envs[h].close()
         self.env_resets += 1
         self.half_envs[h], obs, info = self._start_half(h)
-        columns = self.rows[h].stop - self.rows[h].start
-        cut = np.ones(columns, bool)
+        cut = np.ones(self.rows[h].stop - self.rows[h].start, bool)  # every copy's episode
         info = {**info, **failure_info(cut, line, details), "final_obs": self.half_obs[h], "_final_obs": cut}
-        return obs, np.zeros(columns), np.zeros(columns, bool), cut, info
+        return obs, np.zeros(len(cut)), np.zeros(len(cut), bool), cut, info
 
     def set_weights(self, weights: Weights, version: int, obs_stats: RunningStats | None = None,
                     return_stats: RunningStats | None = None) -> None:
@@ -239,30 +224,24 @@ class Sampler:
     def sample(self) -> Segment:
         """Exactly T steps of every env; env faults cost a step (:meth:`_step`); a segment lost with the inference
         service leaves the envs restarted (they stepped past what the segment kept)."""
+        loop = self.steps()
         try:
             with env_faults_named(self.config):
-                return self._sample_once()
+                half, actions = next(loop)
+                while True:
+                    half, actions = loop.send(self._step(half, actions))
+        except StopIteration as end:
+            return end.value
         except InferenceLost:
             self.restart_envs()
             raise
-
-    def _sample_once(self) -> Segment:
-        """One segment, this sampler stepping its own envs."""
-        loop = self.steps()
-        try:
-            half, actions = next(loop)
-            while True:
-                half, actions = loop.send(self._step(half, actions))
-        except StopIteration as end:
-            return end.value
         finally:
             loop.close()  # an abandoned segment's requests in flight are cancelled
 
     def steps(self) -> Generator[tuple[int, Any], tuple, Segment]:
-        """The step loop of one segment. It yields (half, the env actions of that half) and is sent what that half's
-        ``step`` returned, so whoever holds the env steps it: this sampler, or a joint sampler stepping one env with
-        several policies' actions. It returns the segment; closed early (the segment abandoned), it cancels the
-        requests in flight."""
+        """The step loop of one segment: it yields (half, that half's env actions) and is sent what that half's
+        ``step`` returned, so whoever holds the env steps it (this sampler, or a joint sampler). It returns the
+        segment; closed early (the segment abandoned), it cancels the requests in flight."""
         try:
             return (yield from self._step_loop())
         finally:
@@ -284,7 +263,8 @@ class Sampler:
         for transform in (self.normalize_obs, self.learning_reward):
             transform.start(steps, num_envs)
         self.episodes.start()
-        memory = self._memory_at_start(steps, num_envs)
+        initial = self.policy.memory_at_start(num_envs)  # a recurrent policy's segment carries where it started
+        memory = None if initial is None else {"initial_memory": initial, "starts": np.empty((steps, num_envs), bool)}
         clock = time.perf_counter
         start = clock()
         env_s = policy_s = 0.0  # seconds in the envs' step and in the policy's result/value (never overlapping)
@@ -377,13 +357,6 @@ class Sampler:
             self.episodes.end_episodes(done, failed, failures)
             self.learning_reward.end_episodes(done)
         return nonfinite
-
-    def _memory_at_start(self, steps: int, num_envs: int) -> dict[str, np.ndarray] | None:
-        """A recurrent policy's segment carries the memory it started from and where episodes start."""
-        initial = self.policy.memory_at_start(num_envs)
-        if initial is None:
-            return None
-        return {"initial_memory": initial, "starts": np.empty((steps, num_envs), bool)}
 
     def close(self) -> None:
         for envs in self.half_envs:

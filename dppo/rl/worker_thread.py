@@ -1,12 +1,7 @@
 """A backend in the actor's own process: one worker thread computes the forward passes, so one half of the actor's
-envs steps while the other's pass runs (EnvPool's and Cleanba's pattern: envs on C++ threads, the policy beside them
-in one process). ale-py's vector env releases the GIL while its threads step, torch in its kernels (on cuda the
-kernels run on the GPU).
-
-Everything but the forward pass is the :class:`~dppo.rl.policy.BackendPolicy`'s, as with the inference service:
-actions drawn in the actor with its own seeded stream, a recurrent policy's memory and episode starts kept there,
-masks applied when the action is drawn. A greedy policy therefore picks the actions the in-actor Agent picks, and a
-seeded run is reproducible (the worker computes the requests in the order they were submitted).
+envs steps while the other's pass runs (EnvPool's and Cleanba's pattern; ale-py's vector env and torch's kernels
+release the GIL). Everything but the forward pass is the :class:`~dppo.rl.policy.BackendPolicy`'s, so a seeded run
+is reproducible: the worker computes the requests in the order they were submitted.
 """
 
 from __future__ import annotations

@@ -28,7 +28,14 @@ class ShmClient:
             self.conn.send_bytes(wire.pack(wire.HELLO, layout.regions, rows=layout.rows))
             if not self.conn.poll(wire.CONNECT_TIMEOUT_S):
                 raise InferenceLost(f"the inference service did not answer within {wire.CONNECT_TIMEOUT_S:g} s")
-            welcome = self._receive()
+            kind, _region, _version, _rows, body = self._receive()
+            if kind != wire.WELCOME:
+                raise wire.TransportError(f"malformed message from the inference service: a {wire.KINDS[kind]} "
+                                          "before welcome")
+            self.segment = wire.attach(body.decode())  # gone already (the service went while welcoming): OSError
+            if self.segment.size < layout.size:
+                raise wire.TransportError(f"the inference service's segment holds {self.segment.size} bytes, this "
+                                          f"actor's layout needs {layout.size}: run one dppo version on every node")
         except (OSError, EOFError) as err:  # HandshakeFailed among them
             self.close()
             what = f"it {err}" if isinstance(err, wire.HandshakeFailed) else f"{type(err).__name__}: {err}"
@@ -36,20 +43,6 @@ class ShmClient:
         except InferenceError:
             self.close()
             raise
-        kind, _region, _version, _rows, body = welcome
-        if kind != wire.WELCOME:
-            self.close()
-            raise wire.TransportError(f"malformed message from the inference service: a {wire.KINDS[kind]} before "
-                                      "welcome")
-        try:
-            self.segment = wire.attach(body.decode())
-        except OSError as err:  # removed already: the service went while welcoming
-            self.close()
-            raise InferenceLost(f"the inference service's segment cannot be opened ({type(err).__name__})") from None
-        if self.segment.size < layout.size:
-            self.close()
-            raise wire.TransportError(f"the inference service's segment holds {self.segment.size} bytes, this actor's "
-                                      f"layout needs {layout.size}: run one dppo version on every node")
         self.views = [layout.views(self.segment.buf, region) for region in range(layout.regions)]
         self.free = list(range(layout.regions - 1, -1, -1))
 
@@ -65,8 +58,8 @@ class ShmClient:
         return message
 
     def submit(self, request: Request) -> int:
-        """Write ``request`` into a free region and say so; the region is the ticket. With every region taken by
-        requests cancelled and not yet answered, their replies are awaited first."""
+        """Write ``request`` into a free region and say so; the region is the ticket (with every region held by
+        cancelled requests, their replies are awaited first)."""
         if self.conn is None:
             raise InferenceLost("this actor's connection to the inference service is closed")
         while not self.free and self.cancelled:
@@ -105,8 +98,7 @@ class ShmClient:
         self.free.append(region)
 
     def _read_one(self) -> None:
-        """One message of the service: a reply kept for its region (a cancelled region's freed); TransportError
-        unless it answers a request waiting."""
+        """One message of the service: a reply kept for its region (a cancelled region's freed)."""
         if self.conn is None:
             raise InferenceLost("this actor's connection to the inference service is closed")
         try:

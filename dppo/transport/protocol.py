@@ -1,18 +1,13 @@
 """The protocol of the same-node transport between a sampling actor and the inference service: no Ray call per step.
 
-An actor's requests and the service's replies lie in one shared-memory segment per actor (``multiprocessing.
-shared_memory``, created by the service when the actor connects, attached by name); a 20-byte message on a Unix
-socket (``multiprocessing.connection``, authenticated once at connect) says which region of it holds a request or a
-reply. This is Sample Factory's and PufferLib's pattern (shared buffers, small messages): a Ray call per env step
-sends a Breakout batch of 113 KB through the object store and cost 0.46x of the actors' own forward pass on an H100
-(issue 42). Actors on other nodes keep the Ray calls (:class:`dppo.distributed.inference_client.RayCallClient`).
+An actor's requests and the service's replies lie in one shared-memory segment per actor (created by the service
+when the actor connects); a 20-byte message on a Unix socket (``multiprocessing.connection``) says which region holds
+a request or a reply: Sample Factory's and PufferLib's pattern. A Ray call per env step sent a Breakout batch of
+113 KB through the object store and cost 0.46x of the actors' own forward pass on an H100 (issue 42).
 
-Every message is stamped with the protocol and the weights' version; anything else (a short or unknown message, a
-reply for a region not asked, another version) is one :class:`TransportError`. A lost peer is an end of file: the
-service gone makes the actor's receive raise :class:`~dppo.rl.policy.InferenceLost` (the driver replaces the
-service); an actor gone makes the service release its segment (:mod:`dppo.transport.server`). A peer that connects
-and says nothing is dropped after HANDSHAKE_TIMEOUT_S by either side (:func:`authenticate`). This module is the
-protocol (messages, layout, segments, handshake); :mod:`dppo.transport.client` is the actor's side.
+Every message is stamped with the protocol and the weights' version; anything else is one :class:`TransportError`.
+A lost peer is an end of file (the service gone: :class:`~dppo.rl.policy.InferenceLost` in the actor; an actor gone:
+its segment released); a peer that connects and says nothing is dropped after HANDSHAKE_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -90,8 +85,7 @@ def _hang_up(conn: Connection, fired: threading.Event) -> None:
 
 def authenticate(conn: Connection, authkey: bytes, serving: bool, timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
     """``multiprocessing.connection``'s challenge and response on ``conn`` (both ways, the serving side first), with
-    a deadline: a peer that says nothing within ``timeout`` is hung up on, so it cannot hold the other side
-    (Python's own handshake waits forever). HandshakeFailed when it does not complete."""
+    the deadline Python's lacks: a peer silent for ``timeout`` is hung up on. HandshakeFailed when it fails."""
     steps = (deliver_challenge, answer_challenge) if serving else (answer_challenge, deliver_challenge)
     fired = threading.Event()
     timer = threading.Timer(timeout, _hang_up, (conn, fired))
@@ -137,8 +131,8 @@ class Field:
 
 
 class Layout:
-    """Where each field of a region lies: a request (up to ``rows`` envs' observations, a recurrent policy's memory
-    and episode starts) and its reply (the heads). Both sides compute it from the spaces and the model config."""
+    """Where each field of a region lies: a request of up to ``rows`` envs and its reply (the heads); both sides
+    compute it from the spaces and the model config."""
 
     def __init__(self, obs_spec: ObsSpec, action_spec: ActionSpec, config: ModelConfig, rows: int,
                  regions: int = REGIONS) -> None:
@@ -213,9 +207,8 @@ def create(name: str, size: int) -> SharedMemory:
 
 
 def sweep_stale(directory: Path = SHM_DIR) -> list[str]:
-    """Remove the segments whose service process is gone, and say which. A service removes its segments when it
-    closes, and its resource tracker when it is killed; but when a run's driver is killed outright Ray ends the
-    service and its tracker together, and nothing else would (each service sweeps as it starts)."""
+    """Remove the segments whose service process is gone, and say which: a driver killed outright has Ray end the
+    service and its resource tracker together, and nothing else would (each service sweeps as it starts)."""
     swept = []
     for path in directory.glob(f"{SEGMENT_PREFIX}*_*_*"):
         pid = path.name[len(SEGMENT_PREFIX):].split("_", 1)[0]
@@ -225,15 +218,10 @@ def sweep_stale(directory: Path = SHM_DIR) -> list[str]:
     return swept
 
 
-def _untracked(name: str) -> bool:
-    """Whether :func:`attach` keeps ``name`` from this process's tracker (it does unless this process created it)."""
-    return name not in _CREATED
-
-
 def attach(name: str) -> SharedMemory:
-    """The service's segment, not handed to this process's resource tracker (Python < 3.13 registers every segment
-    a process opens, so the actor's exit would unlink the service's segment: python/cpython#82300)."""
-    if not _untracked(name):  # this process's own (a test serving itself): tracked once, as created
+    """The service's segment, kept from this process's resource tracker, which would unlink it at the actor's exit
+    (python/cpython#82300, before Python 3.13)."""
+    if name in _CREATED:  # this process's own (a test serving itself): tracked once, as created
         return SharedMemory(name)
     if sys.version_info >= (3, 13):
         return SharedMemory(name, track=False)
@@ -245,7 +233,7 @@ def attach(name: str) -> SharedMemory:
 def remove(segment: SharedMemory, attached: bool) -> None:
     """Close and unlink ``segment`` (gone already: nothing to do); ``attached``: opened with :func:`attach`."""
     segment.close()
-    balance = attached and _untracked(segment.name) and sys.version_info < (3, 13)
+    balance = attached and segment.name not in _CREATED and sys.version_info < (3, 13)
     if balance:  # unlink() unregisters it from this process's tracker, which attach() kept it from: register it
         resource_tracker.register(segment._name, "shared_memory")  # type: ignore[attr-defined]
     try:

@@ -1,14 +1,8 @@
-"""The inference service's side of the same-node transport (:mod:`dppo.transport.protocol`): a Unix socket
-listener, one shared-memory segment per connected actor, requests read into the service's batches and replies
-written back. It runs on the service's asyncio loop (each connection a reader of the loop, like
-``multiprocessing.connection.wait`` over them all), so requests from several actors, and Ray calls from actors on
-other nodes, meet in one batch and one forward pass. Connections are accepted on a thread of their own and each is
-authenticated on a thread of its own, with a deadline: a peer that connects and says nothing is dropped with one
-line, and never stalls the loop or the actors connecting after it.
-
-Segments are removed by whoever sees the end first: this side when an actor's connection ends (the actor died or
-hung up) or when the service closes at the end of a run, the actor when the service's ends; a service killed
-outright leaves them to its process's resource tracker. No Ray here.
+"""The inference service's side of the same-node transport (:mod:`dppo.transport.protocol`): one shared-memory
+segment per connected actor, its requests read into the service's batches and the replies written back. Each
+connection is a reader of the service's asyncio loop, so several actors' requests (and Ray calls from other nodes)
+meet in one forward pass; each is authenticated on a thread of its own, so a silent peer never stalls the loop.
+Segments are removed by whoever sees the end first (a killed service's by its resource tracker). No Ray here.
 """
 
 from __future__ import annotations
@@ -55,8 +49,8 @@ class Peer:
 
 
 class ShmServer:
-    """Serves actors on this node: ``layout(rows, regions)`` sizes a new actor's segment; ``enqueue(request, answer)``
-    hands a request to the service's batches, which call ``answer`` with its reply or the error that stopped it."""
+    """Serves actors on this node: ``layout(rows, regions)`` sizes an actor's segment; ``enqueue(request, answer)``
+    hands a request to the service's batches, which ``answer`` it with its reply or the error that stopped it."""
 
     def __init__(self, layout: Callable[[int, int], wire.Layout], enqueue: Callable[[Request, Answer], None],
                  handshake_timeout_s: float = wire.HANDSHAKE_TIMEOUT_S) -> None:
@@ -89,9 +83,7 @@ class ShmServer:
                 continue  # an actor gone while connecting
             except OSError:
                 return
-            if self.closing:
-                conn.close()
-                return
+            # the closing service's own wake-up too: its handshake fails at once, and _join turns any other away
             threading.Thread(target=self._admit, args=(conn,), name="dppo-shm-handshake", daemon=True).start()
 
     def _admit(self, conn: Connection) -> None:
@@ -119,8 +111,8 @@ class ShmServer:
         self.loop.add_reader(conn.fileno(), self._readable, peer)
 
     def _readable(self, peer: Peer) -> None:
-        """One message of ``peer``: its hello, or a request into the batches. Its end releases it; a message that
-        breaks the protocol is answered with the reason, then the peer is let go."""
+        """One message of ``peer``: its hello, or a request into the batches; its end, or a message that breaks the
+        protocol (answered with the reason), lets it go."""
         assert peer.conn is not None
         try:
             message = peer.conn.recv_bytes()

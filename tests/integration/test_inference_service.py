@@ -144,10 +144,11 @@ def segments_of(service_pid: int) -> set[str]:
 
 FLAKY_PAIR = "from dppo.envs.flaky import FlakyPair\n\n\ndef parallel_env(**kwargs):\n    return FlakyPair(every=60)\n"
 KINDS = {  # issue 54: every env kind through the service's faults, with env faults of its own besides
-    "gymnasium": [],
-    "pettingzoo-flaky": ["--env", "pairmod"],
+    "gymnasium": ["--envs-per-actor", "4", "--total-steps", "12000"],
+    "ale-py": ["--env", "ALE/Breakout-v5", "--envs-per-actor", "2", "--total-steps", "4096"],  # a CNN: 16 rounds
+    "pettingzoo-flaky": ["--env", "pairmod", "--envs-per-actor", "4", "--total-steps", "12000"],
     "self-play-flaky": ["--set", "env.entry_point=dppo.envs.flaky:flaky_tictactoe", "--set", "env.multiagent=true",
-                        "--set", "env.kwargs.every=60"],
+                        "--set", "env.kwargs.every=60", "--envs-per-actor", "4", "--total-steps", "12000"],
 }
 
 
@@ -157,12 +158,12 @@ def test_an_actor_and_the_service_killed_mid_run_are_replaced_and_no_shared_memo
                                                                                           tmp_path: Path,
                                                                                           kind: str) -> None:
     """The actors share the service's node, so they reach it through shared memory: a killed actor's segment is
-    removed by the service, a killed service's by its actors, the rest when the run ends. The same for a flaky
-    PettingZoo module and a flaky self-play game, whose env failures are counted meanwhile."""
+    removed by the service, a killed service's by its actors, the rest when the run ends. The same for ale-py's
+    Breakout (a CNN), a flaky PettingZoo module and a flaky self-play game, whose env failures are counted meanwhile."""
     (tmp_path / "pairmod.py").write_text(FLAKY_PAIR)
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run_dir), "--actors", "2",
-           "--envs-per-actor", "4", "--segment-length", "64", "--total-steps", "12000", "--seed", "3",
+           "--segment-length", "64", "--seed", "3",
            "--set", "run.inference=server", "--set", "run.tensorboard=false", *KINDS[kind]]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             cwd=tmp_path)
@@ -186,7 +187,7 @@ def test_an_actor_and_the_service_killed_mid_run_are_replaced_and_no_shared_memo
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err
     assert "the inference service was lost" in out + err and "loss 1" in out + err
-    assert progress(run_dir)[-1]["env_steps"] >= 12000
+    assert progress(run_dir)[-1]["env_steps"] >= int(KINDS[kind][KINDS[kind].index("--total-steps") + 1])
     assert json.loads((run_dir / "summary.json").read_text())["reason"] == "total_steps"
     assert (progress(run_dir)[-1]["env_failures"] > 0) == kind.endswith("flaky")
     left = segments_of(services[0]) | segments_of(replacements[0])

@@ -4,7 +4,9 @@ process and through the same-node shared-memory transport (the service on a loop
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 from contextlib import ExitStack
 from types import SimpleNamespace
 
@@ -19,7 +21,13 @@ import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import Config, ConfigError, ModelConfig, load_config
 from dppo.config.load import GPU_PRESETS_DIR
 from dppo.distributed.broadcast import Broadcast
-from dppo.distributed.inference import Batcher, ForwardPasses, ServiceSupervisor, resolve_inference
+from dppo.distributed.inference import (
+    BATCH_WAIT_S,
+    ForwardPasses,
+    InferenceService,
+    ServiceSupervisor,
+    resolve_inference,
+)
 from dppo.distributed.ray_calls import RayCalls
 from dppo.errors import RunFailure, UsageError
 from dppo.rl.agent import Agent, export_weights
@@ -51,16 +59,26 @@ class InProcess:
 
 
 def test_a_batch_runs_when_every_expected_request_is_in_or_its_first_has_waited_long_enough() -> None:
-    batcher = Batcher(expected=3, wait_s=0.002)
-    assert not batcher.due(now=10.0)  # nothing to run
-    batcher.add("a", now=10.0)
-    batcher.add("b", now=10.001)
-    assert not batcher.due(now=10.0015) and batcher.remaining(10.0015) == pytest.approx(0.0005)
-    assert batcher.due(now=10.002)  # measured from the first request
-    batcher.add("c", now=10.0021)
-    assert batcher.full and batcher.take() == ["a", "b", "c"] and not batcher.items
-    batcher.add("d", now=20.0)
-    assert not batcher.due(now=20.001) and batcher.due(now=20.0025)
+    """The service's class (no Ray) on an asyncio loop: the requests of both expected actors run as one batch at
+    once; one alone runs after BATCH_WAIT_S, its wait counted."""
+    env = gym.make("CartPole-v1")
+    config = ModelConfig()
+    service = InferenceService(env.observation_space, env.action_space, config, "cpu", expected=2, threads=1)
+    obs = check_spaces(env.observation_space, env.action_space, config)[0].encode(np.zeros((3, 4), np.float32))
+
+    async def rounds() -> tuple[list[Reply], dict, float, dict]:
+        await service.load(weights_of(env.observation_space, env.action_space, config, seed=1), 1)
+        both = await asyncio.gather(service.act(Request(1, obs)), service.act(Request(1, obs)))
+        full = await service.stats()
+        asked = time.monotonic()
+        await service.act(Request(1, obs))
+        return both, full, time.monotonic() - asked, await service.stats()
+
+    both, full, waited, alone = asyncio.run(rounds())
+    assert [reply.heads.values.shape for reply in both] == [(3,), (3,)]
+    assert full["batches"] == 1 and full["rows_mean"] == 6  # gathered in one turn of the loop, before any timer
+    assert alone["batches"] == 1 and alone["rows_mean"] == 3
+    assert waited >= alone["queue_s_median"] >= BATCH_WAIT_S * 0.99  # asyncio's timers may fire a clock tick early
 
 
 def weights_of(obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int) -> dict:

@@ -162,6 +162,6 @@ def test_the_inference_service_is_replaced_on_any_loss_and_only_its_crashes_spen
     inference.serve(Broadcast(weights, 1, None, None))
     served = inference.serve(Broadcast(weights, 2, None, None))  # the first service's second call: preempted
     served = inference.serve(Broadcast(weights, 3, None, None))  # the second's: crashed
-    assert inference.group.losses == Counter(node=1, crash=1) and len(inference.crashes.times) == 1
+    assert inference.group.losses == Counter(node=1, crash=1) and len(inference.group.crashes.times) == 1
     assert served.spawns == 3 and served.service is calls.actors[2] and calls.actors[0].killed
     assert [line.split("(")[0] for line in said] == ["the inference service was lost "] * 2 and "loss 2" in said[1]
