@@ -29,6 +29,7 @@ from dppo.bench.common import (
 from dppo.bench.docs import emit
 from dppo.bench.memory import tree_memory_mib
 from dppo.cli_args import fail, positive
+from dppo.errors import UsageError
 
 if TYPE_CHECKING:
     from dppo.config import Config
@@ -139,7 +140,7 @@ def bench_sampling(actor_counts: list[int], env_id: str = "CartPole-v1", envs_pe
                    segment_length: int | None = None, latency_ms: float = 0.0, iterations: int = 10,
                    vectorization: str = "sync", address: str | None = None, raw_baseline: bool = True,
                    inference: tuple[str, ...] = ("actor",), actor_halves: int = 1,
-                   cpus_per_actor: float | None = None) -> list[Row]:
+                   cpus_per_actor: float | None = None, actor_gpus: float = 0.0) -> list[Row]:
     """Rows: the raw loop and the in-process Sampler (actors 0), then one row per actor count.
 
     ``efficiency`` is steps/s over the in-process Sampler baseline (the one-core ceiling; it can pass 1
@@ -147,6 +148,7 @@ def bench_sampling(actor_counts: list[int], env_id: str = "CartPole-v1", envs_pe
     """
     config = bench_config(env_id, envs_per_actor, segment_length, latency_ms, vectorization)
     config.run.actor_halves = actor_halves  # the actors' own policy in two halves (run.actor_halves)
+    config.run.actor_gpus = actor_gpus  # ... or on a GPU share of their own (run.actor_gpus)
     base_iterations = iterations if latency_ms <= 0 else max(1, iterations // 2)
     rows: list[Row] = []
 
@@ -163,6 +165,13 @@ def bench_sampling(actor_counts: list[int], env_id: str = "CartPole-v1", envs_pe
     baseline = _in_process(config, base_iterations, raw=False)
     rows.append(row("in-process", 0, baseline))
     with ray_session(address, max(actor_counts)):
+        import ray
+
+        from dppo.distributed.actor import gpu_shortage
+
+        if actor_gpus and (short := gpu_shortage(actor_gpus, ray.nodes())):
+            raise UsageError(f"--actor-gpus {actor_gpus:g}: {short.split('; ')[0]}; run it where a node has one "
+                             "(or without --actor-gpus)")
         for count in actor_counts:
             for mode in inference:
                 steps_per_s, memory = _ray_sampling(config.model_copy(deep=True), count, iterations, mode,
@@ -194,6 +203,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     sampling.add_argument("--actor-halves", type=int, choices=[1, 2], default=1,
                           help="run.actor_halves of the actors running their own policy: 2 steps one half of their "
                                "envs while the other's forward pass runs (default 1)")
+    sampling.add_argument("--actor-gpus", type=positive(float, "--actor-gpus"), default=0.0,
+                          help="run.actor_gpus: each actor's own policy on a share of a GPU (cuda), computed on a "
+                               "worker thread; with --actor-halves 2 one half steps meanwhile (default 0: on its CPU)")
     sampling.add_argument("--actor-cpus", type=positive(float, "--actor-cpus"),
                           help="run.actor_cpus: Ray CPUs per actor, also ale-py's threads (default 1 per actor)")
     add_common_args(sampling)
@@ -208,13 +220,22 @@ def cmd_sampling(args: argparse.Namespace) -> int:
     if "server" in modes and args.envs_per_actor > 1 and args.envs_per_actor % 2:
         fail(f"--inference server steps each actor's envs in two halves: --envs-per-actor must be even or 1, "
              f"not {args.envs_per_actor}")
+    if args.actor_gpus and "server" in modes:
+        fail("--actor-gpus puts each actor's own policy on a GPU share, and --inference server computes it in the "
+             "service: measure them in two calls (--inference actor --actor-gpus F, then --inference server)")
+    if args.actor_gpus and not args.address:
+        import torch
+
+        if not torch.cuda.is_available():
+            fail(f"--actor-gpus {args.actor_gpus:g} puts each actor's policy on a GPU share, and this machine's torch "
+                 "sees no CUDA device: run it on a GPU machine (or a cluster's, with --address)")
     if args.actor_halves == 2 and (args.envs_per_actor % 2 or "server" in modes):
         fail(f"--actor-halves 2 splits the envs of actors running their own policy: it needs an even "
              f"--envs-per-actor (not {args.envs_per_actor}) and --inference actor")
     info = machine()
     rows = bench_sampling(counts, check_env_id(args.env), args.envs_per_actor, args.segment_length,
                           args.env_latency_ms, args.iterations, args.vectorization, args.address, inference=modes,
-                          actor_halves=args.actor_halves, cpus_per_actor=args.actor_cpus)
+                          actor_halves=args.actor_halves, cpus_per_actor=args.actor_cpus, actor_gpus=args.actor_gpus)
     latency = args.env_latency_ms
     key = "sampling" + (f"-latency-{latency:g}ms" if latency else "")
     key = args.section or key + (f"-{args.vectorization}" if args.vectorization != "sync" else "")
@@ -230,13 +251,17 @@ def cmd_sampling(args: argparse.Namespace) -> int:
             "actors x E / latency for async). Memory: summed RSS and PSS over the driver's process tree "
             "(Ray's GCS, raylet and workers included) while the actors were alive. `inference` server: the actors' "
             "policy computed by dppo's inference service (run.inference), on the GPU when there is one, reached "
-            "through shared memory by the actors on its node (`dppo bench transport`), by Ray calls from others.")
+            "through shared memory by the actors on its node (`dppo bench transport`), by Ray calls from others. "
+            "`--actor-gpus F`: each actor's own policy on F of a GPU (run.actor_gpus), on a worker thread.")
     served = ["inference"] if modes != ("actor",) else []
     columns = ["mode", *served, "actors", "envs_per_actor", "segment_length", "env_latency_ms", "steps_per_s",
                "efficiency", "limit_steps_per_s", "of_limit", "processes", "rss_mib", "pss_mib"]
     shape = f"E = {rows[0]['envs_per_actor']}, T = {rows[0]['segment_length']}"
-    if args.actor_halves != 1 or args.actor_cpus:  # the actor that steps many envs on its threads (issue 42)
+    if args.actor_halves != 1 or args.actor_cpus or args.actor_gpus:  # the actor that steps many envs (issue 42)
         shape += f", {args.actor_halves} halves, {args.actor_cpus or 1:g} CPUs per actor"
         key = args.section or f"{key}-E{args.envs_per_actor}-halves{args.actor_halves}-cpus{args.actor_cpus or 1:g}"
+        if args.actor_gpus:
+            shape += f", {args.actor_gpus:g} GPU per actor"
+            key = args.section or f"{key}-gpus{args.actor_gpus:g}"
     emit(args, rows, columns, key, f"Sampling, {args.env}, {bound}, {shape}", note, info)
     return 0

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
 
 from benchmarks.__main__ import parse as benchmarks_args
 from dppo.bench.docs import section_markers
@@ -139,7 +140,7 @@ def test_update_uses_the_preset_minibatch(ray_address: str) -> None:
     assert row["minibatch_size"] == load_config().ppo.minibatch_size
 
 
-def test_bad_input_is_a_usage_error(tmp_path: Path) -> None:
+def test_bad_input_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(UsageError, match="--actors"):
         run_bench(["sampling", "--actors", "x"])
     with pytest.raises(UsageError, match="unknown gymnasium environment"):
@@ -148,6 +149,26 @@ def test_bad_input_is_a_usage_error(tmp_path: Path) -> None:
         run_bench(["sampling", "--iterations", "0"])
     with pytest.raises(UsageError, match=r"--actors 5 do not fit on 2 workers of 2 CPUs"):
         run_bench(["node-loss", "--actors", "5"])
+    with pytest.raises(SystemExit, match="2"):
+        run_bench(["sampling", "--actor-gpus", "0.5", "--inference", "actor,server"])
+    assert "--actor-gpus puts each actor's own policy on a GPU share, and --inference server" in capsys.readouterr().err
+
+
+def test_the_gpu_share_actor_needs_a_gpu_and_says_so_in_one_line(ray_address: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`--actor-gpus F` measures the actor whose policy runs on its GPU share: where none is, one line naming it,
+    on this machine (its torch) or on the cluster (its nodes)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="2"):
+            run_bench(["sampling", "--actor-gpus", "0.5", "--actors", "1"])
+        assert "--actor-gpus 0.5 puts each actor's policy on a GPU share, and this machine's torch sees no CUDA " \
+               "device" in capsys.readouterr().err
+    gpus = sum(node["Resources"].get("GPU", 0.0) for node in ray.nodes() if node["Alive"])
+    with pytest.raises(UsageError, match=rf"--actor-gpus {gpus + 1:g}: run.actor_gpus={gpus + 1:g} asks Ray for a "
+                                         r"GPU share per actor, and no node of the Ray cluster has"):
+        run_bench(["sampling", "--actor-gpus", f"{gpus + 1:g}", "--actors", "1", *TINY, "--address", ray_address])
 
 
 def test_round_command_breaks_the_round_down(ray_address: str, tmp_path: Path) -> None:
