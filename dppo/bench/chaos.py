@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -35,7 +36,10 @@ from dppo.bench.chaos_cluster import (
     saved_token,
     start_worker,
 )
+from dppo.bench.chaos_curves import plot_long_run
+from dppo.bench.chaos_growth import report_text as long_report
 from dppo.bench.chaos_loop import Chaos
+from dppo.bench.chaos_monitor import Monitor
 from dppo.bench.chaos_readout import Narrator, clock, kill_rows, report_text, verdict
 from dppo.bench.chaos_report import RunLog, recovery_rows, run_row
 from dppo.bench.chaos_schedule import (
@@ -65,12 +69,26 @@ def env_steps_per_segment(config: Any) -> int:
     return with_agents(config).columns * config.ppo.segment_length
 
 
+def long_run_sets(args: argparse.Namespace) -> list[str]:
+    """Without faults one run trains for ``--minutes`` (run.time_limit_s; the run ends with a checkpoint and exit 0):
+    no step budget or target return ends it first unless the user set one."""
+    given = {item.partition("=")[0].strip() for item in args.sets}
+    sets = [f"run.time_limit_s={args.minutes * 60:g}"]
+    sets += [] if "run.total_steps" in given else ["run.total_steps=1000000000000"]
+    sets += [] if "run.target_return" in given else ["run.target_return=null"]
+    return sets
+
+
 def prepare(args: argparse.Namespace) -> tuple[Any, list[str], dict[str, float], list[str]]:
     """Config, kinds, rates and the sets the bench adds; every bad input found before anything is started."""
     from dppo.config import load_config
 
+    if args.no_faults and (args.kinds or args.rate):
+        raise UsageError("--no-faults kills nothing: leave out --kinds and --rate (or drop --no-faults)")
     given = parse_kinds(args.kinds) if args.kinds else None
-    sets = [*args.sets, *CHAOS_SETS]
+    sets = [*args.sets, *CHAOS_SETS, *(long_run_sets(args) if args.no_faults else [])]
+    if args.no_faults:
+        return load_config(args.config, {"env.id": args.env} if args.env else {}, sets), [], {}, sets
     config = load_config(args.config, {"env.id": args.env} if args.env else {}, sets)
     applies = {"learner": config.run.learners >= 2, "inference": config.run.inference == "server"}
     need = {"learner": "run.learners >= 2 (e.g. --set run.learners=2)",
@@ -105,6 +123,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=positive(int, "--workers"), default=2, help="worker nodes (default 2)")
     parser.add_argument("--no-baseline", dest="baseline", action="store_false",
                         help="skip the run of the same config without chaos")
+    parser.add_argument("--no-faults", action="store_true",
+                        help="kill nothing: one run trains for --minutes (a long run, to measure growth)")
+    parser.add_argument("--sample-s", type=positive(float, "--sample-s"), default=60.0,
+                        help="seconds between readings of every process's RSS, open files, /dev/shm, the object "
+                        "store and the run dir (default 60)")
+    parser.add_argument("--warmup-min", type=positive(float, "--warmup-min"), default=5.0,
+                        help="minutes of training before growth is fitted (default 5)")
     parser.add_argument("--out", help="where the schedule, job logs and runs go (default runs/chaos-<time>)")
     add_common_args(parser)
     parser.set_defaults(func=cmd_chaos)
@@ -135,7 +160,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     local = None if args.address else LocalCluster(env)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its cluster (finally)
     loads = [os.getloadavg()[0]]
-    say = Narrator(config.run.total_steps, args.minutes * 60)
+    say = Narrator(config.run.total_steps, args.minutes * 60, "long run" if args.no_faults else "chaos")
+    monitor = None
     try:
         if local is not None:
             say.say(f"starting a local cluster: a head and {args.workers} worker node{'s' * (args.workers > 1)} of "
@@ -154,8 +180,10 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         cluster = Cluster(dashboard, env, local, str(out))
         chaos = Chaos(cluster, out, entrypoint, list(plan), args.seed, args.node_down_s, cpus, say)
         chaos.full = config.run.actors
+        monitor = Monitor(cluster, out, out / "samples.jsonl", args.sample_s, lambda: chaos.chaos_start)
+        monitor.__enter__()
         baseline = None
-        if args.baseline:
+        if args.baseline and not args.no_faults:
             say.say(f"run 0, the run without chaos, first ({config.run.total_steps:,} env steps)")
             base = chaos.run_once(0, out / "run-0", None, timeout_s=3600)
             baseline = base.summary.get("episode_return_mean")
@@ -167,14 +195,16 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                                                      if not chaos.chaos_start else ""))
             runs.append(chaos.run_once(len(runs) + 1, out / f"run-{len(runs) + 1}", args.minutes * 60,
                                        timeout_s=args.minutes * 60 + 1800))
-            if runs[-1].statuses[-1] != "SUCCEEDED":
-                break
+            if runs[-1].statuses[-1] != "SUCCEEDED" or args.no_faults:
+                break  # without faults the one run trained for the minutes (its time limit)
         loads.append(os.getloadavg()[0])
         ended = (f"the chaos ended at t={clock(args.minutes * 60)}" if runs[-1].statuses[-1] == "SUCCEEDED"
                  else f"run {len(runs)} ended {runs[-1].statuses[-1]}")
         say.say("counting what the runs left behind (their processes get up to 60 s to end)")
         leftovers = {"processes": run_processes_left(cluster, str(out))}
     finally:
+        if monitor is not None:
+            monitor.stop()
         if local is not None:
             local.stop()
     deadline = time.monotonic() + 30.0  # killed trees are reaped by init a moment later
@@ -190,27 +220,50 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     row["load_avg"] = round(statistics.mean(chaos.loads or loads), 2)
     kills = recovery_rows(chaos.done, runs, config.run.actors, kinds)
     words = kill_rows(kills, missed)
-    result = {"verdict": verdict(row, accounts, words, missed), "run": row, "kills": kills, "missed": missed,
-              "runs": accounts, "leftovers": leftovers, "env_steps_per_segment": steps}
+    long_text, growth = long_report(monitor.samples if monitor else [], args.warmup_min * 60,
+                                    config.run.keep_checkpoints, len(leftovers["shm"]),
+                                    ",".join(str(a["status"]) for a in accounts), args.minutes)
+    result = {"verdict": growth["verdict"] if args.no_faults else verdict(row, accounts, words, missed), "run": row,
+              "kills": kills, "missed": missed, "runs": accounts, "leftovers": leftovers,
+              "env_steps_per_segment": steps, "growth": growth}
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    report(args, result, report_text(row, accounts, words, missed), info, out)
+    text = long_text if args.no_faults else (report_text(row, accounts, words, missed)
+                                             + "\n\nReadings of every process (each --sample-s):\n\n" + long_text)
+    report(args, result, text, info, out, monitor.samples if monitor else [], config)
     return 0
 
 
-def report(args: argparse.Namespace, result: dict[str, Any], text: str, info: dict[str, Any], out: Path) -> None:
-    """The report on stdout (its first line the verdict); the section of docs/benchmarks.md with --write-docs."""
+def section_key(args: argparse.Namespace, config: Any) -> str:
+    """The docs section: ``--section``, else ``chaos``, or ``long-<env>`` without faults (one per env, so two long
+    runs side by side keep their own sections and figures)."""
+    if args.section:
+        return str(args.section)
+    return "long-" + re.sub(r"[^a-z0-9]+", "-", config.env.id.lower()).strip("-") if args.no_faults else "chaos"
+
+
+def report(args: argparse.Namespace, result: dict[str, Any], text: str, info: dict[str, Any], out: Path,
+           samples: list[dict[str, Any]], config: Any) -> None:
+    """The report on stdout (its first line the verdict); the section of docs/benchmarks.md and its figure (the
+    readings' curves) with --write-docs."""
     from dppo.bench.common import typed_argv
 
     print("\n" + text, flush=True)
-    print(f"\nschedule, kills and accounting: {out}", flush=True)
+    print(f"\nschedule, kills, accounting and readings (samples.jsonl): {out}", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({k: result[k] for k in ("verdict", "run", "kills", "missed")},
+        Path(args.json).write_text(json.dumps({k: result[k] for k in ("verdict", "run", "kills", "missed", "growth")},
                                               indent=2) + "\n")
     if args.write_docs:
-        note = NOTE.format(minutes=f"{args.minutes:g}")
-        write_docs(Path(args.write_docs), args.section or "chaos", "Chaos: every kind of process killed at random",
-                   note, shlex.join(typed_argv(args)), text, info)
-        print(f"wrote section {args.section or 'chaos'!r} of {args.write_docs}", flush=True)
+        key = section_key(args, config)
+        title = (f"Long run: {config.env.id}, {args.minutes:g} minutes without faults" if args.no_faults
+                 else "Chaos: every kind of process killed at random")
+        figure = None
+        if samples:
+            name = f"bench-{key}.png" if key.startswith("long-") else f"bench-long-{key}.png"
+            figure = plot_long_run(samples, args.warmup_min * 60, title, Path(args.write_docs).parent / name)
+        note = (LONG_NOTE if args.no_faults else NOTE).format(minutes=f"{args.minutes:g}",
+                                                              warmup=f"{args.warmup_min:g}", every=f"{args.sample_s:g}")
+        write_docs(Path(args.write_docs), key, title, note, shlex.join(typed_argv(args)), text, info, figure)
+        print(f"wrote section {key!r} of {args.write_docs}" + (f" and {figure}" if figure else ""), flush=True)
 
 
 NOTE = (
@@ -224,5 +277,18 @@ NOTE = (
     "crash-loop guards (`faults.max_*_restarts`) so chaos is not taken for a crash loop, and turns evaluation on "
     "(`run.eval_every=5`) when the config has it off. The env steps are counted by the driver's rounds, not by "
     "the actors; a multi-agent env's steps are its agent columns'. The first line below is the verdict; the "
-    "legend after the tables says what each column counts."
+    "legend after the tables says what each column counts. The readings of every process (one each {every} s; "
+    "growth fitted after {warmup} minutes of training) follow the legend."
+)
+
+LONG_NOTE = (
+    "The same chart-shaped local cluster as the chaos section (a head of its own `ray start --head`, worker nodes "
+    "of their own `ray start`, the run submitted with `ray job submit`), with `--no-faults`: nothing is killed and "
+    "one run trains for {minutes} minutes (`run.time_limit_s`; no step budget or target return ends it first). "
+    "Every {every} s the bench reads every process of the cluster (RSS and open files, by role and node), the "
+    "/dev/shm entries the run's processes hold, Ray's object store (its `ray_object_store_memory` gauge) and the "
+    "run directory (size, checkpoint count); each process's RSS growth is a least-squares line through its "
+    "readings after {warmup} minutes of training, per hour, as % of its first reading after them (the target: at "
+    "most 5 %/h, nothing left in /dev/shm, the run dir bounded by `run.keep_checkpoints`). The readings are "
+    "`samples.jsonl` in `--out`; the figure draws them, the dotted line the warm-up's end."
 )

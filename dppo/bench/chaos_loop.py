@@ -84,8 +84,8 @@ class Chaos:
             if chaos_s is not None and not self.chaos_start and log.seen:
                 self.chaos_start, self.chaos_until = log.seen[0][0], log.seen[0][0] + chaos_s
                 self.say.start = self.chaos_start
-                self.say.say(f"the chaos begins: run {index}'s first progress line; {len(self.plan)} kills planned "
-                             f"until t={clock(chaos_s)}", self.chaos_start)
+                self.say.say(f"the {self.say.word} begins: run {index}'s first progress line; {len(self.plan)} kills "
+                             f"planned until t={clock(chaos_s)}", self.chaos_start)
             if chaos_s is not None and self.chaos_start:
                 self.kill_due(now, self.chaos_until, index)
             self.bring_back(now)

@@ -26,15 +26,15 @@ def clock(seconds: float) -> str:
 class Narrator:
     """The bench's running commentary, one flushed line per event (``say``), with the chaos clock once it runs."""
 
-    def __init__(self, total_steps: int, chaos_s: float) -> None:
-        self.total_steps, self.chaos_s = total_steps, chaos_s
+    def __init__(self, total_steps: int, chaos_s: float, word: str = "chaos") -> None:
+        self.total_steps, self.chaos_s, self.word = total_steps, chaos_s, word  # word: "long run" without faults
         self.start = 0.0  # the chaos's start (monotonic; 0: not yet)
         self.said: dict[int, str] = {}  # id of a planned kill -> the reason it waits, last said
         self.beat_at = time.monotonic()
 
     def say(self, text: str, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        stamp = f"chaos t={clock(now - self.start)}" if self.start else "chaos:"
+        stamp = f"{self.word} t={clock(now - self.start)}" if self.start else f"{self.word}:"
         print(f"{stamp} {text}", flush=True)
         self.beat_at = now
 
@@ -82,8 +82,8 @@ class Narrator:
         if not self.start:
             self.say(f"{name}, job attempt {attempt + 1}: {where}", now)
             return
-        phase = (f"chaos until t={clock(self.chaos_s)}" if now - self.start < self.chaos_s
-                 else "chaos over, the run finishes in peace")
+        phase = (f"{self.word} until t={clock(self.chaos_s)}" if now - self.start < self.chaos_s
+                 else f"{self.word} over, the run finishes in peace")
         self.say(f"({phase}) {name}, job attempt {attempt + 1}: {where}; {kills} kills done, {waiting} due and "
                  "waiting", now)
 

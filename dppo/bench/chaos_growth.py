@@ -1,0 +1,164 @@
+"""What the per-minute readings of :mod:`dppo.bench.chaos_monitor` say about a long run: each process's RSS growth
+per hour after a warm-up (a least-squares line through its readings after the warm-up, as % of its first reading
+there), the most open files, Ray's object store, /dev/shm, and the run directories against their checkpoint
+count; and the verdict against issue 56's targets. Pure (readings in, rows and words out), so it is tested on
+recorded readings without Ray.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from dppo.markdown import table
+
+RSS_LIMIT_PCT_PER_H = 5.0  # no process's RSS grows more than this after the warm-up
+MIN_FIT_SAMPLES = 3  # a line through fewer readings says nothing
+
+
+def warmup_end_s(samples: list[dict[str, Any]], warmup_s: float) -> float | None:
+    """The monitor's time (``t_s``) at which the warm-up ends: ``warmup_s`` after training began (the first
+    reading that saw it, less its ``training_s``); None when no reading saw training."""
+    for sample in samples:
+        if sample.get("training_s") is not None:
+            return sample["t_s"] - sample["training_s"] + warmup_s
+    return None
+
+
+def growth_pct_per_h(times_s: list[float], values: list[float]) -> float | None:
+    """The slope of the least-squares line through (time, value), per hour, as % of the first value; None with
+    fewer than MIN_FIT_SAMPLES readings, a zero first value or no time between them."""
+    if len(values) < MIN_FIT_SAMPLES or not values[0] or times_s[-1] <= times_s[0]:
+        return None
+    slope = float(np.polyfit(np.asarray(times_s, float), np.asarray(values, float), 1)[0])
+    return round(slope * 3600.0 / values[0] * 100.0, 2)
+
+
+def series(samples: list[dict[str, Any]]) -> dict[tuple[str, str, int], list[tuple[float, float, int]]]:
+    """Per process (role, node, pid): its readings (t_s, RSS MiB, open files) in time order."""
+    found: dict[tuple[str, str, int], list[tuple[float, float, int]]] = defaultdict(list)
+    for sample in samples:
+        for p in sample["processes"]:
+            found[(p["role"], p["node"], p["pid"])].append((sample["t_s"], p["rss_mib"], p["fds"]))
+    return found
+
+
+def process_rows(samples: list[dict[str, Any]], warmup_s: float) -> list[dict[str, Any]]:
+    """One row per process seen in at least MIN_FIT_SAMPLES readings after the warm-up, by role and node: RSS at
+    the warm-up's end and at the last reading, growth %/h after the warm-up, the most open files."""
+    end = warmup_end_s(samples, warmup_s)
+    rows = []
+    for (role, node, pid), readings in series(samples).items():
+        after = [r for r in readings if end is not None and r[0] >= end]
+        if len(after) < MIN_FIT_SAMPLES:
+            continue
+        rows.append({"process": role, "node": node, "pid": pid, "readings": len(after),
+                     "RSS at warm-up end (MiB)": after[0][1], "RSS at end (MiB)": after[-1][1],
+                     "growth (%/h)": growth_pct_per_h([r[0] for r in after], [r[1] for r in after]),
+                     "open files max": max(r[2] for r in readings)})
+    return sorted(rows, key=lambda r: (r["node"], r["process"], r["pid"]))
+
+
+def after_warmup(samples: list[dict[str, Any]], warmup_s: float) -> list[dict[str, Any]]:
+    end = warmup_end_s(samples, warmup_s)
+    return [s for s in samples if end is not None and s["t_s"] >= end]
+
+
+def totals_row(samples: list[dict[str, Any]], warmup_s: float, keep: int) -> dict[str, Any]:
+    """The run as a whole: minutes trained, readings, object store, /dev/shm, run dirs against checkpoints."""
+    after = after_warmup(samples, warmup_s)
+    stores = [s["object_store"]["used_mib"] for s in samples if s.get("object_store")]
+    store_after = [(s["t_s"], s["object_store"]["used_mib"]) for s in after if s.get("object_store")]
+    dirs = [s["run_dir"] for s in samples]
+    other = [(s["t_s"], s["run_dir"]["other_mib"]) for s in after]
+    logs = [(s["t_s"], s["ray_logs_mib"]) for s in after if s.get("ray_logs_mib") is not None]
+    trained = [s["training_s"] for s in samples if s.get("training_s") is not None]
+    return {
+        "minutes trained": round(max(trained) / 60, 1) if trained else 0.0, "readings": len(samples),
+        "readings after warm-up": len(after),
+        "object store max (MiB)": round(max(stores), 1) if stores else None,
+        "object store growth (MiB/h)": mib_per_h(store_after),
+        "/dev/shm entries max": max((s["shm"]["entries"] for s in samples), default=0),
+        "/dev/shm max (MiB)": round(max((s["shm"]["mib"] for s in samples), default=0.0), 1),
+        "checkpoints max": max((d["checkpoints"] for d in dirs), default=0), "keep_checkpoints": keep,
+        "largest checkpoint (MiB)": round(max((d["largest_checkpoint_mib"] for d in dirs), default=0.0), 2),
+        "run dir at end (MiB)": round(dirs[-1]["mib"], 2) if dirs else None,
+        "run dir max (MiB)": round(max((d["mib"] for d in dirs), default=0.0), 2),
+        "run dir less checkpoints growth (MiB/h)": mib_per_h(other),
+        "Ray logs growth (MiB/h)": mib_per_h(logs),
+        "env steps": next((s["env_steps"] for s in reversed(samples) if s.get("env_steps") is not None), None),
+        "load average": round(float(np.mean([s["load"] for s in samples])), 2) if samples else None,
+    }
+
+
+def mib_per_h(points: list[tuple[float, float]]) -> float | None:
+    """The slope of the least-squares line through (t_s, MiB), in MiB per hour."""
+    if len(points) < MIN_FIT_SAMPLES or points[-1][0] <= points[0][0]:
+        return None
+    slope = float(np.polyfit([p[0] for p in points], [p[1] for p in points], 1)[0])
+    return round(slope * 3600.0, 3)
+
+
+def checkpoint_bound_ok(total: dict[str, Any]) -> bool:
+    """The run dirs are bounded by their checkpoints: never more than keep_checkpoints + 1 at a reading (the
+    newest is written before the oldest goes); what is not a checkpoint is reported as MiB/h."""
+    return total["checkpoints max"] <= total["keep_checkpoints"] + 1
+
+
+def verdict(procs: list[dict[str, Any]], total: dict[str, Any], shm_left: int, status: str,
+            minutes: float) -> list[str]:
+    """The verdict against the targets, in words: RSS growth per process, /dev/shm left, run dirs bounded."""
+    problems = []
+    growing = [r for r in procs if r["growth (%/h)"] is not None and r["growth (%/h)"] > RSS_LIMIT_PCT_PER_H]
+    if growing:
+        problems.append("RSS grows more than 5 %/h: " + ", ".join(
+            f"{r['process']} on {r['node']} (pid {r['pid']}) {r['growth (%/h)']:+.1f} %/h" for r in growing))
+    if not procs:
+        problems.append("no process was read long enough after the warm-up to fit its growth")
+    if shm_left:
+        problems.append(f"{shm_left} /dev/shm entries left behind")
+    if not checkpoint_bound_ok(total):
+        problems.append(f"{total['checkpoints max']} checkpoints at once, more than keep_checkpoints "
+                        f"{total['keep_checkpoints']} + 1")
+    if status != "SUCCEEDED":
+        problems.append(f"the run ended {status}")
+    fitted = [r for r in procs if r["growth (%/h)"] is not None]
+    worst = max(fitted, key=lambda r: r["growth (%/h)"], default=None)
+    worst_words = (f"the fastest-growing process {worst['process']} on {worst['node']} at {worst['growth (%/h)']:+.2f}"
+                   " %/h" if worst else "no growth fitted")
+    first = ("PROBLEMS: " + "; ".join(problems) if problems else
+             f"within the targets: no process's RSS grows more than {RSS_LIMIT_PCT_PER_H:g} %/h after the warm-up "
+             f"({worst_words}), nothing left in /dev/shm, at most {total['checkpoints max']} checkpoints "
+             f"(keep_checkpoints {total['keep_checkpoints']})")
+    second = (f"{total['minutes trained']:g} of {minutes:g} minutes trained ({total['env steps'] or 0:,} env steps), "
+              f"{total['readings']} readings ({total['readings after warm-up']} after the warm-up), "
+              f"{len(procs)} processes fitted; {worst_words}")
+    return [first, second]
+
+
+LEGEND = """\
+- **growth (%/h)**: the slope of a least-squares line through the process's RSS readings after the warm-up, per
+  hour, as % of its first reading after it (the target: at most 5 %/h); **readings**: the readings it was fitted
+  on (one a `--sample-s`); a process with fewer than 3 (a worker started and gone) has no row. Processes are
+  named by role: Ray's own (gcs, raylet, agents, dashboard, job supervisor, idle workers) and the run's (driver,
+  actor, learner, inference, evaluation), each on its node (`head`, `worker-N`).
+- **object store**: Ray's `ray_object_store_memory` gauge summed over the nodes' metrics ports (bytes of objects
+  in shared memory, spilled and fallback); **/dev/shm**: the entries the run's processes had mapped or open (Ray's
+  object store itself maps an unlinked file: not counted); **left at end**: those still there after the run
+  ended.
+- **checkpoints max**: the most `ckpt-*.pt` files at one reading (the newest is written before the oldest is
+  pruned: keep_checkpoints + 1 at most); **run dir less checkpoints growth**: progress.jsonl and train.log,
+  which grow with the iterations by design; **Ray logs growth**: the cluster's session directory (its logs)."""
+
+
+def report_text(samples: list[dict[str, Any]], warmup_s: float, keep: int, shm_left: int, status: str,
+                minutes: float) -> tuple[str, dict[str, Any]]:
+    """The long-run report (verdict, processes, totals, legend) and its figures as a dict for results.json."""
+    procs = process_rows(samples, warmup_s)
+    total = totals_row(samples, warmup_s, keep) | {"/dev/shm left at end": shm_left}
+    words = verdict(procs, total, shm_left, status, minutes)
+    text = "\n\n".join(["\n".join(words), table(procs, list(procs[0]) if procs else ["process"]),
+                        table([total], list(total)), LEGEND])
+    return text, {"verdict": words, "processes": procs, "totals": total, "warmup_s": warmup_s}
