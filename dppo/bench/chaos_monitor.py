@@ -37,6 +37,7 @@ PATH_ROLES = (("gcs_server", "gcs"), ("/raylet/raylet", "raylet"), ("dashboard/a
               ("runtime_env/agent/main.py", "runtime env agent"), ("dashboard/dashboard.py", "dashboard"),
               ("ray-dashboard-", "dashboard module"), ("log_monitor.py", "log monitor"),
               ("autoscaler/_private/monitor.py", "autoscaler monitor"), ("resource_tracker", "resource tracker"),
+              ("multiprocessing.forkserver", "dashboard forkserver"),
               (" start ", "ray start"))
 
 
