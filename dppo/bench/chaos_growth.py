@@ -143,7 +143,9 @@ LEGEND = """\
   hour, as % of its first reading after it (the target: at most 5 %/h); **readings**: the readings it was fitted
   on (one a `--sample-s`); a process with fewer than 3 (a worker started and gone) has no row. Processes are
   named by role: Ray's own (gcs, raylet, agents, dashboard, job supervisor, idle workers) and the run's (driver,
-  actor, learner, inference, evaluation), each on its node (`head`, `worker-N`).
+  actor, learner, inference, evaluation), each on its node (`head`, `worker-N`). RSS counts the pages of Ray's
+  object store a process has touched (a raylet's grows as the store fills); samples.jsonl keeps each reading's
+  shared part (`shared_mib`) beside it.
 - **object store**: Ray's `ray_object_store_memory` gauge summed over the nodes' metrics ports (bytes of objects
   in shared memory, spilled and fallback); **/dev/shm**: the entries the run's processes had mapped or open (Ray's
   object store itself maps an unlinked file: not counted); **left at end**: those still there after the run

@@ -172,8 +172,10 @@ class Monitor:
             for process in processes:
                 with contextlib.suppress(psutil.Error):
                     command = title(process)
+                    memory = process.memory_info()  # shared: pages of files and shared memory (the object store)
                     rows.append({"node": node, "role": role_of(command), "pid": process.pid,
-                                 "rss_mib": round(process.memory_info().rss / MIB, 2), "fds": process.num_fds()})
+                                 "rss_mib": round(memory.rss / MIB, 2), "shared_mib": round(memory.shared / MIB, 2),
+                                 "fds": process.num_fds()})
                     if node not in self.ports and (port := metrics_port(command)) is not None:
                         self.ports[node] = port
             shm |= shm_in_use(processes)
