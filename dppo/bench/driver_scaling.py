@@ -149,7 +149,7 @@ def driver_config(env_id: str, actors: int, envs_per_actor: int, segment_length:
     One warm-up iteration before the timed ones; no checkpoint until the end, no evaluation; the run waits for all
     N actors at start. Bad values (an N over run.actors' limit, an odd E with the server) are a usage error here,
     before Ray starts."""
-    from dppo.distributed.inference import resolve_inference
+    from dppo.distributed.inference_choice import resolve_inference
 
     batch = actors * envs_per_actor * segment_length
     sets = ["model.hidden_sizes=[8]", "ppo.epochs=1", f"run.actor_cpus={actor_cpus}",  # one minibatch: bench_config

@@ -56,9 +56,10 @@ def process_tree(roots: list[int]) -> set[int]:
 def tree_memory_mib(roots: list[int]) -> dict[str, float]:
     """Summed RSS (counts shared pages once per process) and PSS (shares them out) over the tree, MiB."""
     pids = process_tree(roots)
-    rss = sum(read_kib(f"/proc/{p}/status", "VmRSS:") for p in pids)
+    each = [read_kib(f"/proc/{p}/status", "VmRSS:") for p in pids]
     pss = sum(read_kib(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids)
-    return {"processes": len(pids), "rss_mib": round(rss / 1024, 1), "pss_mib": round(pss / 1024, 1)}
+    return {"processes": len(pids), "rss_mib": round(sum(each) / 1024, 1), "pss_mib": round(pss / 1024, 1),
+            "max_rss_mib": round(max(each, default=0) / 1024, 1)}
 
 
 class PeakMemory:
@@ -67,12 +68,14 @@ class PeakMemory:
     def __init__(self, roots: Callable[[], list[int]], every_s: float = 0.5) -> None:
         self.roots, self.every_s = roots, every_s
         self.peak = {"processes": 0, "rss_mib": 0.0, "pss_mib": 0.0}
+        self.largest_mib = 0.0  # the most one process of the tree held at any sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
             now = tree_memory_mib(self.roots())
+            self.largest_mib = max(self.largest_mib, now.pop("max_rss_mib"))
             if now["rss_mib"] > self.peak["rss_mib"]:
                 self.peak = now
 

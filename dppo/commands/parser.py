@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from dppo.cli_args import Parser, fail
-from dppo.commands import bench, evaluate, export, plot, status, sweep, train
+from dppo.commands import bench, evaluate, export, plot, status, sweep, train, tune
 from dppo.errors import UsageError, first_line
 
-SUBCOMMANDS = (train, evaluate, export, plot, bench, status, sweep)  # each module has register(subparsers)
+SUBCOMMANDS = (train, evaluate, export, plot, bench, status, sweep, tune)  # each module has register(subparsers)
 _SHOW_WARNING = warnings.showwarning
 
 

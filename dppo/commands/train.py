@@ -196,7 +196,8 @@ def ready_line(coordinator: Coordinator, clock: PhaseClock) -> str:
     run = coordinator.config.run
     devices = "/".join(sorted({group.device for group in coordinator.learners.values()}))
     return (f"started in {seconds_since_process_start():.1f} s from launch (Ray {clock.phases['ray_init']:.1f} s): "
-            f"{learners(run.learners)} on {devices}, inference {INFERENCE[run.inference]}")
+            f"{learners(run.learners)} on {devices}, inference {INFERENCE[run.inference]}"
+            + (f" ({coordinator.inference_reason})" if coordinator.inference_reason else ""))
 
 
 def learners(count: int) -> str:

@@ -30,7 +30,7 @@ from dppo.distributed.inference_client import ServedBroadcast
 from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.ray_calls import RayCalls
 from dppo.distributed.restarts import RestartBudget
-from dppo.errors import RunFailure, UsageError, first_line
+from dppo.errors import RunFailure, first_line
 from dppo.rl.agent import Agent, Heads, Weights
 from dppo.rl.policy import InferenceLost, Reply, Request
 from dppo.rl.spaces import Obs, check_spaces
@@ -41,17 +41,6 @@ BATCH_WAIT_S = 0.002  # how long a batch waits for the rest of the actors' reque
 KEEP_VERSIONS = 2  # the weights sampled with and, with run.overlap_sampling, the ones sampled with meanwhile
 STATS_KEPT = 4096  # batches whose figures are kept for the medians between two reads (a run that never reads them)
 STATS_TIMEOUT_S = 10.0  # a service too busy to answer within it reports no figures rather than stall the driver
-
-
-def resolve_inference(config: Config) -> Config:
-    """The config with run.inference decided: ``auto`` is the actors, the mode no measurement has found slower
-    (issue 42); the service needs an even E (or 1) to step two halves."""
-    mode = "actor" if config.run.inference == "auto" else config.run.inference
-    num_envs = config.env.num_envs
-    if mode == "server" and num_envs > 1 and num_envs % 2:
-        raise UsageError(f"run.inference=server steps each actor's envs in two halves, so env.num_envs must be even "
-                         f"(or 1), not {num_envs}; set env.num_envs={num_envs + 1} or run.inference=actor")
-    return config.model_copy(update={"run": config.run.model_copy(update={"inference": mode})})
 
 
 class BatchStats:

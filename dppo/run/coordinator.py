@@ -22,7 +22,8 @@ from dppo.config import Config
 from dppo.distributed.actor_pool import ActorPool, Gathered, Round, Stop
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, SnapshotRefs, broadcast_arg
 from dppo.distributed.evaluation import FINISH_WAIT_S, EvalResult, Evaluation, EvaluationStopped
-from dppo.distributed.inference import ServiceSupervisor, lost_service, resolve_inference
+from dppo.distributed.inference import ServiceSupervisor, lost_service
+from dppo.distributed.inference_choice import choose_inference, resolve_inference
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.make import check_self_play, is_self_play, policy_spaces, with_agents
@@ -57,6 +58,7 @@ class Coordinator:
         np.random.seed(config.run.seed)
         self.spaces = policy_spaces(config)  # each policy's (one without a policy map)
         self.models = {name: build_model(*spaces, config.model) for name, spaces in self.spaces.items()}
+        self.inference_reason = choose_inference(config)[1]  # how auto was decided (the ready line says it)
         config = self.config = resolve_inference(config)
         self.state = RunState(config, {name: model.obs_spec.vector_dim for name, model in self.models.items()})
         if is_self_play(config.env):

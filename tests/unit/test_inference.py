@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from contextlib import ExitStack
+from pathlib import Path
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -26,8 +28,8 @@ from dppo.distributed.inference import (
     ForwardPasses,
     InferenceService,
     ServiceSupervisor,
-    resolve_inference,
 )
+from dppo.distributed.inference_choice import choose_inference, resolve_inference
 from dppo.distributed.ray_calls import RayCalls
 from dppo.errors import RunFailure, UsageError
 from dppo.rl.agent import Agent, export_weights
@@ -37,6 +39,7 @@ from dppo.rl.sampler import Sampler
 from dppo.rl.spaces import check_spaces
 from dppo.transport.client import ShmClient
 from dppo.transport.protocol import Layout
+from dppo.tune.saved import save, this_machine
 
 TRANSPORTS = ["in-process", "shared memory"]
 
@@ -239,6 +242,29 @@ def test_a_served_masked_policy_never_takes_a_masked_action() -> None:
 def test_auto_is_the_actors_until_the_service_is_measured_faster(setting: str, want: str) -> None:
     config = load_config(overrides={"run.inference": setting})
     assert resolve_inference(config).run.inference == want
+
+
+def test_auto_follows_this_machine_s_tune_result_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result `dppo tune` saved for this env on this machine decides auto; another machine's, another env's or an
+    unreadable file do not; actors that run their own policy keep it."""
+    monkeypatch.setenv("DPPO_TUNE_DIR", str(tmp_path))
+    config = load_config(overrides={"env.id": "CartPole-v1", "run.inference": "auto"})
+    path = save("CartPole-v1", {"at": "2026-11-28T10:00:00Z", "settings": {"run.inference": "server"}})
+    mode, why = choose_inference(config)
+    assert mode == "server" and str(path) in why and "as `dppo tune` measured on this machine" in why
+    assert resolve_inference(config).run.inference == "server"
+    assert choose_inference(load_config(overrides={"env.id": "Acrobot-v1"}))[0] == "actor"
+    halves = load_config(overrides={"env.id": "CartPole-v1", "run.actor_halves": 2})
+    assert choose_inference(halves) == ("actor", "auto: the actors run their own policy (a policy map, "
+                                                  "run.actor_halves or run.actor_gpus)")
+    odd = load_config(overrides={"env.id": "CartPole-v1", "env.num_envs": 3, "ppo.minibatch_size": 32})
+    assert choose_inference(odd)[0] == "actor"  # the service needs an even number of envs
+    elsewhere = json.loads(path.read_text()) | {"machine": {**this_machine(), "host": "another-host"}}
+    path.write_text(json.dumps(elsewhere))
+    assert choose_inference(config) == ("actor", "auto: no `dppo tune` result for CartPole-v1 on this machine")
+    path.write_text("{not json")
+    assert choose_inference(config)[0] == "actor"
+    assert choose_inference(load_config(overrides={"run.inference": "server"})) == ("server", "")
 
 
 @pytest.mark.parametrize("preset", ["breakout", "pong"])

@@ -1,0 +1,120 @@
+"""One candidate measured as it would run: a short real training run (the Coordinator `dppo train` runs, on the
+Ray session this process holds), so every mode (a policy map, self-play, an LSTM, the service) is measured by the
+code that runs it, start-up apart. What counts is the speed of training (env steps per second of the iterations
+after the first: the first warms up), with its sampling and update seconds, and the memory of the process tree.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dppo.errors import first_line
+
+if TYPE_CHECKING:
+    from dppo.config import Config
+
+
+@dataclass
+class Trained:
+    """What one measurement of a candidate found (``error``: why it could not run, one line)."""
+
+    iterations: int = 0
+    steps: int = 0  # env steps of the timed iterations
+    seconds: float = 0.0  # their wall seconds
+    sample_s: list[float] = field(default_factory=list)
+    update_s: list[float] = field(default_factory=list)
+    rss_mib: float = 0.0  # the peak of the process tree's summed RSS
+    process_rss_mib: float = 0.0  # the largest one process held then
+    wall_s: float = 0.0  # the measurement, start-up included
+    error: str | None = None
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+    def add(self, other: Trained) -> Trained:
+        """Two measurements of one candidate as one (a later, longer look)."""
+        return Trained(self.iterations + other.iterations, self.steps + other.steps, self.seconds + other.seconds,
+                       self.sample_s + other.sample_s, self.update_s + other.update_s,
+                       max(self.rss_mib, other.rss_mib), max(self.process_rss_mib, other.process_rss_mib),
+                       self.wall_s + other.wall_s, self.error or other.error)
+
+    def row(self) -> dict[str, Any]:
+        median = (lambda v: round(statistics.median(v), 3) if v else None)  # noqa: E731
+        return {"train_steps_per_s": round(self.steps_per_s, 1), "iterations": self.iterations,
+                "sample_s": median(self.sample_s), "update_s": median(self.update_s),
+                "rss_mib": round(self.rss_mib), "max_process_rss_mib": round(self.process_rss_mib),
+                "measured_s": round(self.wall_s, 1)}
+
+
+def measurement_config(config: Config, iterations: int | None, run_dir: str) -> Config:
+    """``config`` as a measurement runs it: no stop on a return, no evaluation, checkpoint or sink but progress,
+    for ``iterations`` timed iterations after the one that warms up (None: until the measurement stops it)."""
+    config = config.model_copy(deep=True)
+    run = config.run
+    run.target_return, run.time_limit_s = None, None
+    run.total_steps = config.batch_size * (iterations + 1) if iterations else 2**62
+    run.eval_every, run.checkpoint_every, run.keep_checkpoints = 0, 10**9, 1
+    run.tensorboard, run.log_format, run.run_dir = False, "none", run_dir
+    config.metrics.port = 0
+    return config
+
+
+def train(config: Config, iterations: int | None = None, seconds: float | None = None) -> Trained:
+    """Train ``config`` on the Ray session this process holds for ``iterations`` timed iterations or, with
+    ``seconds``, until that long has passed and one iteration after the first has ended; the timed iterations are
+    all but the first."""
+    from dppo.bench.memory import PeakMemory
+    from dppo.errors import RunFailure, UsageError
+    from dppo.run.coordinator import Coordinator
+
+    records: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="dppo-tune-") as run_dir:
+        measured = measurement_config(config, iterations, str(Path(run_dir) / "run"))
+        with PeakMemory(own_processes, every_s=1.0) as memory:
+            coordinator = None
+
+            def enough(record: dict[str, Any], _checkpoint: Path | None) -> None:
+                records.append(record)
+                if seconds is not None and len(records) >= 2 and time.perf_counter() - training >= seconds:
+                    coordinator.signals.received = signal.SIGTERM  # the run ends after this iteration, as on a stop
+
+            try:
+                coordinator = Coordinator(measured, Path(measured.run.run_dir), on_iteration=enough)
+                coordinator.start()
+                coordinator.run_dir.path.mkdir(parents=True, exist_ok=True)
+                training = time.perf_counter()
+                coordinator.run()
+            except (RunFailure, UsageError, ValueError) as err:
+                return Trained(error=first_line(err), wall_s=time.perf_counter() - started)
+            finally:
+                if coordinator is not None:
+                    coordinator.shutdown()
+    timed = records[1:]
+    return Trained(len(timed), sum(r["env_steps_delta"] for r in timed), sum(r["iteration_s"] for r in timed),
+                   [r["sample_s"] for r in timed if "sample_s" in r], [r["update_s"] for r in timed if "update_s" in r],
+                   memory.peak["rss_mib"], memory.largest_mib, time.perf_counter() - started)
+
+
+def own_processes() -> list[int]:
+    """This driver and its job's live actors on this machine: a local Ray's processes descend from the driver, but
+    on a cluster (``--address``) only the job's actors are this measurement's. Ray's GCS tables are read directly
+    (``ray._private.state``, as :mod:`dppo.distributed.ray_calls` does): the state API needs a dashboard."""
+    import ray
+
+    context = ray.get_runtime_context()
+    job, node = context.get_job_id(), context.get_node_id()
+    try:
+        actors = ray._private.state.actors().values()
+    except Exception:  # the driver's own figures are still worth having
+        return [os.getpid()]
+    return [os.getpid(), *(a["Pid"] for a in actors if a.get("JobID") == job and a.get("State") == "ALIVE"
+                          and a.get("Address", {}).get("NodeID") == node and a.get("Pid"))]

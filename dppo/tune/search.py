@@ -1,0 +1,113 @@
+"""How `dppo tune` spends its time budget (successive halving, in two rounds): every candidate is trained briefly
+(a warm-up iteration and two timed ones), nearest the config's own setting first, while the first share of the
+budget lasts; then the fastest few are trained again for what is left, and the fastest of those, over both looks,
+is the answer. ``full``: every candidate trained for the same time, the reference a budgeted search is checked
+against (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dppo.config import Config
+from dppo.tune.grid import Candidate
+from dppo.tune.measure import Trained, train
+
+FIRST_SHARE = 0.55  # of the budget, for the first look at every candidate
+FIRST_ITERATIONS = 2  # timed, after one that warms up
+
+
+@dataclass
+class Result:
+    """A candidate and what was measured of it; ``skipped``: why it was not measured (one line)."""
+
+    candidate: Candidate
+    first: Trained | None = None
+    second: Trained | None = None
+    skipped: str | None = None
+
+    @property
+    def measured(self) -> Trained | None:
+        """Both looks as one (the longer weighs more), or the one there is."""
+        if self.first is None or self.second is None:
+            return self.first
+        return self.first.add(self.second)
+
+    @property
+    def steps_per_s(self) -> float:
+        measured = self.measured
+        return 0.0 if measured is None or measured.error else measured.steps_per_s
+
+    @property
+    def status(self) -> str:
+        if self.skipped:
+            return self.skipped
+        if self.measured is not None and self.measured.error:
+            return f"failed: {self.measured.error}"
+        return "finalist" if self.second is not None else "measured"
+
+
+def fits(result: Result, max_rss_mib: float | None) -> bool:
+    """Measured, without an error, and under the memory limit (the tree's summed RSS)."""
+    measured = result.measured
+    if measured is None or measured.error:
+        return False
+    if max_rss_mib is not None and measured.rss_mib > max_rss_mib:
+        result.skipped = f"over --max-rss-mib {max_rss_mib:g} ({measured.rss_mib:,.0f} MiB)"
+        return False
+    return True
+
+
+def search(configure: Callable[[Candidate], Config], candidates: list[Candidate], budget_s: float,
+           finalists: int = 3, max_rss_mib: float | None = None, say: Callable[[str], None] = print,
+           full_seconds: float | None = None, clock: Callable[[], float] = time.monotonic,
+           look: Callable[[Config, int | None, float | None], Trained] = train) -> list[Result]:
+    """Every candidate's result, fastest first (``configure``: a candidate's config; it raises ValueError or
+    UsageError for one the config refuses). ``full_seconds``: every candidate trained that long, no budget.
+    ``look(config, iterations, seconds)``: one measurement (:func:`dppo.tune.measure.train`)."""
+    start = clock()
+    results = [Result(candidate) for candidate in candidates]
+    first_until = start + budget_s * FIRST_SHARE
+    for i, result in enumerate(results):
+        spent = [r.first.wall_s for r in results[:i] if r.first is not None]
+        if full_seconds is None and spent and clock() + sum(spent) / len(spent) > first_until:
+            for rest in results[i:]:
+                rest.skipped = "not measured: the first share of the time budget was spent (raise --minutes)"
+            say(f"tune: {len(results) - i} of {len(results)} candidates left unmeasured by the time budget")
+            break
+        result.first = measure(configure, result.candidate, FIRST_ITERATIONS, full_seconds, look)
+        say(line(i + 1, len(results), result))
+    if full_seconds is None:
+        ranked = sorted((r for r in results if fits(r, max_rss_mib)), key=lambda r: -r.steps_per_s)[:finalists]
+        for n, result in enumerate(ranked):
+            seconds = (budget_s - (clock() - start)) / (len(ranked) - n) - result.first.wall_s + result.first.seconds
+            if seconds <= 0:
+                break
+            result.second = measure(configure, result.candidate, None, seconds, look)
+            say(line(n + 1, len(ranked), result, "finalist"))
+    for result in results:
+        fits(result, max_rss_mib)
+    return sorted(results, key=lambda r: (r.skipped is not None, -r.steps_per_s))
+
+
+def measure(configure: Callable[[Candidate], Config], candidate: Candidate, iterations: int | None,
+            seconds: float | None, look: Callable[[Config, int | None, float | None], Trained]) -> Trained:
+    """One look at ``candidate`` (a config that refuses it: its one line as the error)."""
+    from dppo.errors import UsageError
+
+    try:
+        config = configure(candidate)
+    except (UsageError, ValueError) as err:
+        return Trained(error=str(err).splitlines()[0])
+    return look(config, None if seconds else iterations, seconds)
+
+
+def line(n: int, of: int, result: Result, look: str = "candidate") -> str:
+    measured = result.measured
+    assert measured is not None
+    if measured.error:
+        return f"tune: {look} {n}/{of} {result.candidate.name}: {measured.error}"
+    return (f"tune: {look} {n}/{of} {result.candidate.name}: {measured.steps_per_s:,.0f} env steps/s of training "
+            f"over {measured.iterations} iterations, {measured.rss_mib:,.0f} MiB")

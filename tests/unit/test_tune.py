@@ -1,0 +1,119 @@
+"""`dppo tune`'s options and how it spends its time budget (dppo/tune/grid.py, search.py), without Ray: the
+candidates a config and a cluster allow, each a config `dppo train` accepts, and the budget's two rounds with a
+measurement that reports what the test tells it to, on a clock the test moves."""
+
+from __future__ import annotations
+
+import pytest
+
+from dppo.config import load_config
+from dppo.tune.grid import Candidate, actor_counts, grid, minibatches_per_epoch, placement_of
+from dppo.tune.measure import Trained, measurement_config
+from dppo.tune.search import search
+
+
+def test_the_grid_varies_each_option_around_the_config_and_lists_its_own_setting_first() -> None:
+    config = load_config(overrides={"env.id": "CartPole-v1"})
+    candidates = grid(config, cpus=2, gpus=0)
+    own = Candidate(config.run.actors, config.env.num_envs, config.ppo.segment_length, "actor")
+    assert candidates[0] == own
+    assert {c.actors for c in candidates} == {1, 2}
+    assert {c.envs_per_actor for c in candidates} == {config.env.num_envs // 2, config.env.num_envs,
+                                                     config.env.num_envs * 2}
+    assert {c.placement for c in candidates} == {"actor", "halves", "server"}  # no GPU: no share
+    assert len(candidates) == len(set(candidates)) == 2 * 3 * 3
+    neighbours = [sum(getattr(c, f) != getattr(own, f) for f in ("actors", "envs_per_actor", "placement"))
+                  for c in candidates]
+    assert neighbours == sorted(neighbours)  # a budget that ends early has measured the nearest
+
+
+def test_a_gpu_adds_the_share_placements_and_a_policy_map_keeps_its_policies_in_the_actors() -> None:
+    config = load_config(overrides={"env.id": "CartPole-v1"})
+    shares = {c.actors: c.actor_gpus for c in grid(config, cpus=16, gpus=1, places=["gpu"])}
+    assert shares == {1: 1.0, 2: 0.5, 4: 0.25, 8: 0.12, 16: 0.06}
+    assert actor_counts(16, 2, 2) == [1, 2, 4, 8]
+    odd = grid(config, cpus=2, gpus=0, envs=[3])
+    assert {c.placement for c in odd} == {"actor"}  # halves and the service need an even number of envs
+    mapped = load_config(overrides={"env.id": "mpe2.simple_speaker_listener_v4", "env.multiagent": True,
+                                    "policies": {"speaker": ["speaker*"], "listener": ["listener*"]}})
+    assert {c.placement for c in grid(mapped, cpus=2, gpus=1)} == {"actor"}
+
+
+@pytest.mark.parametrize("preset", ["cartpole", "breakout", "tictactoe"])
+def test_every_candidate_is_a_config_dppo_train_accepts_with_the_config_s_minibatches(preset: str) -> None:
+    from dppo.config.load import PRESETS_DIR
+
+    path = PRESETS_DIR / f"{preset}.yaml"
+    config = load_config(path)
+    minibatches = minibatches_per_epoch(config)
+    for candidate in grid(config, cpus=4, gpus=1):
+        tuned = load_config(path, sets=candidate.sets(minibatches))
+        assert (tuned.run.actors, tuned.env.num_envs, placement_of(tuned)) == (
+            candidate.actors, candidate.envs_per_actor, candidate.placement)
+        assert tuned.batch_size == candidate.batch
+        assert tuned.batch_size // tuned.minibatch_size == minibatches  # the update's plan kept
+
+
+def test_a_measurement_trains_without_a_target_sink_or_checkpoint_for_its_iterations() -> None:
+    config = load_config(overrides={"env.id": "CartPole-v1", "run.target_return": 400, "run.eval_every": 5,
+                                    "run.time_limit_s": 60})
+    counted = measurement_config(config, 2, "/tmp/x")
+    assert counted.run.total_steps == 3 * config.batch_size and counted.run.time_limit_s is None
+    assert counted.run.target_return is None and counted.run.eval_every == 0 and not counted.run.tensorboard
+    assert measurement_config(config, None, "/tmp/x").run.total_steps > 10**15  # until the measurement stops it
+    assert config.run.target_return == 400 and config.run.time_limit_s == 60  # the config itself untouched
+
+
+class Clock:
+    """Time the fake measurements spend."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+
+def test_the_budget_measures_the_nearest_first_then_trains_the_fastest_few_again() -> None:
+    config = load_config(overrides={"env.id": "CartPole-v1"})
+    candidates = grid(config, cpus=2, gpus=0)
+    speeds = {c: 1000.0 + 10 * i for i, c in enumerate(candidates)}  # the farthest are the fastest
+    clock, looks = Clock(), []
+
+    def look(cfg, iterations, seconds):
+        chosen = next(c for c in candidates if (c.actors, c.envs_per_actor, c.placement) ==
+                      (cfg.run.actors, cfg.env.num_envs, placement_of(cfg)))
+        looks.append((chosen, iterations, seconds))
+        spent = seconds if seconds else 10.0
+        clock.now += spent + 2.0  # start-up
+        return Trained(iterations or 5, int(speeds[chosen] * spent), spent, wall_s=spent + 2.0,
+                       rss_mib=300.0 if chosen.placement != "server" else 9000.0)
+
+    def configure(candidate: Candidate):
+        return load_config(overrides={"env.id": "CartPole-v1"}, sets=candidate.sets(minibatches_per_epoch(config)))
+
+    results = search(configure, candidates, budget_s=200, finalists=2, max_rss_mib=1000.0, say=lambda _: None,
+                     clock=lambda: clock.now, look=look)
+    first = [c for c, iterations, _ in looks if iterations == 2]
+    assert first == candidates[:len(first)] and 5 <= len(first) < len(candidates)  # the budget's first share
+    assert sum(r.skipped is not None and r.skipped.startswith("not measured") for r in results) == \
+        len(candidates) - len(first)
+    again = [(c, seconds) for c, iterations, seconds in looks if iterations is None]
+    measured_fits = [c for c in first if c.placement != "server"]
+    assert [c for c, _ in again] == sorted(measured_fits, key=lambda c: -speeds[c])[:2]  # the fastest that fit
+    assert all(seconds > 10 for _, seconds in again) and clock.now <= 200 + 12
+    assert results[0].candidate == again[0][0] and results[0].status == "finalist"
+    assert any(r.skipped and r.skipped.startswith("over --max-rss-mib 1000") for r in results)  # the service rows
+
+
+def test_full_grid_trains_every_candidate_the_same_time() -> None:
+    config = load_config(overrides={"env.id": "CartPole-v1"})
+    candidates = grid(config, cpus=2, gpus=0, actors=[1], envs=[4])
+    seen = []
+
+    def look(cfg, iterations, seconds):
+        seen.append((iterations, seconds))
+        return Trained(3, 300, 1.0, wall_s=5.0) if cfg.run.actor_halves == 1 else Trained(error="it broke")
+
+    plan = minibatches_per_epoch(config)
+    results = search(lambda c: load_config(overrides={"env.id": "CartPole-v1"}, sets=c.sets(plan)), candidates,
+                     budget_s=1, say=lambda _: None, full_seconds=30.0, look=look)
+    assert seen == [(None, 30.0)] * len(candidates)
+    assert [r.status for r in results] == ["measured", "measured", "failed: it broke"]
