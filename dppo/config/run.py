@@ -38,9 +38,9 @@ class RunConfig(Section):
     its CPU for CNN and LSTM). server: one inference service beside the learner on run.device batches every
     actor's observations into one forward pass (each actor steps its envs in two halves, one while the other's
     actions are computed, so env.num_envs must be even or 1); actors on the service's node reach it through
-    shared memory, others by Ray calls; actors still draw their actions with their own seeded streams. auto:
-    actor, the mode no measurement has found slower (on one H100 the service sampled Breakout at 0.46x of the
-    actors, with a Ray call per step: issue 42); auto will pick the service only where it is measured faster."""
+    shared memory, others by Ray calls; actors still draw their actions with their own seeded streams. auto: the
+    one `dppo tune` measured fastest for this env on this machine (its saved result; the ready line names it),
+    else actor, the mode no measurement has found slower everywhere (issue 42)."""
     learners: int = Field(1, ge=1, le=64)
     """L: data-parallel learner processes (torch.distributed through Ray). 1: the update runs in the driver.
     With L > 1 each global minibatch is split evenly, so ppo.minibatch_size must be a multiple of L."""
