@@ -25,8 +25,10 @@ from concurrent.futures import Future
 from typing import Any
 
 from dppo.config import Config
-from dppo.errors import UsageError, first_line
+from dppo.errors import RunFailure, UsageError, first_line
 
+LOCAL_TRIES = 2  # starts of a local Ray before the run fails
+STARTUP_TIMED_OUT = "timed out during startup"  # Ray's words for a raylet that did not register in time
 TOKEN_HINT = ("set RAY_AUTH_TOKEN to the cluster's token, or put it in ~/.ray/auth_token (or in a file named by "
               "RAY_AUTH_TOKEN_PATH); `ray get-auth-token` on the head prints it (on Kubernetes: the Secret KubeRay "
               "made for the RayCluster)")
@@ -53,12 +55,32 @@ def connect_ray(config: Config, min_cpus: float = 0.0) -> None:
             if config.run.learners > 1:
                 needed += config.run.learners * config.run.learner_cpus
             cpus = max(os.cpu_count() or 1, math.ceil(needed), math.ceil(min_cpus))
-            ray.init(address="local", num_cpus=cpus, include_dashboard=False, **quiet)
-    except UsageError:
-        raise  # the token check's own line
+            start_local_ray(cpus, quiet)
+    except (UsageError, RunFailure):
+        raise  # the token check's own line; a local Ray that did not start
     except (ConnectionError, ValueError, RuntimeError) as err:
         raise UsageError(f"cannot connect to Ray at {address!r}: {first_line(err)}; check --address / "
                          "RAY_ADDRESS") from None
+
+
+def start_local_ray(cpus: int, options: dict[str, Any], tries: int = LOCAL_TRIES) -> None:
+    """A local Ray of ``cpus`` CPUs, started again when it does not come up (Ray gives a raylet 30 s to register
+    with its GCS, which a busy machine can take, then raises a bare Exception); a RunFailure in one line after
+    ``tries``."""
+    import ray
+
+    for _ in range(tries):
+        try:
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, **options)
+            return
+        except Exception as err:  # Ray raises Exception itself for a node that did not come up
+            if STARTUP_TIMED_OUT not in str(err):
+                raise
+            failed = err
+            with contextlib.suppress(Exception):
+                ray.shutdown()  # what the failed start left running
+    raise RunFailure(f"the local Ray did not start in {tries} tries ({first_line(failed)}); the machine may be too "
+                     "busy: try again, or start Ray with `ray start --head` and pass its address with --address")
 
 
 def connect_ray_beside(config: Config) -> Future[None]:
