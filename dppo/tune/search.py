@@ -1,8 +1,8 @@
 """How `dppo tune` spends its time budget (successive halving, in two rounds): every candidate is trained briefly
 (a warm-up iteration and two timed ones), nearest the config's own setting first, while the first share of the
 budget lasts; then the fastest few are trained again for what is left, and the fastest of those, over both looks,
-is the answer. ``full``: every candidate trained for the same time, the reference a budgeted search is checked
-against (docs/benchmarks.md).
+is the answer (listed first, the other finalists next). ``full_seconds``: every candidate trained for the same time,
+the reference a budgeted search is checked against (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def search(configure: Callable[[Candidate], Config], candidates: list[Candidate]
             say(line(n + 1, len(ranked), result, "finalist"))
     for result in results:
         fits(result, max_rss_mib)
-    return sorted(results, key=lambda r: (r.skipped is not None, -r.steps_per_s))
+    # The answer is a finalist, by both its looks: a first look alone (two iterations) may have been lucky.
+    return sorted(results, key=lambda r: (r.skipped is not None, r.second is None, -r.steps_per_s))
 
 
 def measure(configure: Callable[[Candidate], Config], candidate: Candidate, iterations: int | None,

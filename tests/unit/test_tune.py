@@ -99,7 +99,8 @@ def test_the_budget_measures_the_nearest_first_then_trains_the_fastest_few_again
     measured_fits = [c for c in first if c.placement != "server"]
     assert [c for c, _ in again] == sorted(measured_fits, key=lambda c: -speeds[c])[:2]  # the fastest that fit
     assert all(seconds > 10 for _, seconds in again) and clock.now <= 200 + 12
-    assert results[0].candidate == again[0][0] and results[0].status == "finalist"
+    assert [r.status for r in results[:2]] == ["finalist", "finalist"]  # the answer is one measured twice
+    assert results[0].steps_per_s >= results[1].steps_per_s
     assert any(r.skipped and r.skipped.startswith("over --max-rss-mib 1000") for r in results)  # the service rows
 
 
