@@ -19,7 +19,7 @@ from parallel import RESOURCE_MODULES, ResourceScheduling, turn, unlisted_users
 from prepared import Prepared, first_used, ordered_last
 
 REPO = Path(__file__).resolve().parents[1]
-# `run.inference: auto` follows a `dppo tune` result saved for this machine (dppo/tune/saved.py): the tests see none
+# `run.inference: auto` follows a `dppo tune` result saved for this machine (dppo/config/tuned.py): the tests see none
 # but those they save themselves (each in its own directory), whatever this machine's user has tuned.
 os.environ["DPPO_TUNE_DIR"] = str(REPO / ".cache" / "tune-results-of-no-one")
 

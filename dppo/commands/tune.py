@@ -148,8 +148,8 @@ def report(args: argparse.Namespace, base: Config, configure: Any, results: list
            minibatches: int) -> int:
     """The table; the fastest settings as --set lines and a config file; saved for this machine."""
     from dppo.bench.docs import emit
+    from dppo.config.tuned import save
     from dppo.tune.grid import placement_of
-    from dppo.tune.saved import save
 
     own = next((r for r in results if r.candidate.placement == placement_of(base)
                 and (r.candidate.actors, r.candidate.envs_per_actor, r.candidate.segment_length)

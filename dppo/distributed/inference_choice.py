@@ -1,16 +1,16 @@
 """Which data path a run's policy takes (run.inference), decided once at start-up: the setting, or for ``auto``
-the one `dppo tune` measured fastest on this machine (:mod:`dppo.tune.saved`)."""
+the one `dppo tune` measured fastest on this machine (:mod:`dppo.config.tuned`)."""
 
 from __future__ import annotations
 
 from dppo.config import Config
+from dppo.config.tuned import auto_inference
 from dppo.errors import UsageError
-from dppo.tune.saved import auto_inference
 
 
 def choose_inference(config: Config) -> tuple[str, str]:
     """What run.inference is, and for ``auto`` why (a line's end): the data path `dppo tune` measured fastest on
-    this machine when it saved a result for this env (:mod:`dppo.tune.saved`), else the actors, the mode no
+    this machine when it saved a result for this env (:mod:`dppo.config.tuned`), else the actors, the mode no
     measurement found slower everywhere (issue 42); actors that run their own policy keep it."""
     run = config.run
     if run.inference != "auto":

@@ -22,6 +22,7 @@ from test_shm_transport import running_service
 import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import Config, ConfigError, ModelConfig, load_config
 from dppo.config.load import GPU_PRESETS_DIR
+from dppo.config.tuned import save, this_machine
 from dppo.distributed.broadcast import Broadcast
 from dppo.distributed.inference import (
     BATCH_WAIT_S,
@@ -39,7 +40,6 @@ from dppo.rl.sampler import Sampler
 from dppo.rl.spaces import check_spaces
 from dppo.transport.client import ShmClient
 from dppo.transport.protocol import Layout
-from dppo.tune.saved import save, this_machine
 
 TRANSPORTS = ["in-process", "shared memory"]
 
