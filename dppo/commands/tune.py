@@ -156,11 +156,13 @@ def report(args: argparse.Namespace, base: Config, configure: Any, results: list
                 == (base.run.actors, base.env.num_envs, base.ppo.segment_length)), None)
     rows = [row(r, own) for r in results]
     best = next((r for r in results if r.skipped is None and r.steps_per_s > 0), None)
-    note = ("`dppo tune`: each candidate trained briefly by the Coordinator `dppo train` runs (a warm-up iteration, "
-            "then two timed), the fastest few again for the rest of the budget; `train_steps_per_s`: env steps per "
-            "second of the timed iterations (sampling and update), over both looks; `vs_config`: over the config's "
-            "own setting; `sample_s`, `update_s`: medians per iteration; `rss_mib`: the process tree's peak summed "
-            "RSS (Ray's processes included); `measured_s`: start-ups included.")
+    how = (f"every candidate trained {args.full_grid:g} s (after a warm-up iteration) by the Coordinator `dppo train` "
+           "runs" if args.full_grid else "each candidate trained briefly by the Coordinator `dppo train` runs (a "
+           "warm-up iteration, then two timed), the fastest few again for the rest of the budget")
+    note = (f"`dppo tune`: {how}; `train_steps_per_s`: env steps per second of the timed iterations (sampling and "
+            "update), over both looks; `vs_config`: over the config's own setting; `sample_s`, `update_s`: medians "
+            "per iteration; `rss_mib`: the process tree's peak summed RSS (Ray's processes included); `measured_s`: "
+            "start-ups included.")
     key = args.section or f"tune-{base.env.name.split('/')[-1]}" + ("-full-grid" if args.full_grid else "")
     from dppo.bench.common import machine
 
