@@ -55,7 +55,9 @@ BIN = Path(sys.executable).parent
 TOTAL_STEPS = 16384  # 16 iterations of 2 actors x 8 envs x 64 steps (CartPole preset), about 10 s
 LINGER_S = 10
 
-pytestmark = pytest.mark.slow
+# Alone (tests/parallel.py): each test starts several Ray nodes, and beside two other workers' tests on 2 cores
+# their raylets missed Ray's fixed 30 s to register, try after try (the last CI's failure).
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 def free_ports(n: int) -> list[int]:
