@@ -26,7 +26,7 @@ import pytest
 import yaml
 from test_chart_emulation import container_env, flags, free_ports, group_resource_flags, http_status, render
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # its pods' Ray nodes: as the emulation's (test_chart_emulation)
 
 TOTAL_STEPS = 40_000  # 2 actors, E = 4, T = 64, every env step 1 ms: about 30 s of training
 DOWN_S = 15  # how long the worker's node stays lost
