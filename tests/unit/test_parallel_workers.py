@@ -36,6 +36,13 @@ def in_turn(lock: Path, alone: bool, name: str, events: list[str], hold: threadi
         events.append(f"{name} out")
 
 
+def started(lock: Path, alone: bool, name: str, events: list[str], hold: threading.Event) -> threading.Thread:
+    """A turn taken on a thread of its own (a worker's test), held until ``hold`` is set."""
+    thread = threading.Thread(target=in_turn, args=(lock, alone, name, events, hold))
+    thread.start()
+    return thread
+
+
 def wait_for(entry: str, events: list[str]) -> None:
     deadline = time.monotonic() + 10
     while entry not in events and time.monotonic() < deadline:
@@ -46,17 +53,14 @@ def wait_for(entry: str, events: list[str]) -> None:
 def test_an_alone_turn_waits_for_the_shared_ones_and_keeps_the_next_waiting(tmp_path: Path) -> None:
     lock, events = tmp_path / "turns.lock", []
     first, alone, last = threading.Event(), threading.Event(), threading.Event()
-    threads = [threading.Thread(target=in_turn, args=(lock, False, "shared", events, first))]
-    threads[0].start()
+    threads = [started(lock, False, "shared", events, first)]
     wait_for("shared in", events)
-    threads.append(threading.Thread(target=in_turn, args=(lock, True, "alone", events, alone)))
-    threads[1].start()
+    threads.append(started(lock, True, "alone", events, alone))
     time.sleep(0.3)  # room for a wrong entry: the alone turn must not begin while the shared one holds
     assert events == ["shared in"]
     first.set()
     wait_for("alone in", events)
-    threads.append(threading.Thread(target=in_turn, args=(lock, False, "next", events, last)))
-    threads[2].start()
+    threads.append(started(lock, False, "next", events, last))
     time.sleep(0.3)
     assert events == ["shared in", "shared out", "alone in"]
     alone.set()
@@ -71,14 +75,11 @@ def test_once_an_alone_turn_waits_no_shared_one_starts_before_it(tmp_path: Path)
     until none is held, which may be never."""
     lock, events = tmp_path / "turns.lock", []
     first, alone, later = threading.Event(), threading.Event(), threading.Event()
-    threads = [threading.Thread(target=in_turn, args=(lock, False, "shared", events, first))]
-    threads[0].start()
+    threads = [started(lock, False, "shared", events, first)]
     wait_for("shared in", events)
-    threads.append(threading.Thread(target=in_turn, args=(lock, True, "alone", events, alone)))
-    threads[1].start()
+    threads.append(started(lock, True, "alone", events, alone))
     time.sleep(0.3)  # the alone turn waits at the lock, holding the gate
-    threads.append(threading.Thread(target=in_turn, args=(lock, False, "later", events, later)))
-    threads[2].start()
+    threads.append(started(lock, False, "later", events, later))
     time.sleep(0.3)  # room for a wrong entry: a shared turn that starts beside the first one
     assert events == ["shared in"]
     first.set()
