@@ -38,7 +38,7 @@ def plot_long_run(samples: list[dict[str, Any]], warmup_s: float, title: str, ou
             run.plot([minutes_of(samples, r[0]) for r in readings], [r[1] for r in readings], linewidth=1.3,
                      label=f"{role} ({node}, pid {pid})")
         else:
-            for t_s, rss, _ in readings:
+            for t_s, rss, *_ in readings:
                 summed[f"{role} ({node})"][t_s] += rss
     for label, points in sorted(summed.items(), key=lambda kv: -max(kv[1].values())):
         ray_own.plot([minutes_of(samples, t) for t in points], list(points.values()), linewidth=1.1, label=label)

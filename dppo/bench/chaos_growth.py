@@ -36,18 +36,24 @@ def growth_pct_per_h(times_s: list[float], values: list[float]) -> float | None:
     return round(slope * 3600.0 / values[0] * 100.0, 2)
 
 
-def series(samples: list[dict[str, Any]]) -> dict[tuple[str, str, int], list[tuple[float, float, int]]]:
-    """Per process (role, node, pid): its readings (t_s, RSS MiB, open files) in time order."""
-    found: dict[tuple[str, str, int], list[tuple[float, float, int]]] = defaultdict(list)
+Reading = tuple[float, float, int, float | None]  # t_s, RSS MiB, open files, private MiB (None: not read)
+
+
+def series(samples: list[dict[str, Any]]) -> dict[tuple[str, str, int], list[Reading]]:
+    """Per process (role, node, pid): its readings in time order. Private: RSS less its shared pages (libraries,
+    files, Ray's object store), the memory only the process holds (its heap)."""
+    found: dict[tuple[str, str, int], list[Reading]] = defaultdict(list)
     for sample in samples:
         for p in sample["processes"]:
-            found[(p["role"], p["node"], p["pid"])].append((sample["t_s"], p["rss_mib"], p["fds"]))
+            private = p["rss_mib"] - p["shared_mib"] if "shared_mib" in p else None
+            found[(p["role"], p["node"], p["pid"])].append((sample["t_s"], p["rss_mib"], p["fds"], private))
     return found
 
 
 def process_rows(samples: list[dict[str, Any]], warmup_s: float) -> list[dict[str, Any]]:
     """One row per process seen in at least MIN_FIT_SAMPLES readings after the warm-up, by role and node: RSS at
-    the warm-up's end and at the last reading, growth %/h after the warm-up, the most open files."""
+    the warm-up's end and at the last reading, growth %/h after the warm-up (of RSS and of its private part), the
+    most open files."""
     end = warmup_end_s(samples, warmup_s)
     rows = []
     for (role, node, pid), readings in series(samples).items():
@@ -57,6 +63,8 @@ def process_rows(samples: list[dict[str, Any]], warmup_s: float) -> list[dict[st
         rows.append({"process": role, "node": node, "pid": pid, "readings": len(after),
                      "RSS at warm-up end (MiB)": after[0][1], "RSS at end (MiB)": after[-1][1],
                      "growth (%/h)": growth_pct_per_h([r[0] for r in after], [r[1] for r in after]),
+                     "private growth (%/h)": growth_pct_per_h([r[0] for r in after if r[3] is not None],
+                                                              [r[3] for r in after if r[3] is not None]),
                      "open files max": max(r[2] for r in readings)})
     return sorted(rows, key=lambda r: (r["node"], r["process"], r["pid"]))
 
@@ -107,6 +115,12 @@ def checkpoint_bound_ok(total: dict[str, Any]) -> bool:
     return total["checkpoints max"] <= total["keep_checkpoints"] + 1
 
 
+def private_words(row: dict[str, Any]) -> str:
+    """What of a process's growth is its own memory (its private part's growth), when it was read."""
+    private = row.get("private growth (%/h)")
+    return "" if private is None else f" (private {private:+.1f} %/h)"
+
+
 def verdict(procs: list[dict[str, Any]], total: dict[str, Any], shm_left: int, status: str,
             minutes: float) -> list[str]:
     """The verdict against the targets, in words: RSS growth per process, /dev/shm left, run dirs bounded."""
@@ -114,7 +128,8 @@ def verdict(procs: list[dict[str, Any]], total: dict[str, Any], shm_left: int, s
     growing = [r for r in procs if r["growth (%/h)"] is not None and r["growth (%/h)"] > RSS_LIMIT_PCT_PER_H]
     if growing:
         problems.append("RSS grows more than 5 %/h: " + ", ".join(
-            f"{r['process']} on {r['node']} (pid {r['pid']}) {r['growth (%/h)']:+.1f} %/h" for r in growing))
+            f"{r['process']} on {r['node']} (pid {r['pid']}) {r['growth (%/h)']:+.1f} %/h{private_words(r)}"
+            for r in growing))
     if not procs:
         problems.append("no process was read long enough after the warm-up to fit its growth")
     if shm_left:
@@ -141,7 +156,9 @@ def verdict(procs: list[dict[str, Any]], total: dict[str, Any], shm_left: int, s
 LEGEND = """\
 - **growth (%/h)**: the slope of a least-squares line through the process's RSS readings after the warm-up, per
   hour, as % of its first reading after it (the target: at most 5 %/h); **readings**: the readings it was fitted
-  on (one a `--sample-s`); a process with fewer than 3 (a worker started and gone) has no row. Processes are
+  on (one a `--sample-s`); a process with fewer than 3 (a worker started and gone) has no row; **private growth
+  (%/h)**: the same of its RSS less its shared pages (libraries, files, Ray's object store), the memory only it
+  holds: where a process leaks, this grows. Processes are
   named by role: Ray's own (gcs, raylet, agents, dashboard, job supervisor, idle workers) and the run's (driver,
   actor, learner, inference, evaluation), each on its node (`head`, `worker-N`). RSS counts the pages of Ray's
   object store a process has touched (a raylet's grows as the store fills); samples.jsonl keeps each reading's

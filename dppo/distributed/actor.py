@@ -12,6 +12,7 @@ import ray
 from dppo.config import Config
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, fetch_new_snapshots
 from dppo.distributed.inference_client import ServedBroadcast, service_client
+from dppo.distributed.ray_calls import per_round
 from dppo.envs.make import make_vector_env
 from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import UsageError, first_line
@@ -119,6 +120,7 @@ class Actor:
 
         return self.sampler.samplers if isinstance(self.sampler, JointSampler) else [self.sampler]
 
+    @per_round
     def sample(self, broadcast: Broadcast | PolicyBroadcasts) -> Segment | tuple[Segment | SegmentSummary, ...]:
         """One segment; with several policies one per policy, in map order; each preceded by its summary when the
         driver reads summaries only (:func:`summaries_only`). The pool asks for as many

@@ -27,7 +27,7 @@ import ray
 from dppo.config import Config
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts
 from dppo.distributed.lifecycle import ActorGroup
-from dppo.distributed.ray_calls import RayCalls
+from dppo.distributed.ray_calls import RayCalls, per_round
 from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import first_line
 
@@ -66,6 +66,7 @@ class Evaluator:
         self.agent = Agent(self.env.observation_space, self.env.action_space, config.model, seed=seed)
         self.normalize = ObsNormalizer(False, config.env.obs_clip, self.agent.obs_spec.vector_dim)
 
+    @per_round
     def evaluate(self, broadcast: Broadcast, episodes: int, seed: int) -> list[float]:
         from dppo.rl.episodes import run_episodes
 
@@ -75,6 +76,7 @@ class Evaluator:
         return run_episodes(self.agent, self.env, self.normalize, episodes, seed,
                             greedy=self.config.run.eval_mode == "greedy")
 
+    @per_round
     def evaluate_policies(self, broadcasts: PolicyBroadcasts, episodes: int, seed: int
                           ) -> tuple[list[float], dict[str, list[float]]]:
         """A run of several policies: each episode's mean return over every agent, and each policy's agents'."""

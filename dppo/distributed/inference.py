@@ -28,7 +28,7 @@ from dppo.config import Config, ModelConfig
 from dppo.distributed.broadcast import Broadcast
 from dppo.distributed.inference_client import ServedBroadcast
 from dppo.distributed.lifecycle import ActorGroup
-from dppo.distributed.ray_calls import RayCalls
+from dppo.distributed.ray_calls import RayCalls, per_round
 from dppo.distributed.restarts import RestartBudget
 from dppo.errors import RunFailure, first_line
 from dppo.rl.agent import Agent, Heads, Weights
@@ -151,6 +151,7 @@ class InferenceService:
         passes = self.passes
         return Layout(*check_spaces(passes.obs_space, passes.action_space, passes.config), passes.config, rows, regions)
 
+    @per_round
     async def act(self, request: Request) -> Reply:
         """A request by Ray call (an actor on another node)."""
         future = asyncio.get_running_loop().create_future()
@@ -184,6 +185,7 @@ class InferenceService:
         for (_, answer), reply in zip(items, replies, strict=True):
             answer(reply)
 
+    @per_round
     async def load(self, weights: Weights, version: int) -> list[int]:
         self.passes.load(weights, version)
         return self.passes.versions
@@ -201,6 +203,7 @@ class InferenceService:
         """The shared-memory peers let go and their segments removed (before the run ends it)."""
         self.transport.close()
 
+    @per_round
     async def stats(self) -> dict[str, float]:
         """The batches' figures since the last call (:meth:`BatchStats.take`)."""
         return self.figures.take()

@@ -15,6 +15,7 @@ import ray
 import torch
 
 from dppo.config import Config
+from dppo.distributed.ray_calls import per_round
 from dppo.rl.agent import Weights, export_weights
 from dppo.rl.build import build_model
 from dppo.rl.model import ActorCritic
@@ -71,6 +72,7 @@ class Learner:
         if trainer_state is not None:
             self.trainer.load_state_dict(trainer_state)
 
+    @per_round
     def update(self, lr_clock: float, version: int, *segments: Segment) -> tuple[TrainStats, float, float]:
         """The statistics of the update that makes policy ``version``, its seconds, and the seconds of those spent
         in all-reduce. Segments are separate arguments so that Ray resolves each one (zero-copy from the object
@@ -82,9 +84,11 @@ class Learner:
         reduce_s = self.reducer.seconds if self.reducer is not None else 0.0
         return stats, time.perf_counter() - start, reduce_s
 
+    @per_round
     def weights(self) -> Weights:
         return export_weights(self.model)
 
+    @per_round
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Model and trainer state on the CPU (a driver without a GPU can hold it, and checkpoints load anywhere)."""
         return on_cpu(self.model.state_dict()), on_cpu(self.trainer.state_dict())

@@ -68,7 +68,8 @@ def reading(t_s: float, started_s: float, processes: list[tuple[str, str, int, f
 
 def hour_of_readings(grower_pct_per_h: float) -> list[dict]:
     """An hour of a reading a minute, training from minute 1: a raylet flat after a start-up climb, an actor
-    growing by ``grower_pct_per_h`` of its 200 MiB after the warm-up, a worker gone after two readings."""
+    growing by ``grower_pct_per_h`` of its 200 MiB after the warm-up (its private 150 MiB by as many MiB), a worker
+    gone after two readings."""
     samples = []
     for minute in range(62):
         t = minute * 60.0
@@ -78,6 +79,8 @@ def hour_of_readings(grower_pct_per_h: float) -> list[dict]:
         if minute in (10, 11):
             procs.append(("idle worker", "worker-2", 13, 90.0, 20))
         samples.append(reading(t, 60.0, procs, checkpoints=min(minute, 4)))
+        for process in samples[-1]["processes"]:
+            process["shared_mib"] = 50.0  # the actor's private part: its RSS less 50 MiB
     return samples
 
 
@@ -92,12 +95,16 @@ def test_growth_per_hour_is_the_fitted_slope_after_the_warmup_as_a_share_of_its_
     assert set(rows) == {"raylet", "actor"}  # the worker of two readings has no row
     assert rows["raylet"]["growth (%/h)"] == 0.0 and rows["raylet"]["RSS at warm-up end (MiB)"] == 38.0
     assert rows["actor"]["growth (%/h)"] == pytest.approx(8.0, abs=0.05)
+    assert rows["actor"]["private growth (%/h)"] == pytest.approx(8.0 * 200 / 150, abs=0.05)
+    del samples[-1]["processes"][0]["shared_mib"]  # a reading without its shared part (older samples.jsonl)
+    assert process_rows(samples, 300.0)[1]["private growth (%/h)"] == rows["raylet"]["private growth (%/h)"] == 0.0
     assert rows["actor"]["readings"] == 56 and rows["actor"]["open files max"] == 42
 
 
 def test_the_verdict_names_a_growing_process_and_what_was_left() -> None:
     text, figures = report_text(hour_of_readings(8.0), 300.0, keep=3, shm_left=0, status="SUCCEEDED", minutes=60)
-    assert figures["verdict"][0].startswith("PROBLEMS: RSS grows more than 5 %/h: actor on worker-1 (pid 12) +8.0")
+    assert figures["verdict"][0].startswith("PROBLEMS: RSS grows more than 5 %/h: actor on worker-1 (pid 12) +8.0 "
+                                            "%/h (private +10.7 %/h)")
     assert text.splitlines()[0] == figures["verdict"][0] and "| raylet | worker-1 | 11 |" in text
     text, figures = report_text(hour_of_readings(2.0), 300.0, keep=3, shm_left=1, status="SUCCEEDED", minutes=60)
     assert "1 /dev/shm entries left behind" in figures["verdict"][0] and "RSS" not in figures["verdict"][0]
