@@ -39,6 +39,20 @@ def growth_pct_per_h(times_s: list[float], values: list[float]) -> float | None:
 Reading = tuple[float, float, int, float | None]  # t_s, RSS MiB, open files, private MiB (None: not read)
 
 
+def growth_error_pct_per_h(times_s: list[float], values: list[float]) -> float | None:
+    """Two standard errors of :func:`growth_pct_per_h`'s slope (about 95 % of lines through such readings fall
+    within it): a process whose RSS swings (a raylet moving objects) fits a slope its swings alone can make."""
+    if len(values) <= MIN_FIT_SAMPLES or not values[0]:
+        return None
+    t, v = np.asarray(times_s, float), np.asarray(values, float)
+    spread = float(((t - t.mean()) ** 2).sum())
+    if spread <= 0:
+        return None
+    slope, intercept = np.polyfit(t, v, 1)
+    residual = float(((v - (slope * t + intercept)) ** 2).sum()) / (len(v) - 2)
+    return round(2.0 * (residual / spread) ** 0.5 * 3600.0 / values[0] * 100.0, 2)
+
+
 def series(samples: list[dict[str, Any]]) -> dict[tuple[str, str, int], list[Reading]]:
     """Per process (role, node, pid): its readings in time order. Private: RSS less its shared pages (libraries,
     files, Ray's object store), the memory only the process holds (its heap)."""
@@ -63,6 +77,7 @@ def process_rows(samples: list[dict[str, Any]], warmup_s: float) -> list[dict[st
         rows.append({"process": role, "node": node, "pid": pid, "readings": len(after),
                      "RSS at warm-up end (MiB)": after[0][1], "RSS at end (MiB)": after[-1][1],
                      "growth (%/h)": growth_pct_per_h([r[0] for r in after], [r[1] for r in after]),
+                     "± (%/h)": growth_error_pct_per_h([r[0] for r in after], [r[1] for r in after]),
                      "private growth (%/h)": growth_pct_per_h([r[0] for r in after if r[3] is not None],
                                                               [r[3] for r in after if r[3] is not None]),
                      "open files max": max(r[2] for r in readings)})
@@ -121,6 +136,11 @@ def private_words(row: dict[str, Any]) -> str:
     return "" if private is None else f" (private {private:+.1f} %/h)"
 
 
+def error_words(row: dict[str, Any]) -> str:
+    error = row.get("± (%/h)")
+    return "" if error is None else f" ± {error:.1f}"
+
+
 def verdict(procs: list[dict[str, Any]], total: dict[str, Any], shm_left: int, status: str,
             minutes: float) -> list[str]:
     """The verdict against the targets, in words: RSS growth per process, /dev/shm left, run dirs bounded."""
@@ -128,7 +148,8 @@ def verdict(procs: list[dict[str, Any]], total: dict[str, Any], shm_left: int, s
     growing = [r for r in procs if r["growth (%/h)"] is not None and r["growth (%/h)"] > RSS_LIMIT_PCT_PER_H]
     if growing:
         problems.append("RSS grows more than 5 %/h: " + ", ".join(
-            f"{r['process']} on {r['node']} (pid {r['pid']}) {r['growth (%/h)']:+.1f} %/h{private_words(r)}"
+            f"{r['process']} on {r['node']} (pid {r['pid']}) {r['growth (%/h)']:+.1f}{error_words(r)} %/h"
+            f"{private_words(r)}"
             for r in growing))
     if not procs:
         problems.append("no process was read long enough after the warm-up to fit its growth")
@@ -156,7 +177,9 @@ def verdict(procs: list[dict[str, Any]], total: dict[str, Any], shm_left: int, s
 LEGEND = """\
 - **growth (%/h)**: the slope of a least-squares line through the process's RSS readings after the warm-up, per
   hour, as % of its first reading after it (the target: at most 5 %/h); **readings**: the readings it was fitted
-  on (one a `--sample-s`); a process with fewer than 3 (a worker started and gone) has no row; **private growth
+  on (one a `--sample-s`); a process with fewer than 3 (a worker started and gone) has no row; **±**: two
+  standard errors of that slope (a process whose RSS swings, as a raylet moving large objects does, fits slopes
+  its swings alone can make: the growth is told from them only beyond this); **private growth
   (%/h)**: the same of its RSS less its shared pages (libraries, files, Ray's object store), the memory only it
   holds: where a process leaks, this grows. Processes are
   named by role: Ray's own (gcs, raylet, agents, dashboard, job supervisor, idle workers) and the run's (driver,

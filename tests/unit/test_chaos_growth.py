@@ -10,11 +10,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
 from dppo.bench.chaos_cluster import Cluster
-from dppo.bench.chaos_growth import growth_pct_per_h, process_rows, report_text, totals_row, warmup_end_s
+from dppo.bench.chaos_growth import (
+    growth_error_pct_per_h,
+    growth_pct_per_h,
+    process_rows,
+    report_text,
+    totals_row,
+    warmup_end_s,
+)
 from dppo.bench.chaos_monitor import Monitor, dir_sizes, metrics_port, role_of
 from dppo.bench.local_cluster import LocalCluster
 
@@ -89,6 +97,11 @@ def test_growth_per_hour_is_the_fitted_slope_after_the_warmup_as_a_share_of_its_
     assert growth_pct_per_h(hour, [100 + 5 * t / 3600 for t in hour]) == pytest.approx(5.0, abs=0.01)
     assert growth_pct_per_h(hour, [100 - 10 * t / 3600 for t in hour]) == pytest.approx(-10.0, abs=0.01)
     assert growth_pct_per_h(hour[:2], [100, 200]) is None  # two readings fit nothing
+    assert growth_error_pct_per_h(hour, [100 + 5 * t / 3600 for t in hour]) == 0.0  # on its line: no doubt
+    noise = np.random.default_rng(1).normal(0, 20, len(hour))
+    swings = [100 + 5 * t / 3600 + swing for t, swing in zip(hour, noise, strict=True)]
+    fitted, error, truth = growth_pct_per_h(hour, swings), growth_error_pct_per_h(hour, swings), 500 / swings[0]
+    assert abs(fitted - truth) <= error and error > 5.0  # 20 MiB swings hide a slope of a few %/h
     samples = hour_of_readings(8.0)
     assert warmup_end_s(samples, 300.0) == 360.0  # training from t=60, five minutes of warm-up
     rows = {row["process"]: row for row in process_rows(samples, 300.0)}
@@ -103,8 +116,8 @@ def test_growth_per_hour_is_the_fitted_slope_after_the_warmup_as_a_share_of_its_
 
 def test_the_verdict_names_a_growing_process_and_what_was_left() -> None:
     text, figures = report_text(hour_of_readings(8.0), 300.0, keep=3, shm_left=0, status="SUCCEEDED", minutes=60)
-    assert figures["verdict"][0].startswith("PROBLEMS: RSS grows more than 5 %/h: actor on worker-1 (pid 12) +8.0 "
-                                            "%/h (private +10.7 %/h)")
+    assert figures["verdict"][0].startswith("PROBLEMS: RSS grows more than 5 %/h: actor on worker-1 (pid 12) "
+                                            "+8.0 ± 0.0 %/h (private +10.7 %/h)")
     assert text.splitlines()[0] == figures["verdict"][0] and "| raylet | worker-1 | 11 |" in text
     text, figures = report_text(hour_of_readings(2.0), 300.0, keep=3, shm_left=1, status="SUCCEEDED", minutes=60)
     assert "1 /dev/shm entries left behind" in figures["verdict"][0] and "RSS" not in figures["verdict"][0]
