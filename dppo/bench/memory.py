@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import subprocess
 import threading
 from collections.abc import Callable
 
@@ -62,22 +64,67 @@ def tree_memory_mib(roots: list[int]) -> dict[str, float]:
             "max_rss_mib": round(max(each, default=0) / 1024, 1)}
 
 
+def compute_apps_mib(text: str) -> dict[int, float]:
+    """MiB of GPU memory per process from ``nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,
+    nounits`` (a process on two GPUs: both summed; a line nvidia-smi could not fill, ``[N/A]``, is skipped)."""
+    found: dict[int, float] = {}
+    for line in text.splitlines():
+        pid, _, used = line.partition(",")
+        with contextlib.suppress(ValueError):
+            found[int(pid)] = found.get(int(pid), 0.0) + float(used)
+    return found
+
+
+def gpu_memory_by_pid() -> dict[int, float] | None:
+    """What each process holds on this machine's NVIDIA GPUs, MiB (None without nvidia-smi, or when it fails)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return compute_apps_mib(done.stdout) if done.returncode == 0 else None
+
+
+def smallest_gpu_mib() -> float | None:
+    """The memory of this machine's smallest NVIDIA GPU, MiB (None without one)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=10)
+        sizes = [float(line) for line in done.stdout.split()] if done.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+    return min(sizes, default=None)
+
+
 class PeakMemory:
-    """Samples tree memory in a thread; keeps the peak summed RSS and PSS."""
+    """Samples tree memory in a thread; keeps the peak summed RSS and PSS, and the peak GPU memory the tree's
+    processes held on this machine's GPUs (``gpu_mib``; None on a machine without one)."""
 
     def __init__(self, roots: Callable[[], list[int]], every_s: float = 0.5) -> None:
         self.roots, self.every_s = roots, every_s
         self.peak = {"processes": 0, "rss_mib": 0.0, "pss_mib": 0.0}
         self.largest_mib = 0.0  # the most one process of the tree held at any sample
+        self.gpu_mib: float | None = None
+        self.gpus = shutil.which("nvidia-smi") is not None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
-            now = tree_memory_mib(self.roots())
+            roots = self.roots()
+            now = tree_memory_mib(roots)
             self.largest_mib = max(self.largest_mib, now.pop("max_rss_mib"))
             if now["rss_mib"] > self.peak["rss_mib"]:
                 self.peak = now
+            if self.gpus and (held := gpu_memory_by_pid()) is not None:
+                tree = process_tree(roots)
+                self.gpu_mib = max(self.gpu_mib or 0.0, sum(mib for pid, mib in held.items() if pid in tree))
 
     def __enter__(self) -> PeakMemory:
         self._thread.start()

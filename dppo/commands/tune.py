@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from dppo.tune.search import Result
 
 COLUMNS = ["candidate", "batch", "train_steps_per_s", "vs_config", "sample_s", "update_s", "iterations", "rss_mib",
-           "max_process_rss_mib", "measured_s", "status"]
+           "max_process_rss_mib", "gpu_mib", "measured_s", "status"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="candidates trained again for the rest of the budget (default 3)")
     tune.add_argument("--max-rss-mib", type=positive(float, "--max-rss-mib"),
                       help="leave out settings whose processes hold more (summed RSS; default 80%% of memory)")
+    tune.add_argument("--max-gpu-mib", type=positive(float, "--max-gpu-mib"),
+                      help="leave out settings whose processes hold more GPU memory on this machine (summed, read "
+                      "by nvidia-smi; default 90%% of the smallest GPU's)")
     tune.add_argument("--out", help="the config file of the fastest settings (default tune-<env>.yaml)")
     tune.add_argument("--no-save", dest="save", action="store_false",
                       help="do not keep the result for run.inference: auto on this machine")
@@ -83,7 +86,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from dppo.tune.grid import PLACEMENTS, grid, minibatches_per_epoch
 
     for flag, value in (("--minutes", args.minutes), ("--full-grid", args.full_grid),
-                        ("--max-rss-mib", args.max_rss_mib)):
+                        ("--max-rss-mib", args.max_rss_mib), ("--max-gpu-mib", args.max_gpu_mib)):
         if value is not None and value <= 0:
             fail(f"{flag} must be above 0, not {value:g}")
     if bool(args.env) == bool(args.config):
@@ -107,6 +110,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         fail(f"--out {str(out)!r} is a directory; name a file")
     import ray
 
+    from dppo.bench.memory import smallest_gpu_mib
     from dppo.distributed.cluster import connect_ray
     from dppo.tune.search import search
 
@@ -120,10 +124,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
                  f"its {cpus:g} CPUs); widen --actors or --actor-cpus")
         budget = args.minutes * 60
         max_rss = args.max_rss_mib or 0.8 * total_memory_mib()
+        max_gpu = args.max_gpu_mib or (0.9 * gpu if (gpu := smallest_gpu_mib()) else None)
         print(f"tune: {base.env.name}, {len(candidates)} candidates on {cpus:g} CPUs"
               + (f" and {gpus:g} GPUs" if gpus else "") + (f", {args.full_grid:g} s each" if args.full_grid
                                                              else f", {args.minutes:g} minutes"), flush=True)
-        results = search(configure, candidates, budget, args.finalists, max_rss, full_seconds=args.full_grid)
+        results = search(configure, candidates, budget, args.finalists, max_rss, full_seconds=args.full_grid,
+                         max_gpu_mib=max_gpu)
     finally:
         ray.shutdown()
     return report(args, base, configure, results, out, minibatches)
@@ -161,7 +167,8 @@ def report(args: argparse.Namespace, base: Config, configure: Any, results: list
            "warm-up iteration, then two timed), the fastest few again for the rest of the budget")
     note = (f"`dppo tune`: {how}; `train_steps_per_s`: env steps per second of the timed iterations (sampling and "
             "update), over both looks; `vs_config`: over the config's own setting; `sample_s`, `update_s`: medians "
-            "per iteration; `rss_mib`: the process tree's peak summed RSS (Ray's processes included); `measured_s`: "
+            "per iteration; `rss_mib`: the process tree's peak summed RSS (Ray's processes included); `gpu_mib`: "
+            "the peak GPU memory its processes held on this machine (nvidia-smi; - without a GPU); `measured_s`: "
             "start-ups included.")
     key = args.section or f"tune-{base.env.name.split('/')[-1]}" + ("-full-grid" if args.full_grid else "")
     from dppo.bench.common import machine

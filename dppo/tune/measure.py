@@ -32,6 +32,7 @@ class Trained:
     update_s: list[float] = field(default_factory=list)
     rss_mib: float = 0.0  # the peak of the process tree's summed RSS
     process_rss_mib: float = 0.0  # the largest one process held then
+    gpu_mib: float | None = None  # the peak GPU memory of the process tree (None: no GPU on this machine)
     wall_s: float = 0.0  # the measurement, start-up included
     error: str | None = None
 
@@ -44,14 +45,20 @@ class Trained:
         return Trained(self.iterations + other.iterations, self.steps + other.steps, self.seconds + other.seconds,
                        self.sample_s + other.sample_s, self.update_s + other.update_s,
                        max(self.rss_mib, other.rss_mib), max(self.process_rss_mib, other.process_rss_mib),
-                       self.wall_s + other.wall_s, self.error or other.error)
+                       highest(self.gpu_mib, other.gpu_mib), self.wall_s + other.wall_s, self.error or other.error)
 
     def row(self) -> dict[str, Any]:
         median = (lambda v: round(statistics.median(v), 3) if v else None)  # noqa: E731
         return {"train_steps_per_s": round(self.steps_per_s, 1), "iterations": self.iterations,
                 "sample_s": median(self.sample_s), "update_s": median(self.update_s),
                 "rss_mib": round(self.rss_mib), "max_process_rss_mib": round(self.process_rss_mib),
+                "gpu_mib": None if self.gpu_mib is None else round(self.gpu_mib),
                 "measured_s": round(self.wall_s, 1)}
+
+
+def highest(a: float | None, b: float | None) -> float | None:
+    """The larger of two peaks, either of which may not have been read."""
+    return b if a is None else a if b is None else max(a, b)
 
 
 def measurement_config(config: Config, iterations: int | None, run_dir: str) -> Config:
@@ -101,7 +108,7 @@ def train(config: Config, iterations: int | None = None, seconds: float | None =
     timed = records[1:]
     return Trained(len(timed), sum(r["env_steps_delta"] for r in timed), sum(r["iteration_s"] for r in timed),
                    [r["sample_s"] for r in timed if "sample_s" in r], [r["update_s"] for r in timed if "update_s" in r],
-                   memory.peak["rss_mib"], memory.largest_mib, time.perf_counter() - started)
+                   memory.peak["rss_mib"], memory.largest_mib, memory.gpu_mib, time.perf_counter() - started)
 
 
 def own_processes() -> list[int]:

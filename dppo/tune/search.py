@@ -49,13 +49,16 @@ class Result:
         return "finalist" if self.second is not None else "measured"
 
 
-def fits(result: Result, max_rss_mib: float | None) -> bool:
-    """Measured, without an error, and under the memory limit (the tree's summed RSS)."""
+def fits(result: Result, max_rss_mib: float | None, max_gpu_mib: float | None = None) -> bool:
+    """Measured, without an error, and under the memory limits (the tree's summed RSS, its GPU memory)."""
     measured = result.measured
     if measured is None or measured.error:
         return False
     if max_rss_mib is not None and measured.rss_mib > max_rss_mib:
         result.skipped = f"over --max-rss-mib {max_rss_mib:g} ({measured.rss_mib:,.0f} MiB)"
+        return False
+    if max_gpu_mib is not None and measured.gpu_mib is not None and measured.gpu_mib > max_gpu_mib:
+        result.skipped = f"over --max-gpu-mib {max_gpu_mib:g} ({measured.gpu_mib:,.0f} MiB of GPU memory)"
         return False
     return True
 
@@ -63,7 +66,8 @@ def fits(result: Result, max_rss_mib: float | None) -> bool:
 def search(configure: Callable[[Candidate], Config], candidates: list[Candidate], budget_s: float,
            finalists: int = 3, max_rss_mib: float | None = None, say: Callable[[str], None] = print,
            full_seconds: float | None = None, clock: Callable[[], float] = time.monotonic,
-           look: Callable[[Config, int | None, float | None], Trained] = train) -> list[Result]:
+           look: Callable[[Config, int | None, float | None], Trained] = train,
+           max_gpu_mib: float | None = None) -> list[Result]:
     """Every candidate's result, fastest first (``configure``: a candidate's config; it raises ValueError or
     UsageError for one the config refuses). ``full_seconds``: every candidate trained that long, no budget.
     ``look(config, iterations, seconds)``: one measurement (:func:`dppo.tune.measure.train`)."""
@@ -80,7 +84,8 @@ def search(configure: Callable[[Candidate], Config], candidates: list[Candidate]
         result.first = measure(configure, result.candidate, FIRST_ITERATIONS, full_seconds, look)
         say(line(i + 1, len(results), result))
     if full_seconds is None:
-        ranked = sorted((r for r in results if fits(r, max_rss_mib)), key=lambda r: -r.steps_per_s)[:finalists]
+        ranked = sorted((r for r in results if fits(r, max_rss_mib, max_gpu_mib)),
+                        key=lambda r: -r.steps_per_s)[:finalists]
         for n, result in enumerate(ranked):
             seconds = (budget_s - (clock() - start)) / (len(ranked) - n) - result.first.wall_s + result.first.seconds
             if seconds <= 0:
@@ -88,7 +93,7 @@ def search(configure: Callable[[Candidate], Config], candidates: list[Candidate]
             result.second = measure(configure, result.candidate, None, seconds, look)
             say(line(n + 1, len(ranked), result, "finalist"))
     for result in results:
-        fits(result, max_rss_mib)
+        fits(result, max_rss_mib, max_gpu_mib)
     # The answer is a finalist, by both its looks: a first look alone (two iterations) may have been lucky.
     return sorted(results, key=lambda r: (r.skipped is not None, r.second is None, -r.steps_per_s))
 

@@ -118,3 +118,23 @@ def test_full_grid_trains_every_candidate_the_same_time() -> None:
                      budget_s=1, say=lambda _: None, full_seconds=30.0, look=look)
     assert seen == [(None, 30.0)] * len(candidates)
     assert [r.status for r in results] == ["measured", "measured", "failed: it broke"]
+
+
+def test_a_setting_over_the_gpu_memory_limit_is_left_out() -> None:
+    """On a GPU machine a setting whose processes held more GPU memory than --max-gpu-mib is measured but never the
+    answer (a CPU measurement, gpu_mib None, is never over it)."""
+    config = load_config(overrides={"env.id": "CartPole-v1"})
+    candidates = grid(config, cpus=2, gpus=1, actors=[2], envs=[config.env.num_envs], places=["actor", "gpu"])
+    assert [c.placement for c in candidates] == ["actor", "gpu"]
+
+    def look(cfg, iterations, seconds):
+        on_gpu = cfg.run.actor_gpus > 0
+        return Trained(3, 3000 if on_gpu else 1000, 1.0, wall_s=2.0, gpu_mib=30_000.0 if on_gpu else None)
+
+    plan = minibatches_per_epoch(config)
+    results = search(lambda c: load_config(overrides={"env.id": "CartPole-v1"}, sets=c.sets(plan)), candidates,
+                     budget_s=100, max_rss_mib=None, max_gpu_mib=20_000.0, say=lambda _: None, look=look)
+    assert results[0].candidate.placement == "actor" and results[0].skipped is None
+    assert results[1].skipped == "over --max-gpu-mib 20000 (30,000 MiB of GPU memory)"
+    assert results[1].measured is not None and results[1].measured.row()["gpu_mib"] == 30000
+
