@@ -164,7 +164,8 @@ def report(args: argparse.Namespace, base: Config, configure: Any, results: list
     best = next((r for r in results if r.skipped is None and r.steps_per_s > 0), None)
     how = (f"every candidate trained {args.full_grid:g} s (after a warm-up iteration) by the Coordinator `dppo train` "
            "runs" if args.full_grid else "each candidate trained briefly by the Coordinator `dppo train` runs (a "
-           "warm-up iteration, then two timed), the fastest few again for the rest of the budget")
+           "warm-up iteration, then two timed), the fastest few again for the rest of the budget, in turn (twice "
+           "over when start-ups are short)")
     note = (f"`dppo tune`: {how}; `train_steps_per_s`: env steps per second of the timed iterations (sampling and "
             "update), over both looks; `vs_config`: over the config's own setting; `sample_s`, `update_s`: medians "
             "per iteration; `rss_mib`: the process tree's peak summed RSS (Ray's processes included); `gpu_mib`: "

@@ -1,6 +1,7 @@
 """How `dppo tune` spends its time budget (successive halving, in two rounds): every candidate is trained briefly
 (a warm-up iteration and two timed ones), nearest the config's own setting first, while the first share of the
-budget lasts; then the fastest few are trained again for what is left, and the fastest of those, over both looks,
+budget lasts; then the fastest few are trained again for what is left, in turn and twice over where start-ups allow
+(a shared machine's load drifts: each finalist then meets it alike), and the fastest of those, over all its looks,
 is the answer (listed first, the other finalists next). ``full_seconds``: every candidate trained for the same time,
 the reference a budgeted search is checked against (docs/benchmarks.md).
 """
@@ -17,6 +18,8 @@ from dppo.tune.measure import Trained, train
 
 FIRST_SHARE = 0.55  # of the budget, for the first look at every candidate
 FIRST_ITERATIONS = 2  # timed, after one that warms up
+FINAL_PASSES = 2  # turns each finalist gets, when its start-up is at most START_SHARE of a turn
+START_SHARE = 0.25
 
 
 @dataclass
@@ -86,16 +89,29 @@ def search(configure: Callable[[Candidate], Config], candidates: list[Candidate]
     if full_seconds is None:
         ranked = sorted((r for r in results if fits(r, max_rss_mib, max_gpu_mib)),
                         key=lambda r: -r.steps_per_s)[:finalists]
-        for n, result in enumerate(ranked):
-            seconds = (budget_s - (clock() - start)) / (len(ranked) - n) - result.first.wall_s + result.first.seconds
+        turns = final_turns(ranked, budget_s - (clock() - start))
+        for n, result in enumerate(turns):
+            assert result.first is not None
+            seconds = (budget_s - (clock() - start)) / (len(turns) - n) - (result.first.wall_s - result.first.seconds)
             if seconds <= 0:
                 break
-            result.second = measure(configure, result.candidate, None, seconds, look)
-            say(line(n + 1, len(ranked), result, "finalist"))
+            again = measure(configure, result.candidate, None, seconds, look)
+            result.second = again if result.second is None else result.second.add(again)
+            say(line(ranked.index(result) + 1, len(ranked), result, "finalist"))
     for result in results:
         fits(result, max_rss_mib, max_gpu_mib)
     # The answer is a finalist, by both its looks: a first look alone (two iterations) may have been lucky.
     return sorted(results, key=lambda r: (r.skipped is not None, r.second is None, -r.steps_per_s))
+
+
+def final_turns(ranked: list[Result], left_s: float) -> list[Result]:
+    """The finalists in turn, FINAL_PASSES times over when each one's start-up and warm-up (its first look's wall
+    time beyond its timed seconds) fit START_SHARE of a turn, else once."""
+    if not ranked:
+        return []
+    start_s = max(r.first.wall_s - r.first.seconds for r in ranked if r.first is not None)
+    passes = FINAL_PASSES if start_s <= START_SHARE * left_s / (FINAL_PASSES * len(ranked)) else 1
+    return ranked * passes
 
 
 def measure(configure: Callable[[Candidate], Config], candidate: Candidate, iterations: int | None,

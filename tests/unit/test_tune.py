@@ -97,7 +97,8 @@ def test_the_budget_measures_the_nearest_first_then_trains_the_fastest_few_again
         len(candidates) - len(first)
     again = [(c, seconds) for c, iterations, seconds in looks if iterations is None]
     measured_fits = [c for c in first if c.placement != "server"]
-    assert [c for c, _ in again] == sorted(measured_fits, key=lambda c: -speeds[c])[:2]  # the fastest that fit
+    fastest = sorted(measured_fits, key=lambda c: -speeds[c])[:2]  # the fastest that fit, in turn, twice over
+    assert [c for c, _ in again] == fastest * 2
     assert all(seconds > 10 for _, seconds in again) and clock.now <= 200 + 12
     assert [r.status for r in results[:2]] == ["finalist", "finalist"]  # the answer is one measured twice
     assert results[0].steps_per_s >= results[1].steps_per_s
@@ -137,4 +138,24 @@ def test_a_setting_over_the_gpu_memory_limit_is_left_out() -> None:
     assert results[0].candidate.placement == "actor" and results[0].skipped is None
     assert results[1].skipped == "over --max-gpu-mib 20000 (30,000 MiB of GPU memory)"
     assert results[1].measured is not None and results[1].measured.row()["gpu_mib"] == 30000
+
+
+def test_finalists_whose_start_up_is_most_of_a_turn_get_one_turn_each() -> None:
+    """A 2-core machine's Breakout: a start-up and warm-up of about a minute is trained once per finalist, not
+    twice (a second start-up would eat the time it measures)."""
+    config = load_config(overrides={"env.id": "CartPole-v1"})
+    candidates = grid(config, cpus=2, gpus=0, actors=[1], envs=[config.env.num_envs], places=["actor", "halves"])
+    clock, looks = Clock(), []
+
+    def look(cfg, iterations, seconds):
+        looks.append(seconds)
+        spent = seconds if seconds else 20.0
+        clock.now += spent + 60.0
+        return Trained(iterations or 5, int(100 * spent), spent, wall_s=spent + 60.0)
+
+    plan = minibatches_per_epoch(config)
+    results = search(lambda c: load_config(overrides={"env.id": "CartPole-v1"}, sets=c.sets(plan)), candidates,
+                     budget_s=400, finalists=2, say=lambda _: None, clock=lambda: clock.now, look=look)
+    assert looks[:2] == [None, None] and len(looks) == 4  # two first looks, then one turn per finalist
+    assert [r.status for r in results] == ["finalist", "finalist"]
 
