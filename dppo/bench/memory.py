@@ -75,31 +75,32 @@ def compute_apps_mib(text: str) -> dict[int, float]:
     return found
 
 
-def gpu_memory_by_pid() -> dict[int, float] | None:
-    """What each process holds on this machine's NVIDIA GPUs, MiB (None without nvidia-smi, or when it fails)."""
+def nvidia_smi(query: str) -> str | None:
+    """nvidia-smi's answer to ``--query-...`` as csv without header or units (None without it, or when it fails)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
     try:
-        done = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=10)
+        done = subprocess.run([smi, query, "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                              timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return compute_apps_mib(done.stdout) if done.returncode == 0 else None
+    return done.stdout if done.returncode == 0 else None
+
+
+def gpu_memory_by_pid() -> dict[int, float] | None:
+    """What each process holds on this machine's NVIDIA GPUs, MiB (None without nvidia-smi, or when it fails)."""
+    text = nvidia_smi("--query-compute-apps=pid,used_memory")
+    return None if text is None else compute_apps_mib(text)
 
 
 def smallest_gpu_mib() -> float | None:
     """The memory of this machine's smallest NVIDIA GPU, MiB (None without one)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
+    text = nvidia_smi("--query-gpu=memory.total")
     try:
-        done = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=10)
-        sizes = [float(line) for line in done.stdout.split()] if done.returncode == 0 else []
-    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return min((float(line) for line in (text or "").split()), default=None)
+    except ValueError:
         return None
-    return min(sizes, default=None)
 
 
 class PeakMemory:
