@@ -100,7 +100,7 @@ def search(configure: Callable[[Candidate], Config], candidates: list[Candidate]
             say(line(ranked.index(result) + 1, len(ranked), result, "finalist"))
     for result in results:
         fits(result, max_rss_mib, max_gpu_mib)
-    # The answer is a finalist, by both its looks: a first look alone (two iterations) may have been lucky.
+    # The answer is a finalist, by all its looks: a first look alone (two iterations) may have been lucky.
     return sorted(results, key=lambda r: (r.skipped is not None, r.second is None, -r.steps_per_s))
 
 
