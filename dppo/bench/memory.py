@@ -57,7 +57,11 @@ def process_tree(roots: list[int]) -> set[int]:
 
 def tree_memory_mib(roots: list[int]) -> dict[str, float]:
     """Summed RSS (counts shared pages once per process) and PSS (shares them out) over the tree, MiB."""
-    pids = process_tree(roots)
+    return memory_mib(process_tree(roots))
+
+
+def memory_mib(pids: set[int]) -> dict[str, float]:
+    """Summed RSS and PSS of these processes, MiB, and the most one of them holds."""
     each = [read_kib(f"/proc/{p}/status", "VmRSS:") for p in pids]
     pss = sum(read_kib(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids)
     return {"processes": len(pids), "rss_mib": round(sum(each) / 1024, 1), "pss_mib": round(pss / 1024, 1),
@@ -118,13 +122,12 @@ class PeakMemory:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
-            roots = self.roots()
-            now = tree_memory_mib(roots)
+            tree = process_tree(self.roots())
+            now = memory_mib(tree)
             self.largest_mib = max(self.largest_mib, now.pop("max_rss_mib"))
             if now["rss_mib"] > self.peak["rss_mib"]:
                 self.peak = now
             if self.gpus and (held := gpu_memory_by_pid()) is not None:
-                tree = process_tree(roots)
                 self.gpu_mib = max(self.gpu_mib or 0.0, sum(mib for pid, mib in held.items() if pid in tree))
 
     def __enter__(self) -> PeakMemory:
