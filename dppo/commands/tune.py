@@ -18,16 +18,17 @@ if TYPE_CHECKING:
     from dppo.tune.grid import Candidate
     from dppo.tune.search import Result
 
-COLUMNS = ["candidate", "batch", "train_steps_per_s", "vs_config", "sample_s", "update_s", "iterations", "rss_mib",
-           "max_process_rss_mib", "gpu_mib", "measured_s", "status"]
+COLUMNS = ["candidate", "batch", "screened_steps_per_s", "train_steps_per_s", "vs_config", "round_s", "sample_s",
+           "update_s", "iterations", "rss_mib", "max_process_rss_mib", "gpu_mib", "measured_s", "status"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     tune = sub.add_parser(
         "tune", help="measure which settings train an env fastest on this machine or cluster",
         description="Trains the env briefly with each setting of the options (actors, envs per actor, where the "
-        "policy runs: in the actors, in two halves, on a GPU share, in the inference service), then the fastest "
-        "few for longer, within --minutes; prints the table, the fastest settings as --set lines and a config "
+        "policy runs: in the actors, in two halves, on a GPU share, in the inference service): each screened "
+        "(its sampling rounds timed, an update timed per batch size), then the fastest few predicted trained, "
+        "within --minutes; prints the table, the fastest settings as --set lines and a config "
         "file, and saves them for this machine (run.inference: auto follows them).")
     tune.add_argument("--env", help="registered env id (its preset), when no --config")
     tune.add_argument("--config", help="YAML config to start from (its settings are the first candidate)")
@@ -55,6 +56,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--full-grid", type=positive(float, "--full-grid"), metavar="SECONDS",
                       help="train every candidate SECONDS instead, no budget (the reference a budgeted tune is "
                       "checked against)")
+    tune.add_argument("--passes", type=positive(int, "--passes"), default=1,
+                      help="with --full-grid: train every candidate this many times, in turn (a shared machine's "
+                      "load drifts; default 1)")
+    tune.add_argument("--only", metavar="NAMES", help="comma-separated candidates as the table names them (\"2x4 "
+                      "T128 actor\"): measure just these, e.g. two settings head to head")
     tune.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
     tune.add_argument("--json", metavar="FILE", help="write the rows as a JSON list to FILE")
     tune.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", metavar="FILE",
@@ -89,6 +95,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                         ("--max-rss-mib", args.max_rss_mib), ("--max-gpu-mib", args.max_gpu_mib)):
         if value is not None and value <= 0:
             fail(f"{flag} must be above 0, not {value:g}")
+    if args.passes > 1 and not args.full_grid:
+        fail("--passes is for --full-grid (the budget decides how often a finalist is trained)")
     if bool(args.env) == bool(args.config):
         fail("dppo tune needs the env: pass --env ID (its preset) or --config FILE")
     places = None if args.placements is None else [p.strip() for p in args.placements.split(",") if p.strip()]
@@ -119,6 +127,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         cpus, gpus = cluster_size()
         candidates = grid(base, cpus, gpus, **options)
+        if args.only is not None:
+            candidates = only(candidates, args.only)
         if not candidates:
             fail("no candidate fits these options on this cluster (each actor's CPUs times the actors must fit "
                  f"its {cpus:g} CPUs); widen --actors or --actor-cpus")
@@ -129,10 +139,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
               + (f" and {gpus:g} GPUs" if gpus else "") + (f", {args.full_grid:g} s each" if args.full_grid
                                                              else f", {args.minutes:g} minutes"), flush=True)
         results = search(configure, candidates, budget, args.finalists, max_rss, full_seconds=args.full_grid,
-                         max_gpu_mib=max_gpu)
+                         max_gpu_mib=max_gpu, passes=args.passes)
     finally:
         ray.shutdown()
     return report(args, base, configure, results, out, minibatches)
+
+
+def only(candidates: list[Candidate], names: str) -> list[Candidate]:
+    """The candidates ``names`` (comma-separated, as the table names them), in that order; one the options and the
+    cluster do not allow is bad input."""
+    by_name = {c.name: c for c in candidates}
+    wanted = [" ".join(name.split()) for name in names.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in by_name]
+    if unknown or not wanted:
+        fail(f"--only: {', '.join(repr(n) for n in unknown) or 'no name'} is not a candidate here; name them as the "
+             f"table does, e.g. {next(iter(by_name), '2x4 T128 actor')!r}")
+    return [by_name[name] for name in dict.fromkeys(wanted)]
 
 
 def cluster_size() -> tuple[float, float]:
@@ -162,19 +184,25 @@ def report(args: argparse.Namespace, base: Config, configure: Any, results: list
                 == (base.run.actors, base.env.num_envs, base.ppo.segment_length)), None)
     rows = [row(r, own) for r in results]
     best = next((r for r in results if r.skipped is None and r.steps_per_s > 0), None)
-    how = (f"every candidate trained {args.full_grid:g} s (after a warm-up iteration) by the Coordinator `dppo train` "
-           "runs" if args.full_grid else "each candidate trained briefly by the Coordinator `dppo train` runs (a "
-           "warm-up iteration, then two timed), the fastest few again for the rest of the budget, in turn (twice "
-           "over when start-ups are short)")
-    note = (f"`dppo tune`: {how}; `train_steps_per_s`: env steps per second of the timed iterations (sampling and "
-            "update), over both looks; `vs_config`: over the config's own setting; `sample_s`, `update_s`: medians "
-            "per iteration; `rss_mib`: the process tree's peak summed RSS (Ray's processes included); `gpu_mib`: "
-            "the peak GPU memory its processes held on this machine (nvidia-smi; - without a GPU); `measured_s`: "
+    times = f", {args.passes} times in turn" if args.passes > 1 else ""
+    how = (f"every candidate trained {args.full_grid:g} s (after a warm-up iteration){times} by the Coordinator "
+           "`dppo train` runs" if args.full_grid else "each candidate screened (started by the Coordinator `dppo "
+           "train` runs, a sampling round to warm up, then timed rounds, at least two and as many as a second holds, "
+           "and updates timed once per batch size the same way), nearest the fastest predicted first; the fastest "
+           "few predicted then trained for the rest of the budget, in turn (twice over when start-ups are short)")
+    note = (f"`dppo tune`: {how}; `screened_steps_per_s`: the training speed a screen predicts (a round's env steps "
+            "over its `round_s` and its batch's update; a batch whose update was not timed: the nearest batch's, "
+            "scaled); `train_steps_per_s`: env steps per second of training measured (the timed iterations, "
+            "sampling and update); `vs_config`: over the config's own setting (trained over trained, else "
+            "screened over screened); `round_s`: a screen's median round (weights out, segments in); `sample_s`, "
+            "`update_s`: medians per iteration of training (update_s of one only screened: its timed update); "
+            "`rss_mib`: the process tree's peak summed RSS (Ray's processes included); `gpu_mib`: the peak GPU "
+            "memory its processes held on this machine (nvidia-smi; - without a GPU); `measured_s`: every look, "
             "start-ups included.")
     key = args.section or f"tune-{base.env.name.split('/')[-1]}" + ("-full-grid" if args.full_grid else "")
     from dppo.bench.common import machine
 
-    title = f"dppo tune, {base.env.name}" + (f", every candidate {args.full_grid:g} s" if args.full_grid
+    title = f"dppo tune, {base.env.name}" + (f", every candidate {args.full_grid:g} s{times}" if args.full_grid
                                              else f", {args.minutes:g} minutes")
     emit(args, rows, COLUMNS, key, title, note, machine())
     if best is None:
@@ -185,8 +213,7 @@ def report(args: argparse.Namespace, base: Config, configure: Any, results: list
     out.write_text(chosen.to_yaml())
     sets = " ".join(f"--set {line}" for line in best.candidate.sets(minibatches))
     env = f"--config {args.config}" if args.config else f"--env {base.env.name}"
-    print(f"fastest: {best.candidate.name}, {best.steps_per_s:,.0f} env steps/s of training"
-          + (f" ({best.steps_per_s / own.steps_per_s:.2f}x the config's own)" if own and own.steps_per_s else ""))
+    print(f"fastest: {best.candidate.name}, {best.steps_per_s:,.0f} env steps/s of training" + versus(best, own))
     train = " ".join(["dppo train", env, *(f"--set {line}" for line in args.sets), sets])
     print(f"  dppo train --config {out}\n  {train}", flush=True)
     if args.save:
@@ -198,10 +225,35 @@ def report(args: argparse.Namespace, base: Config, configure: Any, results: list
     return 0
 
 
+def versus(best: Result, own: Result | None) -> str:
+    """How the answer compares with the config's own setting: by training when both trained, else as screened."""
+    if own is None or own is best:
+        return ""
+    if own.steps_per_s:
+        return f" ({best.steps_per_s / own.steps_per_s:.2f}x the config's own)"
+    return f" ({best.predicted / own.predicted:.2f}x the config's own, as screened)" if own.predicted else ""
+
+
 def row(result: Result, own: Result | None) -> dict[str, Any]:
-    measured = result.measured
-    figures = measured.row() if measured is not None and not measured.error else {}
-    ratio = (round(result.steps_per_s / own.steps_per_s, 3) if own is not None and own.steps_per_s
-             and result.steps_per_s else None)
-    return {"candidate": result.candidate.name, "batch": result.candidate.batch, **figures, "vs_config": ratio,
-            "status": result.status}
+    trained, screened = result.trained, result.screened
+    figures: dict[str, Any] = {}
+    if screened is not None and not screened.error:
+        figures.update(round_s=round(screened.round_median_s, 3), update_s=screened.update_s and
+                       round(screened.update_s, 3), rss_mib=round(screened.rss_mib),
+                       max_process_rss_mib=round(screened.process_rss_mib),
+                       gpu_mib=None if screened.gpu_mib is None else round(screened.gpu_mib))
+    if trained is not None and not trained.error:
+        measured = trained.row()
+        for key in ("rss_mib", "max_process_rss_mib", "gpu_mib"):
+            measured[key] = max((v for v in (measured[key], figures.get(key)) if v is not None), default=None)
+        figures.update(measured)
+    looks = [look.wall_s for look in (screened, trained) if look is not None]
+    figures["measured_s"] = round(sum(looks), 1) if looks else None
+    ratio = None
+    if own is not None and own.steps_per_s and result.steps_per_s:
+        ratio = round(result.steps_per_s / own.steps_per_s, 3)
+    elif own is not None and own.predicted and result.predicted:
+        ratio = round(result.predicted / own.predicted, 3)
+    return {"candidate": result.candidate.name, "batch": result.candidate.batch,
+            "screened_steps_per_s": round(result.predicted, 1) if result.predicted else None, **figures,
+            "vs_config": ratio, "status": result.status}

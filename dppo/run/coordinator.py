@@ -138,6 +138,18 @@ class Coordinator:
             self._checkpoint()
         return self._finish(reason)
 
+    # ---- a round apart (how `dppo tune` screens a setting: its sampling timed apart from its update) -------------
+    def sample_round(self) -> Gathered:
+        """One round sampled with the current weights, as an iteration sends and gathers it; nothing is trained,
+        counted or recorded."""
+        full = self._broadcast(round_=False)
+        return self._gather(self.pool.dispatch(broadcast_arg(full) if self.inference is None
+                                               else self.inference.serve(full)))
+
+    def update_on(self, gathered: Gathered) -> None:
+        """One update of the learners on ``gathered`` (the weights change; no progress record is written)."""
+        self._update(gathered)
+
     # ---- phases --------------------------------------------------------------------------------------
     def _open(self) -> None:
         self.signals.install()

@@ -119,8 +119,13 @@ def grid(config: Config, cpus: float, gpus: float, actors: list[int] | None = No
                         if place.startswith("gpu") and share <= 0:
                             continue
                         found.append(Candidate(count, num_envs, length, place, cpu, share))
+    return sorted(found, key=lambda c: distance(c, base))
+
+
+def distance(a: Candidate, b: Candidate) -> int:
+    """How many options two candidates set differently."""
     fields = ("placement", "actors", "envs_per_actor", "actor_cpus", "segment_length")
-    return sorted(found, key=lambda c: sum(getattr(c, f) != getattr(base, f) for f in fields))
+    return sum(getattr(a, f) != getattr(b, f) for f in fields)
 
 
 def placement_of(config: Config) -> str:

@@ -1,7 +1,9 @@
-"""One candidate measured as it would run: a short real training run (the Coordinator `dppo train` runs, on the
-Ray session this process holds), so every mode (a policy map, self-play, an LSTM, the service) is measured by the
-code that runs it, start-up apart. What counts is the speed of training (env steps per second of the iterations
-after the first: the first warms up), with its sampling and update seconds, and the memory of the process tree.
+"""One candidate measured as it would run, by the Coordinator `dppo train` runs on the Ray session this process
+holds, so every mode (a policy map, self-play, an LSTM, the service) is measured by the code that runs it. Two
+looks: :func:`train`, a short real training run (env steps per second of the iterations after the first, which
+warms up, with their sampling and update seconds), and :func:`screen`, the setting's sampling rounds timed apart
+from an update (a first look that costs a start-up and a few rounds, not a few updates). Both watch the memory of
+the process tree.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import signal
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 from dppo.errors import first_line
 
 if TYPE_CHECKING:
+    from dppo.bench.memory import PeakMemory
     from dppo.config import Config
+    from dppo.run.coordinator import Coordinator
 
 
 @dataclass
@@ -74,41 +80,116 @@ def measurement_config(config: Config, iterations: int | None, run_dir: str) -> 
     return config
 
 
-def train(config: Config, iterations: int | None = None, seconds: float | None = None) -> Trained:
-    """Train ``config`` on the Ray session this process holds for ``iterations`` timed iterations or, with
-    ``seconds``, until that long has passed and one iteration after the first has ended; the timed iterations are
-    all but the first."""
+@contextmanager
+def started(config: Config, iterations: int | None,
+            on_iteration: Callable[[dict[str, Any], Path | None], None] | None = None) -> Iterator[Started]:
+    """A Coordinator of ``config`` as a measurement runs it, started on the Ray session this process holds, in a run
+    directory that goes with it, the process tree's memory watched meanwhile; shut down on the way out."""
     from dppo.bench.memory import PeakMemory
-    from dppo.errors import RunFailure, UsageError
     from dppo.run.coordinator import Coordinator
 
-    records: list[dict[str, Any]] = []
-    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dppo-tune-") as run_dir:
         measured = measurement_config(config, iterations, str(Path(run_dir) / "run"))
         with PeakMemory(own_processes, every_s=1.0) as memory:
             coordinator = None
-
-            def enough(record: dict[str, Any], _checkpoint: Path | None) -> None:
-                records.append(record)
-                if seconds is not None and len(records) >= 2 and time.perf_counter() - training >= seconds:
-                    coordinator.signals.received = signal.SIGTERM  # the run ends after this iteration, as on a stop
-
             try:
-                coordinator = Coordinator(measured, Path(measured.run.run_dir), on_iteration=enough)
+                coordinator = Coordinator(measured, Path(measured.run.run_dir), on_iteration=on_iteration)
                 coordinator.start()
                 coordinator.run_dir.path.mkdir(parents=True, exist_ok=True)
-                training = time.perf_counter()
-                coordinator.run()
-            except (RunFailure, UsageError, ValueError) as err:
-                return Trained(error=first_line(err), wall_s=time.perf_counter() - started)
+                yield Started(coordinator, memory)
             finally:
                 if coordinator is not None:
                     coordinator.shutdown()
+
+
+@dataclass
+class Started:
+    """A measurement's coordinator and the memory watched while it runs."""
+
+    coordinator: Coordinator
+    memory: PeakMemory
+
+
+def train(config: Config, iterations: int | None = None, seconds: float | None = None) -> Trained:
+    """Train ``config`` on the Ray session this process holds for ``iterations`` timed iterations or, with
+    ``seconds``, until that long has passed and one iteration after the first has ended; the timed iterations are
+    all but the first."""
+    from dppo.errors import RunFailure, UsageError
+
+    records: list[dict[str, Any]] = []
+    began = training = time.perf_counter()
+
+    def enough(record: dict[str, Any], _checkpoint: Path | None) -> None:
+        records.append(record)
+        if seconds is not None and len(records) >= 2 and time.perf_counter() - training >= seconds:
+            run.coordinator.signals.received = signal.SIGTERM  # the run ends after this iteration, as on a stop
+
+    try:
+        with started(config, iterations, enough) as run:
+            training = time.perf_counter()
+            run.coordinator.run()
+    except (RunFailure, UsageError, ValueError) as err:
+        return Trained(error=first_line(err), wall_s=time.perf_counter() - began)
     timed = records[1:]
+    memory = run.memory
     return Trained(len(timed), sum(r["env_steps_delta"] for r in timed), sum(r["iteration_s"] for r in timed),
                    [r["sample_s"] for r in timed if "sample_s" in r], [r["update_s"] for r in timed if "update_s" in r],
-                   memory.peak["rss_mib"], memory.largest_mib, memory.gpu_mib, time.perf_counter() - started)
+                   memory.peak["rss_mib"], memory.largest_mib, memory.gpu_mib, time.perf_counter() - began)
+
+
+@dataclass
+class Screened:
+    """A setting's sampling timed apart from its update (`dppo tune`'s first look at each setting; its update costs
+    the same in every setting of a batch size, so it is timed once per batch size)."""
+
+    steps: int = 0  # env steps a round
+    round_s: list[float] = field(default_factory=list)  # each timed round's wall seconds (weights out, segments in)
+    update_s: float | None = None  # an update on a round's batch (the median of those timed), when asked for
+    start_s: float = 0.0  # the start-up: learners, actors, envs
+    rss_mib: float = 0.0
+    process_rss_mib: float = 0.0
+    gpu_mib: float | None = None
+    wall_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def round_median_s(self) -> float:
+        return statistics.median(self.round_s) if self.round_s else 0.0
+
+
+SCREEN_S = 1.0  # timed rounds (and updates) go on until this long, so a round of milliseconds is not timed once
+MOST_TIMED = 30  # of each
+
+
+def screen(config: Config, rounds: int, updates: int, seconds: float = SCREEN_S) -> Screened:
+    """Start ``config``, sample a round that warms up, then at least ``rounds`` timed rounds (more while they last
+    under ``seconds``); then, with ``updates`` 1, time updates on the last round's batch the same way (their median;
+    2: one that warms up first; 0: none), all on this process's Ray session."""
+    from dppo.errors import RunFailure, UsageError
+
+    began = time.perf_counter()
+    try:
+        with started(config, None) as run:
+            start_s = time.perf_counter() - began
+            gathered = run.coordinator.sample_round()
+            round_s: list[float] = []
+            while len(round_s) < rounds or (sum(round_s) < seconds and len(round_s) < MOST_TIMED):
+                at = time.perf_counter()
+                gathered = run.coordinator.sample_round()
+                round_s.append(time.perf_counter() - at)
+            if updates > 1:
+                run.coordinator.update_on(gathered)
+            update_s: list[float] = []
+            while updates and (not update_s or (sum(update_s) < seconds and len(update_s) < MOST_TIMED)):
+                at = time.perf_counter()
+                run.coordinator.update_on(gathered)
+                update_s.append(time.perf_counter() - at)
+            steps = sum(segment.num_steps for segment in gathered.segments)
+    except (RunFailure, UsageError, ValueError) as err:
+        return Screened(error=first_line(err), wall_s=time.perf_counter() - began)
+    memory = run.memory
+    return Screened(steps, round_s, statistics.median(update_s) if update_s else None, start_s, memory.peak["rss_mib"],
+                    memory.largest_mib, memory.gpu_mib, time.perf_counter() - began)
 
 
 def own_processes() -> list[int]:

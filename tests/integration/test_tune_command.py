@@ -55,14 +55,44 @@ def test_tune_trains_each_setting_picks_the_fastest_and_auto_follows_it(ray_addr
     assert f"inference {mode} (auto: as `dppo tune` measured on this machine ({saved}," in train.stdout
 
 
+@pytest.mark.slow
+def test_a_budget_screens_every_setting_and_trains_the_fastest_predicted(ray_address: str, tmp_path: Path) -> None:
+    """Within --minutes: each setting started for real and its sampling rounds timed (an update timed once per batch
+    size), the fastest predicted then trained; the answer is one trained."""
+    rows_file = tmp_path / "rows.json"
+    done = dppo(["tune", "--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2,4", "--segment-lengths", "16",
+                 "--placements", "actor,halves", "--minutes", "1", "--finalists", "2", "--no-save",
+                 "--address", ray_address, "--out", str(tmp_path / "fast.yaml"), "--json", str(rows_file)],
+                tmp_path / "tuned", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(rows_file.read_text())
+    assert {r["candidate"] for r in rows} == {"1x2 T16 actor", "1x2 T16 halves", "1x4 T16 actor", "1x4 T16 halves"}
+    assert all(r["screened_steps_per_s"] > 0 and r["round_s"] > 0 for r in rows), rows
+    assert [r["status"] for r in rows[:2]] == ["finalist", "finalist"] and rows[2]["status"] == "screened"
+    assert rows[0]["train_steps_per_s"] >= rows[1]["train_steps_per_s"] > 0 and rows[0]["iterations"] >= 1
+    assert min(r["screened_steps_per_s"] for r in rows[:2]) >= max(r["screened_steps_per_s"] for r in rows[2:])
+    batches = [r["batch"] for r in rows if r["status"] == "screened" and r["update_s"] is not None]
+    assert len(batches) == len(set(batches))  # an update timed once per batch size
+    assert not list((tmp_path / "tuned").glob("*.json"))  # --no-save
+
+
 @pytest.mark.parametrize("args, says", [
     (["tune"], "dppo tune needs the env: pass --env ID (its preset) or --config FILE"),
     (["tune", "--env", "CartPole-v1", "--placements", "actor,gpu2"], "--placements takes actor, halves, gpu"),
     (["tune", "--env", "CartPole-v1", "--actors", "0,2"], "--actors takes positive numbers, comma-separated, not"),
     (["tune", "--env", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
     (["tune", "--env", "CartPole-v1", "--minutes", "0"], "--minutes"),
+    (["tune", "--env", "CartPole-v1", "--passes", "2"], "--passes is for --full-grid"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
     done = run_dppo(*args, cwd=tmp_path, timeout=120)
     assert done.returncode == 2 and says in error_line(done.stderr), done.stderr
     assert "Traceback" not in done.stderr and not list(tmp_path.iterdir())  # nothing written
+
+
+def test_only_names_candidates_as_the_table_does(ray_address: str, tmp_path: Path) -> None:
+    done = dppo(["tune", "--env", "CartPole-v1", "--actors", "1", "--only", "1x8 T16 actor", "--address", ray_address],
+                tmp_path / "tuned", tmp_path, timeout=120)
+    assert done.returncode == 2 and "--only: '1x8 T16 actor' is not a candidate here; name them as the table " \
+        "does, e.g. '1x" in error_line(done.stderr), done.stderr
+    assert "Traceback" not in done.stderr and not list(tmp_path.iterdir())
