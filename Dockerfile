@@ -24,8 +24,11 @@ ARG TORCH_VERSION=2.13.0
 # Empty: the CPU wheel index for VARIANT=cpu (a plain torch wheel would pull a multi-GB CUDA build),
 # PyPI's CUDA build for VARIANT=gpu: the Makefile's TORCH_INDEX_cpu and TORCH_INDEX_cuda.
 ARG TORCH_INDEX_URL=""
+# MALLOC_CONF: Ray's raylet and GCS (on the jemalloc Ray ships) with one arena and no thread caches, so their memory
+# stays flat over hours (dppo.distributed.cluster.RAY_MALLOC_CONF says why; Python ignores it).
 ENV PYTHONUNBUFFERED=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    MALLOC_CONF=background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1,tcache:false
 # The wheel is bind-mounted, not copied: no layer of the final image holds it or any build tool.
 RUN --mount=type=bind,from=wheel,source=/tmp/wheels,target=/tmp/wheels \
     set -eu; \

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 
+from dppo.distributed.cluster import with_ray_malloc_conf
+
 RAY = str(Path(sys.executable).parent / "ray")
 
 
@@ -45,12 +47,13 @@ def node_port_flags(ports: list[int] | None = None) -> list[str]:
 
 
 class LocalCluster:
-    """Named Ray nodes as processes; ``env`` is every node's environment (token auth variables go there)."""
+    """Named Ray nodes as processes; ``env`` is every node's environment (token auth variables go there; the image's
+    MALLOC_CONF for Ray's processes is added unless it sets one)."""
 
     def __init__(self, env: dict[str, str], root: Path | None = None) -> None:
         # A short path: Ray's Unix sockets live under it (108-byte limit).
         self.root = root or Path(tempfile.mkdtemp(prefix="dppo-cl-", dir="/tmp"))
-        self.env = env
+        self.env = dict(with_ray_malloc_conf(dict(env)))
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
         self.address = ""
         self.dashboard = ""  # the job API's address (http://...), when the head serves one

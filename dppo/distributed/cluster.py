@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -29,6 +29,12 @@ from dppo.errors import RunFailure, UsageError, first_line
 
 LOCAL_TRIES = 2  # starts of a local Ray before the run fails
 STARTUP_TIMED_OUT = "timed out during startup"  # Ray's words for a raylet that did not register in time
+# Ray's raylet and GCS run on the jemalloc Ray ships (its LD_PRELOAD). With jemalloc's defaults each of their many
+# threads keeps a cache of freed memory in each of 8 arenas, and the caches fill for the first half hour of a run: a
+# raylet's private memory grew +8 to +13 %/h over 60 minutes of training (docs/benchmarks.md, long runs). With one
+# arena, no thread caches and freed pages returned after a second it stays flat. Only jemalloc reads MALLOC_CONF:
+# Python and Ray's workers (glibc's malloc) ignore it. The image sets the same (Dockerfile).
+RAY_MALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1,tcache:false"
 TOKEN_HINT = ("set RAY_AUTH_TOKEN to the cluster's token, or put it in ~/.ray/auth_token (or in a file named by "
               "RAY_AUTH_TOKEN_PATH); `ray get-auth-token` on the head prints it (on Kubernetes: the Secret KubeRay "
               "made for the RayCluster)")
@@ -63,12 +69,20 @@ def connect_ray(config: Config, min_cpus: float = 0.0) -> None:
                          "RAY_ADDRESS") from None
 
 
+def with_ray_malloc_conf(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
+    """``env`` with RAY_MALLOC_CONF for the Ray processes started with it, unless it sets MALLOC_CONF already (the
+    user's stands, an empty one too: jemalloc's defaults)."""
+    env.setdefault("MALLOC_CONF", RAY_MALLOC_CONF)
+    return env
+
+
 def start_local_ray(cpus: int, options: dict[str, Any], tries: int = LOCAL_TRIES) -> None:
     """A local Ray of ``cpus`` CPUs, started again when it does not come up (Ray gives a raylet 30 s to register
     with its GCS, which a busy machine can take, then raises a bare Exception); a RunFailure in one line after
-    ``tries``."""
+    ``tries``. Its raylet and GCS inherit this process's environment: RAY_MALLOC_CONF goes there first."""
     import ray
 
+    with_ray_malloc_conf(os.environ)
     for _ in range(tries):
         try:
             ray.init(address="local", num_cpus=cpus, include_dashboard=False, **options)

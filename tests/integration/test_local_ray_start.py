@@ -5,6 +5,7 @@ its own words on the first try."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -45,3 +46,30 @@ def test_a_local_ray_that_never_starts_is_one_line_and_a_bad_option_is_not_retri
                            "start Ray with `ray start --head` and pass its address with --address")
     bad = run(busy=0, extra=', "object_store_memory": 10')
     assert bad.startswith("ValueError: Attempting to cap object store memory usage at 10 bytes")
+
+
+RAYLET_ENV = """
+import os, ray, psutil
+from dppo.distributed.cluster import start_local_ray
+
+start_local_ray(1, {"logging_level": 40})
+raylets = [p for p in psutil.Process().children(recursive=True) if p.name() == "raylet"]
+for p in raylets:
+    maps = open(f"/proc/{p.pid}/maps").read()
+    print(p.environ().get("MALLOC_CONF"), "jemalloc" if "jemalloc" in maps else "glibc")
+ray.shutdown()
+"""
+
+
+def test_a_local_ray_s_raylet_runs_on_jemalloc_with_dppo_s_conf_unless_the_user_set_one() -> None:
+    from dppo.distributed.cluster import RAY_MALLOC_CONF
+
+    def raylet(env: dict[str, str]) -> str:
+        done = subprocess.run([sys.executable, "-c", RAYLET_ENV], capture_output=True, text=True, timeout=180,
+                              env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    plain = {k: v for k, v in os.environ.items() if k != "MALLOC_CONF"}
+    assert raylet(plain) == f"{RAY_MALLOC_CONF} jemalloc"
+    assert raylet({**plain, "MALLOC_CONF": "narenas:2"}) == "narenas:2 jemalloc"
