@@ -763,7 +763,7 @@ def test_a_spot_reclaim_costs_the_actors_of_one_pod_and_the_run_goes_on(helm_bin
     gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
     objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "-f", str(REPO / "tests/deploy/values/spot.yaml"),
                      "--set", f"metrics.port={metrics}", "--set", "metrics.lingerSeconds=0", "--set", "head.gpus=0",
-                     "--set", "persistence.enabled=false", "--set", "totalSteps=20480", "--set", "actors=2",
+                     "--set", "persistence.enabled=false", "--set", "totalSteps=102400", "--set", "actors=2",
                      "--set", "actorsPerPod=1", "--set", "envsPerActor=8", "--set", "segmentLength=64",
                      "--set", "config.faults.min_actors=1", "--set", "config.ppo.minibatch_size=256",
                      "--set", "worker.terminationGracePeriodSeconds=2")
