@@ -53,7 +53,8 @@ class LocalCluster:
     def __init__(self, env: dict[str, str], root: Path | None = None) -> None:
         # A short path: Ray's Unix sockets live under it (108-byte limit).
         self.root = root or Path(tempfile.mkdtemp(prefix="dppo-cl-", dir="/tmp"))
-        self.env = dict(with_ray_malloc_conf(dict(env)))
+        self.env = {**env}
+        with_ray_malloc_conf(self.env)
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
         self.address = ""
         self.dashboard = ""  # the job API's address (http://...), when the head serves one

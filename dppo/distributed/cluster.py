@@ -29,11 +29,12 @@ from dppo.errors import RunFailure, UsageError, first_line
 
 LOCAL_TRIES = 2  # starts of a local Ray before the run fails
 STARTUP_TIMED_OUT = "timed out during startup"  # Ray's words for a raylet that did not register in time
-# Ray's raylet and GCS run on the jemalloc Ray ships (its LD_PRELOAD). With jemalloc's defaults each of their many
-# threads keeps a cache of freed memory in each of 8 arenas, and the caches fill for the first half hour of a run: a
-# raylet's private memory grew +8 to +13 %/h over 60 minutes of training (docs/benchmarks.md, long runs). With one
-# arena, no thread caches and freed pages returned after a second it stays flat. Only jemalloc reads MALLOC_CONF:
-# Python and Ray's workers (glibc's malloc) ignore it. The image sets the same (Dockerfile).
+# Ray's raylet and GCS run on the jemalloc Ray ships (its LD_PRELOAD). With jemalloc's defaults (four arenas per
+# CPU, a cache per thread) freed memory stayed with the allocator for the first half hour of a run: a raylet's
+# private memory grew +8 to +13 %/h over 60 minutes of training (docs/benchmarks.md, long runs). With one arena, no
+# thread caches and freed pages returned after a second it stays flat (which of these matters was not isolated).
+# Only jemalloc reads MALLOC_CONF: Python and Ray's workers (glibc's malloc) ignore it. The image sets the same
+# (Dockerfile).
 RAY_MALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1,tcache:false"
 TOKEN_HINT = ("set RAY_AUTH_TOKEN to the cluster's token, or put it in ~/.ray/auth_token (or in a file named by "
               "RAY_AUTH_TOKEN_PATH); `ray get-auth-token` on the head prints it (on Kubernetes: the Secret KubeRay "
