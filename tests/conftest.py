@@ -1,22 +1,22 @@
-"""Shared fixtures: one local Ray cluster per session and the external tools (`make tools` installs them)."""
+"""Shared fixtures: one Ray cluster for the whole session (tests/session_ray.py), the external tools (`make tools`
+installs them), the image; the suite's time against its budget."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-from parallel import RESOURCE_MODULES, ResourceScheduling, turn, unlisted_users
-from prepared import Prepared, first_used, ordered_last
+from session_ray import shared_head, stop_head
 
 REPO = Path(__file__).resolve().parents[1]
 # `run.inference: auto` follows a `dppo tune` result saved for this machine (dppo/config/tuned.py): the tests see none
@@ -196,23 +196,25 @@ def prometheus_bin() -> str:
     return str(path)
 
 
-@pytest.fixture(scope="session")
-def ray_address() -> Iterator[str]:
-    """One local Ray cluster for the whole session; CLI subprocesses join it with --address. Started with Ray's
-    test helper, which can leave out the log monitor: no driver here takes the workers' output (log_to_driver is
-    off in every one), and the monitor tailing each worker's log files was 2% of the suite's CPU."""
-    import ray
-    from ray.cluster_utils import Cluster
+def session_root(config: pytest.Config) -> Path:
+    """The directory every worker of the session sees (xdist gives each worker <the session's basetemp>/gwN)."""
+    basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    return basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
 
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 4, "include_dashboard": False, "include_log_monitor": False,
-        "object_store_memory": 2 * 1024**3})  # the helper's default, 150 MiB, is less than Atari runs want
+
+@pytest.fixture(scope="session")
+def ray_address(pytestconfig: pytest.Config) -> Iterator[str]:
+    """The session's one Ray cluster (tests/session_ray.py), joined by this worker; CLI subprocesses join it with
+    --address."""
+    import ray
+
+    owner = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+    address = shared_head(session_root(pytestconfig), owner)
+    ray.init(address=address, log_to_driver=False, logging_level="ERROR", configure_logging=True)
     try:
-        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR", configure_logging=True)
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
-        cluster.shutdown()
 
 
 @pytest.fixture
@@ -231,24 +233,6 @@ def keep_signal_handlers() -> Iterator[None]:
 def dppo_cmd() -> list[str]:
     """The real CLI, run as a subprocess of the venv's interpreter."""
     return [sys.executable, "-m", "dppo"]
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Under CI=true a skipped test is a failure: every test must run there (a user's clone included). The
-    background resources are taken down first."""
-    for resource in PREPARED.values():  # the image's daemon stopped and the image removed
-        resource.close()
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    skipped = reporter.stats.get("skipped", []) if reporter else []
-    if IN_CI and skipped and session.exitstatus == 0:
-        reporter.write_line(f"CI=true: {len(skipped)} test(s) skipped; every test must run in CI", red=True)
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def image_maker() -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
-    """How the image is built (tests/deploy/image_build.py), or None where it cannot be: the fixture says why."""
-    build = load_module(REPO / "tests" / "deploy" / "image_build.py")
-    return build.built_image if not build.missing_tools() and os.geteuid() == 0 else None
 
 
 def peer_venv() -> Path:
@@ -278,80 +262,101 @@ def peer_venv() -> Path:
     return python
 
 
-PREPARED: dict[str, Prepared] = {}  # fixture name -> its resource, being made in the background
+# Modules whose tests share processes of the module's own (an emulated cluster, the peer's venv): `pytest -n`
+# runs each on one worker, every other test wherever a worker is free. (xdist's `--dist loadgroup` would do it from
+# marks, but does not group with pytest 9.2: pytest-dev/pytest-xdist#1386.)
+ONE_WORKER_MODULES = {"tests/deploy/test_chart_emulation.py", "tests/deploy/test_image.py",
+                      "tests/integration/test_node_loss.py", "tests/integration/test_cluster.py",
+                      "tests/integration/test_bench_peer_runs.py"}
+SLOW_RESOURCES = ("docker_image", "peer_python")  # session fixtures that take minutes to make
 
 
-def makers() -> dict[str, Callable[[], contextlib.AbstractContextManager[Any]] | None]:
-    """The session fixtures made in the background (tests/prepared.py) and how each is made."""
-    return {"docker_image": image_maker(), "peer_python": lambda: contextlib.nullcontext(peer_venv())}
-
-
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Alone, the slow resources the selected tests use start being made now and those tests run last. In a worker
-    of `pytest -n` their tests run first, on one worker (tests/parallel.py), which makes each resource when its
-    first test asks: the other workers' tests overlap it."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        resources = set(RESOURCE_MODULES.values())
-        if unlisted := unlisted_users(items, resources):
-            raise pytest.UsageError(f"{unlisted[0]} uses a resource its module is not given in tests/parallel.py "
-                                    "RESOURCE_MODULES: add the module there")
-        items[:] = first_used(items, resources)
-        return
-    how = makers()
-    items[:] = ordered_last(items, set(how))
-    if config.option.collectonly:
-        return
-    for name in sorted({name for item in items for name in item.fixturenames if name in how}):
-        if (make := how[name]) is not None:
-            PREPARED[name] = Prepared(name, make)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests of a slow resource first: its worker makes it while the other workers run the rest (the same
+    order in every worker, as xdist requires)."""
+    items.sort(key=lambda item: not set(SLOW_RESOURCES).intersection(getattr(item, "fixturenames", ())))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`pytest -n N` (xdist's default `--dist load`): the tests of one built resource on one worker."""
-    return ResourceScheduling(config, log) if config.getvalue("dist") == "load" else None
+    from xdist.scheduler import LoadScopeScheduling
 
+    class OneWorkerModules(LoadScopeScheduling):
+        """xdist's load scheduling (a test at a time to whichever worker is free), each ONE_WORKER_MODULES module
+        one unit (the larger units go first)."""
 
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    """In a worker of `pytest -n`, a test marked `alone` runs while no other test does (tests/parallel.py). The turn
-    wraps pytest-timeout's hook, so waiting for it is not part of a test's timeout; a background resource the test
-    uses is waited for first, holding no turn (a test that fails on it reports the error from its fixture)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return (yield)
-    for name in sorted(set(RESOURCE_MODULES.values()).intersection(getattr(item, "fixturenames", ()))):
-        if name in PREPARED or makers()[name] is not None:
-            with contextlib.suppress(Exception):
-                prepared(name)
-    # xdist gives each worker the basetemp <the session's>/gwN: the parent is the one every worker sees.
-    lock = Path(item.config.option.basetemp).parent / "turns.lock"
-    with turn(lock, item.get_closest_marker("alone") is not None):
-        return (yield)
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return module if module in ONE_WORKER_MODULES else nodeid
 
-
-def prepared(name: str) -> Any:
-    """The background resource ``name`` (made now if the session did not start it), once it is made."""
-    if name not in PREPARED:
-        make = makers()[name]
-        assert make is not None, name
-        PREPARED[name] = Prepared(name, make)
-    return PREPARED[name].result()
+    return OneWorkerModules(config, log) if config.getvalue("dist") == "load" else None
 
 
 @pytest.fixture(scope="session")
-def docker_image() -> Any:
-    """The real image, built once per session and loaded into a private Docker daemon (tests/deploy/image_build.py):
-    the image test and the emulation of the chart's pods as containers share it. Both live under the clone's
-    .cache/ (buildah's store, the daemon's data), not in the machine's stores; the session removes what it made.
-    The build starts in the background when the session starts (tests/prepared.py)."""
+def docker_image() -> Iterator[Any]:
+    """The real image, built for the session and loaded into a private Docker daemon (tests/deploy/image_build.py).
+    Both live under the clone's .cache/ (buildah's store, the daemon's data), not in the machine's stores; the
+    session removes what it made."""
     build = load_module(REPO / "tests" / "deploy" / "image_build.py")
     missing = build.missing_tools()
     require(not missing, f"the image tests need {', '.join(missing)}: apt-get install buildah mmdebstrap "
                          "docker.io (.ci/run does), or run them where they are")
     require(os.geteuid() == 0, "the image tests run buildah (chroot isolation) and dockerd as root")
-    return prepared("docker_image")
+    with build.built_image() as image:
+        yield image
 
 
 @pytest.fixture(scope="session")
 def peer_python() -> Path:
-    """The RLlib peer's venv (see peer_venv), made in the background from the session's start."""
-    return prepared("peer_python")
+    """The RLlib peer's venv (see peer_venv); its module's tests run on one worker (ONE_WORKER_MODULES)."""
+    return peer_venv()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[SUITE_START] = time.monotonic()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each test's seconds, its setup and teardown included (the session's process gets every worker's reports)."""
+    DURATIONS[report.nodeid] = DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The session's process (not an xdist worker's): its Ray cluster stopped; the suite's time against its
+    budget, a failure under CI=true past CI_LIMIT_S; a skipped test is a failure under CI=true (every test must run
+    there, a user's clone included). pytest_terminal_summary says why."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    stop_head(session_root(session.config))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or session.config.option.collectonly:
+        return
+    line, over = budget_line(time.monotonic() - session.config.stash[SUITE_START], DURATIONS, IN_CI)
+    said = session.config.stash[SAID] = [(line, over)]
+    if skipped := reporter.stats.get("skipped", []) if IN_CI else []:
+        said.append((f"CI=true: {len(skipped)} test(s) skipped; every test must run in CI", True))
+    if session.exitstatus == 0 and any(failed for _line, failed in said):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    for line, failed in config.stash.get(SAID, []):
+        terminalreporter.write_line(line, red=failed, bold=True)
+
+
+SAID = pytest.StashKey[list[tuple[str, bool]]]()
+SUITE_START = pytest.StashKey[float]()
+DURATIONS: dict[str, float] = {}
+BUDGET_S = 900  # `make test` on a 2-core machine (README, docs/install.md say what it took)
+CI_LIMIT_S = 1800  # past it a CI run fails: the suite creeps no closer to CI's own limit
+
+
+def budget_line(wall_s: float, durations: dict[str, float], in_ci: bool) -> tuple[str, bool]:
+    """One line: the suite's wall time against its budget; over CI_LIMIT_S under CI, a failure that names the ten
+    slowest tests. Also whether the run fails for it."""
+    over = in_ci and wall_s > CI_LIMIT_S
+    line = f"suite: {wall_s:,.0f} s of pytest against a budget of {BUDGET_S} s"
+    if over:
+        slowest = sorted(durations.items(), key=lambda item: -item[1])[:10]
+        line = (f"CI=true: the suite took {wall_s:,.0f} s, over its limit of {CI_LIMIT_S} s; the ten slowest: "
+                + ", ".join(f"{nodeid} {seconds:.0f} s" for nodeid, seconds in slowest))
+    return line, over

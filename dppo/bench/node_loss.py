@@ -30,6 +30,8 @@ from dppo.bench.prometheus import Prometheus, prometheus_binary
 from dppo.cli_args import positive
 from dppo.errors import UsageError
 
+SCRAPES_S = 2.0  # two of Prometheus's scrapes (one a second) after the driver reported a round short of actors
+
 # The dashboard's degraded-state panels (helm/dashboard.py), as Grafana sends them for one run.
 DEGRADED_QUERIES = {
     "actors missing": "dppo_actors_desired - dppo_actors_alive",
@@ -52,7 +54,7 @@ class Scenario:
     kill_after: int = 10
     down_s: float | None = 40.0  # None: the node never comes back
     env_latency_ms: float = 1.0  # each env step takes this long, CPU released: actor-bound, as a simulator is
-    read_metrics_after_s: float = 8.0  # when into the outage the degraded-state queries are read
+    read_metrics_after_s: float = 8.0  # when into the outage the degraded-state queries are read, at the earliest
     env: str = "CartPole-v1"
     timeout_s: float = 900.0
 
@@ -65,6 +67,11 @@ class Timeline:
     killed_at: float = 0.0
     back_at: float | None = None
     degraded: dict[str, float | None] = field(default_factory=dict)
+
+    def first_short_round(self, actors: int) -> float | None:
+        """When the first round after the kill with fewer than ``actors`` segments was seen (None: not yet)."""
+        return next((t for t, r in self.records if self.killed_at and t > self.killed_at and r["segments"] < actors),
+                    None)
 
 
 def progress_lines(path: Path, seen: int) -> list[dict[str, Any]]:
@@ -126,13 +133,14 @@ def follow(scenario: Scenario, cluster: LocalCluster, driver: subprocess.Popen, 
             cluster.kill(victim)
             timeline.killed_at = time.monotonic()
         down = time.monotonic() - timeline.killed_at if timeline.killed_at else 0.0
-        if prometheus is not None and timeline.killed_at and not timeline.degraded \
-                and down >= scenario.read_metrics_after_s:
+        short = timeline.first_short_round(scenario.actors)  # when the driver's gauges first showed the loss
+        if prometheus is not None and short is not None and not timeline.degraded \
+                and down >= scenario.read_metrics_after_s and time.monotonic() - short >= SCRAPES_S:
             at = time.time()
             timeline.degraded = {name: first_value(prometheus.query_at(expr, at))
                                  for name, expr in DEGRADED_QUERIES.items()}
         if (scenario.down_s is not None and timeline.killed_at and timeline.back_at is None
-                and down >= scenario.down_s):
+                and down >= scenario.down_s and (prometheus is None or timeline.degraded)):
             timeline.back_at = time.monotonic()  # the node (pod) starts: Ray's own start-up counts
             cluster.start_worker(victim, scenario.cpus_per_worker)
         time.sleep(0.05)
@@ -233,8 +241,10 @@ def cmd_node_loss(args: argparse.Namespace) -> int:
             "with every actor's segment; "
             "`env_steps_exact`: every iteration's env steps equal its segments x E x T and add up to "
             "summary.json's; `prometheus_*`: the dashboard's degraded-state queries on a real Prometheus scrape "
-            "(every second) 8 s into the outage. Each env step takes `--env-latency-ms` with the CPU released, so "
-            "throughput is the actors' (as with a simulator), not this machine's two cores.")
+            "(every second) 8 s into the outage, or once the run has reported a round short of actors and been "
+            "scraped twice since if that comes later; the node comes back only after that reading. Each env step "
+            "takes `--env-latency-ms` with the CPU released, so throughput is the actors' (as with a simulator), not "
+            "this machine's two cores.")
     columns = ["scenario", "actors", "workers", "finished", "max_gap_while_down_s", "steps_per_s_before",
                "steps_per_s_down", "down_vs_before", "surviving_fraction", "full_count_after_return_s",
                "env_steps_exact", "iterations_contiguous", "node_losses", "actor_crashes",

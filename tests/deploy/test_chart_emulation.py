@@ -8,9 +8,14 @@ worker replica, each rayStartParams key turned into `--key=value`; the token-aut
 injects (RAY_AUTH_MODE, RAY_AUTH_TOKEN) with a token made here; and the submitter's commands,
 `ray job submit --no-wait ... -- <entrypoint>` followed by `ray job logs --follow`.
 
+One cluster serves the module (the fixture `emulated`): the pods of one render, started as KubeRay starts them
+(a head, four one-CPU actor pods, two learner pods). What the tests' values change in the cluster is only how
+many pods and CPUs it has (each test checks its own render), so each test renders its own values and submits its
+own rendered entrypoint, ConfigMap and runtime env to it. A test that loses a head starts a cluster of its own.
+
 Persistence and one retry are on, as for a long run: the first attempt's driver is killed after its
-first checkpoint (as when the head pod dies) and the entrypoint is submitted again, as KubeRay does on a retry (a
-new cluster, the same PersistentVolumeClaim), so it must resume and finish.
+first checkpoint (as when the head pod dies) and the entrypoint is submitted again, as KubeRay does on a retry (the
+same PersistentVolumeClaim), so it must resume and finish.
 
 Local substitutions, each a stand-in for something the pod has and this machine does not:
 - 127.0.0.1 as every node's IP and instead of 0.0.0.0 for the dashboard and the metrics server (only
@@ -19,7 +24,7 @@ Local substitutions, each a stand-in for something the pod has and this machine 
   10001, 52365, 8080 may be taken by another Ray on this machine); the metrics port is a chart value;
 - a small object store per node (a pod gets 30% of its memory limit; three nodes share this box);
 - the ConfigMap content written to a temp file, and the entrypoint's /etc/dppo path pointed at it;
-- persistence.mountPath set to a temp dir (the PVC); a retry reuses this machine's cluster;
+- persistence.mountPath set to a temp dir (the PVC); a retry reuses the module's cluster;
 - each worker node's runtime_env directory bind-mounted from a private dir in its own mount namespace
   (pods do not share a filesystem; `unshare`, as root).
 Every process started here is in its own process group and is killed by group at the end: no global
@@ -42,6 +47,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +61,7 @@ BIN = Path(sys.executable).parent
 TOTAL_STEPS = 16384  # 16 iterations of 2 actors x 8 envs x 64 steps (CartPole preset), about 10 s
 LINGER_S = 10
 
-# Alone (tests/parallel.py): each test starts several Ray nodes, and beside two other workers' tests on 2 cores
-# their raylets missed Ray's fixed 30 s to register, try after try (the last CI's failure).
-pytestmark = [pytest.mark.slow, pytest.mark.alone]
+pytestmark = pytest.mark.slow  # its module's tests run on one worker (tests/conftest.py ONE_WORKER_MODULES)
 
 
 def free_ports(n: int) -> list[int]:
@@ -104,15 +108,12 @@ class LocalCluster:
                                            start_new_session=True))
 
     def stop(self) -> None:
+        """Every pod killed at once (how Ray stops is not the subject here), then what left their groups."""
         for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait(timeout=60)
         # Ray processes that left the groups (workers, agents) still name our temp dir on their command line.
         marker = str(self.root).encode()
         for entry in Path("/proc").iterdir():
@@ -137,13 +138,9 @@ class LocalCluster:
 
 
 @pytest.fixture
-def cluster_root() -> Iterator[Path]:
-    # Short path: Ray's Unix sockets live under it (108-byte limit).
-    root = Path(tempfile.mkdtemp(prefix="dppo-emu-", dir="/tmp"))
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+def cluster_root(tmp_path: Path) -> Path:
+    """A test's own files: the ConfigMap's content, the claim, the run directory."""
+    return tmp_path
 
 
 def render(helm_bin: str, release: str, *args: str) -> list[dict[str, Any]]:
@@ -180,9 +177,8 @@ def http_status(url: str, headers: dict[str, str] | None = None) -> int:
 
 
 def start_rendered_cluster(local: LocalCluster, cluster: dict[str, Any], cluster_root: Path, gcs: int, dash: int,
-                           client: int, node_ports: list[int], prefix: str = "") -> tuple[str, dict[str, str], str]:
-    """The rendered head and worker pods as local processes; returns (dashboard address, env, token). ``prefix``
-    names a second cluster's workers apart from the first's (a retry on a new cluster)."""
+                           client: int, node_ports: list[int]) -> tuple[str, dict[str, str], str]:
+    """The rendered head and worker pods as local processes; returns (dashboard address, env, token)."""
     head = cluster["headGroupSpec"]
     head_container = head["template"]["spec"]["containers"][0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -194,24 +190,15 @@ def start_rendered_cluster(local: LocalCluster, cluster: dict[str, Any], cluster
     ray = str(BIN / "ray")
     head_params = dict(head["rayStartParams"])
     assert head_params.pop("dashboard-host") == "0.0.0.0"
-    # The head pod's container is restarted as a worker's is (below): its `ray start` gives up after Ray's 30 s
-    # for the raylet to register, which a loaded 2-core machine can take; the failed try's GCS goes with it.
-    for restart in range(3):
-        log = "head.log" if restart == 0 else f"head-restart-{restart}.log"
-        local.start([ray, "start", "--head", "--block", *flags(head_params),
-                     "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--port={gcs}",
-                     f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
-                     f"--metrics-export-port={node_ports[0]}", f"--dashboard-agent-listen-port={node_ports[1]}",
-                     f"--dashboard-agent-grpc-port={node_ports[2]}", f"--runtime-env-agent-port={node_ports[3]}",
-                     "--object-store-memory=100000000", "--node-ip-address=127.0.0.1", f"--temp-dir={cluster_root}",
-                     "--disable-usage-stats"],
-                    env | container_env(head_container), log)
-        if ray_started(local, log):
-            break
-        local.stop()
-        local.procs.clear()
-    else:
-        pytest.fail("head: Ray did not start in 3 tries\n" + local.logs())
+    local.start([ray, "start", "--head", "--block", *flags(head_params),
+                 "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--port={gcs}",
+                 f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
+                 f"--metrics-export-port={node_ports[0]}", f"--dashboard-agent-listen-port={node_ports[1]}",
+                 f"--dashboard-agent-grpc-port={node_ports[2]}", f"--runtime-env-agent-port={node_ports[3]}",
+                 "--object-store-memory=100000000", "--node-ip-address=127.0.0.1", f"--temp-dir={cluster_root}",
+                 "--disable-usage-stats"],
+                env | container_env(head_container), "head.log")
+    wait_until_started(local, "head.log")
     address = f"http://127.0.0.1:{dash}"
     deadline = time.monotonic() + 90
     while http_status(f"{address}/api/gcs_healthz") != 200:
@@ -223,7 +210,7 @@ def start_rendered_cluster(local: LocalCluster, cluster: dict[str, Any], cluster
     i = 0
     for group in cluster["workerGroupSpecs"]:
         for _ in range(group["replicas"]):
-            start_worker(local, group, cluster_root, gcs, node_ports[4 + 4 * i: 8 + 4 * i], env, f"{prefix}worker-{i}")
+            start_worker(local, group, cluster_root, gcs, node_ports[4 + 4 * i: 8 + 4 * i], env, f"worker-{i}")
             i += 1
     return address, env, token
 
@@ -238,35 +225,54 @@ def start_worker(local: LocalCluster, group: dict[str, Any], cluster_root: Path,
     private.mkdir()
     own_files = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                  'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(private), str(resources)]
-    # The worker pod's restartPolicy (unset: Always) restarts a container that exits: `ray start` gives up after 30 s
-    # without its raylet registered, which a loaded 2-core machine can take.
-    for restart in range(3):
-        log = f"{name}.log" if restart == 0 else f"{name}-restart-{restart}.log"
-        local.start([*own_files, str(BIN / "ray"), "start", f"--address=127.0.0.1:{gcs}", "--block",
-                     *flags(group["rayStartParams"]), *group_resource_flags(group.get("resources", {})),
-                     f"--metrics-export-port={ports[0]}", f"--dashboard-agent-listen-port={ports[1]}",
-                     f"--dashboard-agent-grpc-port={ports[2]}", f"--runtime-env-agent-port={ports[3]}",
-                     "--object-store-memory=100000000", "--node-ip-address=127.0.0.1",
-                     "--disable-usage-stats"],
-                    env | container_env(group["template"]["spec"]["containers"][0]), log)
-        # One at a time, as pods would usually come up: two raylets registering at once from one IP
-        # can time out on this small machine.
-        if ray_started(local, log):
-            return local.procs[-1]
-    pytest.fail(f"{name}: Ray did not start in 3 tries\n" + local.logs())
+    local.start([*own_files, str(BIN / "ray"), "start", f"--address=127.0.0.1:{gcs}", "--block",
+                 *flags(group["rayStartParams"]), *group_resource_flags(group.get("resources", {})),
+                 f"--metrics-export-port={ports[0]}", f"--dashboard-agent-listen-port={ports[1]}",
+                 f"--dashboard-agent-grpc-port={ports[2]}", f"--runtime-env-agent-port={ports[3]}",
+                 "--object-store-memory=100000000", "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
+                env | container_env(group["template"]["spec"]["containers"][0]), f"{name}.log")
+    # One at a time, as pods would usually come up.
+    wait_until_started(local, f"{name}.log")
+    return local.procs[-1]
 
 
-def ray_started(local: LocalCluster, log: str, timeout: float = 120) -> bool:
-    """Whether the node started last says Ray runs (True) or its `ray start` exits first (False: the pod's
-    container would be restarted); the head gone meanwhile fails the test at once."""
+def wait_until_started(local: LocalCluster, log: str, timeout: float = 120) -> None:
+    """The node started last says Ray runs; its `ray start` exiting first, or the head's, fails the test."""
     deadline = time.monotonic() + timeout
     while "Ray runtime started" not in (local.root / log).read_text(errors="replace"):
         assert time.monotonic() < deadline, f"{log}: Ray never started\n" + local.logs()
-        if local.procs[-1].poll() is not None:
-            return False
-        assert local.procs[0].poll() is None, f"{log}: the head exited\n" + local.logs()
+        assert local.procs[-1].poll() is None and local.procs[0].poll() is None, f"{log}: exited\n" + local.logs()
         time.sleep(0.5)
-    return True
+
+
+@dataclass
+class Emulated:
+    """The module's cluster: its processes, the job API's address, the environment that reaches it (KubeRay's
+    token variables) and the token."""
+
+    local: LocalCluster
+    address: str
+    env: dict[str, str]
+    token: str
+
+
+@pytest.fixture(scope="module")
+def emulated(helm_bin: str) -> Iterator[Emulated]:
+    """The pods of one render (four actor pods of one CPU: as many as the sweep's two pods of two; two learner
+    pods), started as KubeRay starts them, for every job of the module."""
+    objects = render(helm_bin, "emu", "--set", "actors=4", "--set", "actorsPerPod=1", "--set", "learners.replicas=2",
+                     "--set", "learners.cpus=1")
+    cluster = next(o for o in objects if o["kind"] == "RayJob")["spec"]["rayClusterSpec"]
+    assert [g["replicas"] for g in cluster["workerGroupSpecs"]] == [4, 2]
+    root = Path(tempfile.mkdtemp(prefix="dppo-emu-", dir="/tmp"))  # short: Ray's Unix sockets (108 bytes)
+    local = LocalCluster(root)
+    try:
+        gcs, dash, client, *node_ports = free_ports(3 + 4 * 7)
+        address, env, token = start_rendered_cluster(local, cluster, root, gcs, dash, client, node_ports)
+        yield Emulated(local, address, env, token)
+    finally:
+        local.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def local_job(objects: list[dict[str, Any]], cluster_root: Path) -> tuple[dict[str, Any], dict[str, Any], Path, str]:
@@ -284,15 +290,13 @@ def local_job(objects: list[dict[str, Any]], cluster_root: Path) -> tuple[dict[s
     return spec, config, run_dir, spec["entrypoint"].replace(f"{config_mount}/config.yaml", str(config_file))
 
 
-def run_job(local: LocalCluster, spec: dict[str, Any], cluster_root: Path, ports: tuple[int, int, int, list[int]],
-            job_id: str, entrypoint: str) -> tuple[str, dict[str, str], subprocess.CompletedProcess[str]]:
-    """The rendered cluster started, the entrypoint submitted and waited for (it must succeed): the head's address,
-    the environment that reaches it, and what the submission printed."""
-    address, env, _token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, *ports)
-    done = subprocess.run(["bash", "-c", f"{BIN / 'ray'} job submit --address {address} --submission-id {job_id} "
-                           f"-- {entrypoint}"], env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr + local.logs()
-    return address, env, done
+def run_job(emulated: Emulated, job_id: str, entrypoint: str, *options: str) -> subprocess.CompletedProcess[str]:
+    """The entrypoint submitted as KubeRay's submitter does and waited for (it must succeed); what it printed."""
+    done = subprocess.run(["bash", "-c", f"{BIN / 'ray'} job submit --address {emulated.address} --submission-id "
+                           f"{job_id} {' '.join(options)} -- {entrypoint}"], env=emulated.env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr + emulated.local.logs()
+    return done
 
 
 def ray_list(address: str, env: dict[str, str], what: str) -> list[dict[str, Any]]:
@@ -302,20 +306,27 @@ def ray_list(address: str, env: dict[str, str], what: str) -> list[dict[str, Any
     return json.loads(out.stdout)
 
 
-def assert_actors_on_workers_only(address: str, env: dict[str, str], replicas: int, min_actors: int) -> None:
-    """The head offers no CPUs: every actor (but the job supervisor) ran on a worker node."""
-    nodes = {n["node_id"]: n for n in ray_list(address, env, "nodes")}
-    assert sum(not n["is_head_node"] for n in nodes.values()) == replicas
-    actors = [a for a in ray_list(address, env, "actors") if a["class_name"] != "JobSupervisor"]
+def job_actors(emulated: Emulated, job_id: str) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The actors of one submitted job (a placed one has a node; the job supervisor left out) and the nodes."""
+    (job,) = [j for j in ray_list(emulated.address, emulated.env, "jobs") if j.get("submission_id") == job_id]
+    actors = [a for a in ray_list(emulated.address, emulated.env, "actors")
+              if a["job_id"] == job["job_id"] and a["class_name"] != "JobSupervisor"]
+    return actors, {n["node_id"]: n for n in ray_list(emulated.address, emulated.env, "nodes")}
+
+
+def assert_actors_on_workers_only(emulated: Emulated, job_id: str, min_actors: int) -> None:
+    """The head offers no CPUs: every actor of the job ran on a worker pod."""
+    actors, nodes = job_actors(emulated, job_id)
     assert len(actors) >= min_actors, actors
     for actor in actors:
-        assert not nodes[actor["node_id"]]["is_head_node"], f"{actor['class_name']} ran on the head"
+        assert actor["node_id"] and not nodes[actor["node_id"]]["is_head_node"], f"{actor['class_name']} on the head"
 
 
 @pytest.mark.timeout(300)
-def test_rendered_chart_trains_and_its_retry_resumes_from_the_checkpoint(helm_bin: str, cluster_root: Path) -> None:
+def test_rendered_chart_trains_and_its_retry_resumes_from_the_checkpoint(helm_bin: str, cluster_root: Path,
+                                                                           emulated: Emulated) -> None:
     """Chart defaults (token auth on) plus persistence and a retry; a tiny run and free local ports."""
-    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
+    metrics = free_ports(1)[0]
     release = f"emu{secrets.token_hex(3)}"
     pvc = cluster_root / "pvc"
     pvc.mkdir()
@@ -331,7 +342,7 @@ def test_rendered_chart_trains_and_its_retry_resumes_from_the_checkpoint(helm_bi
     spec = rayjob["spec"]
     cluster = spec["rayClusterSpec"]
     head = cluster["headGroupSpec"]
-    (workers,) = cluster["workerGroupSpecs"]
+    assert [g["replicas"] for g in cluster["workerGroupSpecs"]] == [2]
     head_container = head["template"]["spec"]["containers"][0]
     config_mount = next(m for m in head_container["volumeMounts"] if m["name"] == "config")["mountPath"]
     declared_metrics = next(p for p in head_container["ports"] if p["name"] == "dppo-metrics")["containerPort"]
@@ -350,10 +361,9 @@ def test_rendered_chart_trains_and_its_retry_resumes_from_the_checkpoint(helm_bi
     assert entrypoint != spec["entrypoint"]
 
     ray = str(BIN / "ray")
-    local = LocalCluster(cluster_root)
+    address, env, token, local = emulated.address, emulated.env, emulated.token, emulated.local
+    followers: list[subprocess.Popen[str]] = []
     try:
-        address, env, token = start_rendered_cluster(local, cluster, cluster_root, gcs, dash, client, node_ports)
-
         # The job API refuses a request without the token (or with a wrong one), and takes the right one.
         assert http_status(f"{address}/api/jobs/") == 401
         assert http_status(f"{address}/api/jobs/", {"Authorization": "Bearer wrong"}) == 403
@@ -369,7 +379,7 @@ def test_rendered_chart_trains_and_its_retry_resumes_from_the_checkpoint(helm_bi
             follow = subprocess.Popen([ray, "job", "logs", "--address", address, "--follow", job_id], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       start_new_session=True)
-            local.procs.append(follow)  # type: ignore[arg-type]
+            followers.append(follow)
             return follow
 
         def wait_for_metrics(follow: subprocess.Popen[str], name: str, at_least: float) -> dict[str, float]:
@@ -421,9 +431,11 @@ def test_rendered_chart_trains_and_its_retry_resumes_from_the_checkpoint(helm_bi
         train_log = (run_dir / "train.log").read_text()
         assert "iter=1 " in train_log and f"iter={TOTAL_STEPS // 1024}" in train_log, train_log
 
-        assert_actors_on_workers_only(address, env, workers["replicas"], 2)
+        assert_actors_on_workers_only(emulated, f"{release}-attempt-2", 2)
     finally:
-        local.stop()
+        for follow in followers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(follow.pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
@@ -448,7 +460,8 @@ def serve_directory(directory: Path) -> Iterator[int]:
 
 
 @pytest.mark.timeout(420)
-def test_chart_trains_the_example_env_shipped_by_runtime_env(helm_bin: str, cluster_root: Path) -> None:
+def test_chart_trains_the_example_env_shipped_by_runtime_env(helm_bin: str, cluster_root: Path,
+                                                             emulated: Emulated) -> None:
     """examples/custom-env through the chart's runtimeEnv: a zip served on 127.0.0.1 becomes the job's
     working_dir on the head and the workers; the driver and both actors import the package from it."""
     import importlib.util
@@ -458,7 +471,7 @@ def test_chart_trains_the_example_env_shipped_by_runtime_env(helm_bin: str, clus
     served = cluster_root / "bucket"
     served.mkdir()
     shutil.make_archive(str(served / "custom-env"), "zip", root_dir=example.parent, base_dir=example.name)
-    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
+    metrics = free_ports(1)[0]
     with serve_directory(served) as http_port:
         url = f"http://127.0.0.1:{http_port}/custom-env.zip"
         objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "-f", str(example / "values.yaml"),
@@ -468,73 +481,49 @@ def test_chart_trains_the_example_env_shipped_by_runtime_env(helm_bin: str, clus
         runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
         assert runtime_env == {"working_dir": url}
         assert config["env"]["id"] == "dppo_example_env:DppoExample/Corridor-v0"
-        local = LocalCluster(cluster_root)
-        try:
-            address, env, token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash,
-                                                         client, node_ports)
-            # KubeRay's submitter passes runtimeEnvYAML to `ray job submit` as --runtime-env-json.
-            submitted = subprocess.run(
-                ["bash", "-c", f"{BIN / 'ray'} job submit --address {address} --no-wait --submission-id corridor "
-                 f"--runtime-env-json '{json.dumps(runtime_env)}' -- {entrypoint}"],
-                env=env, capture_output=True, text=True, timeout=120, check=False)
-            assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-            logs = subprocess.run([str(BIN / "ray"), "job", "logs", "--address", address, "--follow", "corridor"],
-                                  env=env, capture_output=True, text=True, timeout=300, check=False)
-            request = urllib.request.Request(f"{address}/api/jobs/corridor",
-                                             headers={"Authorization": f"Bearer {token}"})
-            with urllib.request.urlopen(request, timeout=10) as resp:
-                status = json.load(resp)["status"]
-            assert status == "SUCCEEDED", logs.stdout + local.logs()
-            summary = json.loads((run_dir / "summary.json").read_text())
-            assert summary["env"] == "dppo_example_env:DppoExample/Corridor-v0"
-            assert summary["solved"] and summary["episode_return_mean"] >= 0.9, summary
-            workers = spec["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"]
-            assert_actors_on_workers_only(address, env, workers, 2)
-        finally:
-            local.stop()
+        # KubeRay's submitter passes runtimeEnvYAML to `ray job submit` as --runtime-env-json.
+        done = run_job(emulated, "corridor", entrypoint, f"--runtime-env-json '{json.dumps(runtime_env)}'")
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["env"] == "dppo_example_env:DppoExample/Corridor-v0"
+        assert summary["solved"] and summary["episode_return_mean"] >= 0.9, (summary, done.stdout[-2000:])
+        assert spec["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 2
+        assert_actors_on_workers_only(emulated, "corridor", 2)
 
 
 @pytest.mark.timeout(420)
-def test_chart_runs_two_learner_pods(helm_bin: str, cluster_root: Path) -> None:
+def test_chart_runs_two_learner_pods(helm_bin: str, cluster_root: Path, emulated: Emulated) -> None:
     """learners.replicas=2: the rendered learner group as two more nodes; the run's two learners (one
     torch.distributed gloo group) run there and only there, the actors only on the actor nodes."""
-    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 5)
+    metrics = free_ports(1)[0]
     objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "--set", f"metrics.port={metrics}",
                      "--set", "metrics.lingerSeconds=0", "--set", "totalSteps=2048", "--set", "actors=2",
                      "--set", "envsPerActor=4", "--set", "segmentLength=64", "--set", "learners.replicas=2",
                      "--set", "learners.cpus=1", "--set", "config.ppo.minibatch_size=128")
     spec, config, run_dir, entrypoint = local_job(objects, cluster_root)
     actor_group, learner_group = spec["rayClusterSpec"]["workerGroupSpecs"]
-    assert config["run"]["learners"] == 2
-    local = LocalCluster(cluster_root)
-    try:
-        address, env, _done = run_job(local, spec, cluster_root, (gcs, dash, client, node_ports), "learners",
-                                     entrypoint)
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["env_steps"] >= 2048 and summary["learner_restarts"] == 0
-        nodes = {n["node_id"]: n for n in ray_list(address, env, "nodes")}
-        learner_nodes = {i for i, n in nodes.items() if "dppo_learner" in n["resources_total"]}
-        assert len(learner_nodes) == learner_group["replicas"] == 2
-        assert all(nodes[i]["resources_total"].get("CPU", 0) == 0 for i in learner_nodes)
-        actors = ray_list(address, env, "actors")
-        learners = [a for a in actors if a["class_name"] == "Learner"]
-        # placed ones: an actor still pending when the job ended (a replacement the cluster had no room for yet)
-        # has no node, and ran nowhere
-        samplers = [a for a in actors if a["class_name"] not in ("Learner", "JobSupervisor") and a["node_id"]]
-        assert len(learners) == 2 and {a["node_id"] for a in learners} == learner_nodes, learners
-        assert len(samplers) >= actor_group["replicas"], actors
-        assert all(a["node_id"] not in learner_nodes and not nodes[a["node_id"]]["is_head_node"] for a in samplers), (
-            actors)
-    finally:
-        local.stop()
+    assert config["run"]["learners"] == 2 and learner_group["replicas"] == 2
+    assert learner_group["resources"] == {"CPU": "0", "dppo_learner": "1"}
+    run_job(emulated, "learners", entrypoint)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= 2048 and summary["learner_restarts"] == 0
+    actors, nodes = job_actors(emulated, "learners")
+    learner_nodes = {i for i, n in nodes.items() if "dppo_learner" in n["resources_total"]}
+    assert len(learner_nodes) == 2 and all(nodes[i]["resources_total"].get("CPU", 0) == 0 for i in learner_nodes)
+    learners = [a for a in actors if a["class_name"] == "Learner"]
+    # placed ones: an actor still pending when the job ended (a replacement the cluster had no room for yet)
+    # has no node, and ran nowhere
+    samplers = [a for a in actors if a["class_name"] != "Learner" and a["node_id"]]
+    assert len(learners) == 2 and {a["node_id"] for a in learners} == learner_nodes, learners
+    assert len(samplers) >= actor_group["replicas"], actors
+    assert all(a["node_id"] not in learner_nodes and not nodes[a["node_id"]]["is_head_node"] for a in samplers), actors
 
 
 @pytest.mark.timeout(420)
-def test_chart_trains_a_policy_map(helm_bin: str, cluster_root: Path) -> None:
+def test_chart_trains_a_policy_map(helm_bin: str, cluster_root: Path, emulated: Emulated) -> None:
     """The policies values example (simple_adversary, a policy per role) through the rendered RayJob: the run
-    trains both policies with its actors in the worker pod (one, holding both actors: the pods are not the
-    subject) and reports each in its iteration lines and progress.jsonl."""
-    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 2)
+    trains both policies with its actors in the worker pods (the render's one pod of two CPUs: the pods are not
+    the subject) and reports each in its iteration lines and progress.jsonl."""
+    metrics = free_ports(1)[0]
     objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "-f", str(REPO / "tests/deploy/values/policies.yaml"),
                      "--set", f"metrics.port={metrics}", "--set", "metrics.lingerSeconds=0", "--set",
                      "totalSteps=4800", "--set", "actors=2", "--set", "actorsPerPod=2", "--set", "envsPerActor=2",
@@ -543,27 +532,22 @@ def test_chart_trains_a_policy_map(helm_bin: str, cluster_root: Path) -> None:
     spec, config, run_dir, entrypoint = local_job(objects, cluster_root)
     assert config["policies"] == {"adversary": ["adversary_*"], "agent": ["agent_*"]}
     assert spec["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 1
-    local = LocalCluster(cluster_root)
-    try:
-        address, env, done = run_job(local, spec, cluster_root, (gcs, dash, client, node_ports), "policies",
-                                     entrypoint)
-        assert "| adversary return=" in done.stdout and "| agent return=" in done.stdout
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["env_steps"] == 4800 and summary["env"] == "mpe2.simple_adversary_v3"
-        last = json.loads((run_dir / "progress.jsonl").read_text().splitlines()[-1])
-        assert {"adversary/episode_return_mean", "agent/episode_return_mean"} <= set(last)
-        workers = spec["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"]
-        assert_actors_on_workers_only(address, env, workers, 2)
-    finally:
-        local.stop()
+    done = run_job(emulated, "policies", entrypoint)
+    assert "| adversary return=" in done.stdout and "| agent return=" in done.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] == 4800 and summary["env"] == "mpe2.simple_adversary_v3"
+    last = json.loads((run_dir / "progress.jsonl").read_text().splitlines()[-1])
+    assert {"adversary/episode_return_mean", "agent/episode_return_mean"} <= set(last)
+    assert_actors_on_workers_only(emulated, "policies", 2)
 
 
 @pytest.mark.timeout(420)
-def test_chart_runs_a_sweep_through_the_rendered_rayjob(helm_bin: str, cluster_root: Path) -> None:
+def test_chart_runs_a_sweep_through_the_rendered_rayjob(helm_bin: str, cluster_root: Path,
+                                                        emulated: Emulated) -> None:
     """sweep.enabled: the rendered entrypoint `dppo sweep` on the ConfigMap's sweep.yaml, in the rendered cluster
     (the worker group sized for two concurrent trials): both trials train in the worker pods, the results land on
     the claim, and the head's declared metrics port serves every trial's metrics with its trial label."""
-    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
+    metrics = free_ports(1)[0]
     pvc = cluster_root / "pvc"
     pvc.mkdir()
     values = cluster_root / "sweep-values.yaml"
@@ -589,10 +573,9 @@ def test_chart_runs_a_sweep_through_the_rendered_rayjob(helm_bin: str, cluster_r
     entrypoint = spec["entrypoint"].replace("/etc/dppo/sweep.yaml", str(mounted / "sweep.yaml"))
     out_dir = Path(entrypoint.split("--out-dir ")[1].split()[0])
     assert out_dir.parent == pvc and entrypoint.endswith("--auto-resume")
-    local = LocalCluster(cluster_root)
+    address, env = emulated.address, emulated.env
+    follow = None
     try:
-        address, env, _token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash,
-                                                      client, node_ports)
         submitted = subprocess.run(["bash", "-c", f"{BIN / 'ray'} job submit --address {address} --no-wait "
                                     f"--submission-id sweep -- {entrypoint}"],
                                    env=env, capture_output=True, text=True, timeout=120, check=False)
@@ -600,7 +583,6 @@ def test_chart_runs_a_sweep_through_the_rendered_rayjob(helm_bin: str, cluster_r
         follow = subprocess.Popen([str(BIN / "ray"), "job", "logs", "--address", address, "--follow", "sweep"],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                   start_new_session=True)
-        local.procs.append(follow)  # type: ignore[arg-type]
         labelled: set[str] = set()
         deadline = time.monotonic() + 300
         while follow.poll() is None and time.monotonic() < deadline:
@@ -612,18 +594,20 @@ def test_chart_runs_a_sweep_through_the_rendered_rayjob(helm_bin: str, cluster_r
             time.sleep(0.5)
         output, _ = follow.communicate(timeout=60)
         rows = list(__import__("csv").DictReader((out_dir / "trials.csv").open()))
-        assert [r["state"] for r in rows] == ["TERMINATED", "TERMINATED"], output + local.logs()
+        assert [r["state"] for r in rows] == ["TERMINATED", "TERMINATED"], output + emulated.local.logs()
         trials = {r["trial"] for r in rows}
         assert labelled == trials, (labelled, trials)
         for trial in trials:
             assert json.loads((out_dir / "trials" / trial / "summary.json").read_text())["env_steps"] >= 4096
         assert (out_dir / "best-config.yaml").is_file() and "started" in output
-        nodes = {n["node_id"]: n for n in ray_list(address, env, "nodes")}
-        trained = [a for a in ray_list(address, env, "actors") if a["class_name"] in ("ImplicitFunc", "Actor")]
+        actors, nodes = job_actors(emulated, "sweep")
+        trained = [a for a in actors if a["class_name"] in ("ImplicitFunc", "Actor")]
         assert {a["class_name"] for a in trained} == {"ImplicitFunc", "Actor"}, trained
         assert all(not nodes[a["node_id"]]["is_head_node"] for a in trained), "a trial ran on the head"
     finally:
-        local.stop()
+        if follow is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(follow.pid, signal.SIGKILL)
 
 
 def submitter(address: str, job_id: str, entrypoint: str, env: dict[str, str],
@@ -681,13 +665,14 @@ class MetricsProxy:
 
 
 @pytest.mark.timeout(420)
-def test_a_lost_head_fails_the_run_at_once_and_the_retry_resumes(helm_bin: str, cluster_root: Path) -> None:
+def test_a_lost_head_fails_the_run_at_once_and_the_retry_resumes(helm_bin: str, cluster_root: Path,
+                                                                 emulated: Emulated) -> None:
     """The head container dies mid-run (every process of the head pod killed, as when it runs out of memory or its
     node goes). As rendered: the head pod does not restart (restartPolicy Never, and KubeRay told not to re-create
     it), and the submitter pod, KubeRay's own command, exits non-zero within seconds: with the rendered
     submitterConfig.backoffLimit 0 its Job fails, and KubeRay marks the RayJob Failed (SubmissionFailed) instead of
-    leaving it Running. job.backoffLimit's retry (a new cluster, the same claim) resumes from the newest checkpoint,
-    and `dppo status` says which attempt it is and the iteration it resumed from."""
+    leaving it Running. job.backoffLimit's retry (a new cluster: the module's, the same claim) resumes from the newest
+    checkpoint, and `dppo status` says which attempt it is and the iteration it resumed from."""
     from dppo.commands import status
 
     metrics = free_ports(1)[0]
@@ -705,9 +690,7 @@ def test_a_lost_head_fails_the_run_at_once_and_the_retry_resumes(helm_bin: str, 
     assert rayjob["metadata"]["annotations"]["ray.io/disable-provisioned-head-restart"] == "true"
     assert spec["backoffLimit"] == 1 and entrypoint.endswith("--auto-resume")
 
-    first_root, second_root = cluster_root / "1", cluster_root / "2"
-    first_root.mkdir()
-    second_root.mkdir()
+    first_root = Path(tempfile.mkdtemp(prefix="dppo-emu-", dir="/tmp"))  # short: Ray's Unix sockets (108 bytes)
     first = LocalCluster(first_root)
     try:
         gcs, dash, client, *node_ports = free_ports(3 + 4 * 2)
@@ -715,52 +698,44 @@ def test_a_lost_head_fails_the_run_at_once_and_the_retry_resumes(helm_bin: str, 
                                                       node_ports)
         follow = submitter(address, "attempt-1", entrypoint, env, first)
         wait_for(metrics, "dppo_checkpoints_written_total", 2, follow, first)
-        head = first.procs[0]
-        lost_at = time.monotonic()
-        for pid in descendants(head.pid):
+        for pid in descendants(first.procs[0].pid):  # the head pod, whole
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        output, _ = follow.communicate(timeout=120)
-        failed_after = time.monotonic() - lost_at
+        output, _ = follow.communicate(timeout=120)  # it ends by itself: it does not wait for a head to come back
         assert follow.returncode != 0, f"the submitter did not fail when its head was lost\n{output}"
-        assert failed_after < 60, f"the submitter took {failed_after:.0f} s to fail"
         assert not (run_dir / "summary.json").exists()
     finally:
         first.stop()
+        shutil.rmtree(first_root, ignore_errors=True)
     checkpoints = sorted((run_dir / "checkpoints").glob("*.pt"))
     assert checkpoints, "no checkpoint on the claim"
 
     # KubeRay's retry: the failed attempt's cluster deleted, a new one created from the same spec, the same claim.
-    second = LocalCluster(second_root)
-    try:
-        gcs, dash, client, *node_ports = free_ports(3 + 4 * 2)
-        address, env, _token = start_rendered_cluster(second, spec["rayClusterSpec"], second_root, gcs, dash,
-                                                      client, node_ports, prefix="retry-")
-        follow = submitter(address, "attempt-2", entrypoint, env, second)
-        live = wait_for(metrics, "dppo_iteration_seconds_count", 1, follow, second)
-        # What KubeRay's status says of the retried RayJob (status.failed: the attempts that failed), and the driver.
-        shown = status.status_of({**rayjob, "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
-                                                       "failed": 1, "succeeded": 0}}, MetricsProxy(metrics))
-        assert (shown.attempt, shown.attempts) == (2, 2)
-        resumed = int(live["dppo_iteration"] - live["dppo_iteration_seconds_count"])
-        assert resumed >= 2 and abs((shown.resumed_from_iteration or 0) - resumed) <= 1, (shown, live)
-        assert "ATTEMPT" in status.table([shown], show_namespace=False)
-        output, _ = follow.communicate(timeout=240)
-        assert follow.returncode == 0, output + second.logs()
-        assert "iter=1 " not in output and "resuming" in output, output
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["env_steps"] >= 12288
-    finally:
-        second.stop()
+    follow = submitter(emulated.address, "attempt-2", entrypoint, emulated.env, emulated.local)
+    live = wait_for(metrics, "dppo_iteration_seconds_count", 1, follow, emulated.local)
+    # What KubeRay's status says of the retried RayJob (status.failed: the attempts that failed), and the driver.
+    shown = status.status_of({**rayjob, "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
+                                                   "failed": 1, "succeeded": 0}}, MetricsProxy(metrics))
+    assert (shown.attempt, shown.attempts) == (2, 2)
+    resumed = int(live["dppo_iteration"] - live["dppo_iteration_seconds_count"])
+    assert resumed >= 2 and abs((shown.resumed_from_iteration or 0) - resumed) <= 1, (shown, live)
+    assert "ATTEMPT" in status.table([shown], show_namespace=False)
+    output, _ = follow.communicate(timeout=240)
+    assert follow.returncode == 0, output + emulated.local.logs()
+    assert "iter=1 " not in output and "resuming" in output, output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= 12288
 
 
 @pytest.mark.timeout(420)
-def test_a_spot_reclaim_costs_the_actors_of_one_pod_and_the_run_goes_on(helm_bin: str, cluster_root: Path) -> None:
+def test_a_spot_reclaim_costs_the_actors_of_one_pod_and_the_run_goes_on(helm_bin: str, cluster_root: Path,
+                                                                        emulated: Emulated) -> None:
     """tests/deploy/values/spot.yaml with two actor pods (one actor each): one pod's spot node is reclaimed mid-run,
     so the pod gets SIGTERM and, after the rendered grace period, SIGKILL. The driver counts its actor as lost to a
     node (no crash, no crash-loop budget spent) and finishes the run on the other pod's actor (faults.min_actors 1);
-    its replacement waits for a pod with room (KubeRay's replacement pod, which a busy spot pool may not give)."""
-    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
+    its replacement waits for a pod with room (KubeRay's replacement pod, which a busy spot pool may not give). The
+    module's last test: the pod stays lost."""
+    metrics = free_ports(1)[0]
     objects = render(helm_bin, f"emu{secrets.token_hex(3)}", "-f", str(REPO / "tests/deploy/values/spot.yaml"),
                      "--set", f"metrics.port={metrics}", "--set", "metrics.lingerSeconds=0", "--set", "head.gpus=0",
                      "--set", "persistence.enabled=false", "--set", "totalSteps=102400", "--set", "actors=2",
@@ -771,23 +746,21 @@ def test_a_spot_reclaim_costs_the_actors_of_one_pod_and_the_run_goes_on(helm_bin
     (group,) = spec["rayClusterSpec"]["workerGroupSpecs"]
     assert group["replicas"] == 2 and group["template"]["spec"]["nodeSelector"] == {"cloud.google.com/gke-spot": "true"}
     grace = group["template"]["spec"]["terminationGracePeriodSeconds"]
-    local = LocalCluster(cluster_root)
-    try:
-        address, env, _token = start_rendered_cluster(local, spec["rayClusterSpec"], cluster_root, gcs, dash, client,
-                                                      node_ports)
-        follow = submitter(address, "spot", entrypoint, env, local)
-        wait_for(metrics, "dppo_iteration", 2, follow, local)
-        pod = local.procs[1]  # the first worker pod's PID 1
-        os.kill(pod.pid, signal.SIGTERM)  # the reclaim notice
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            pod.wait(timeout=grace)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pod.pid, signal.SIGKILL)  # the grace period is over: the node goes
-        output, _ = follow.communicate(timeout=300)
-        assert follow.returncode == 0, output + local.logs()
-        assert "lost with its node" in output, output
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["env_steps"] >= 20480 and summary["actor_crashes"] == 0, summary
-        assert summary["node_losses"] >= 1, summary
-    finally:
-        local.stop()
+    local = emulated.local
+    follow = submitter(emulated.address, "spot", entrypoint, emulated.env, local)
+    wait_for(metrics, "dppo_iteration", 2, follow, local)
+    actors, _nodes = job_actors(emulated, "spot")
+    sampling = {a["pid"] for a in actors if a["class_name"] == "Actor" and a["state"] == "ALIVE"}
+    # a pod running exactly one of the run's actors (its PID 1, as a pod's container has it)
+    pod = next(p for p in local.procs[1:5] if len(sampling.intersection(descendants(p.pid))) == 1)
+    os.kill(pod.pid, signal.SIGTERM)  # the reclaim notice
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        pod.wait(timeout=grace)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pod.pid, signal.SIGKILL)  # the grace period is over: the node goes
+    output, _ = follow.communicate(timeout=300)
+    assert follow.returncode == 0, output + local.logs()
+    assert "lost with its node" in output, output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= 20480 and summary["actor_crashes"] == 0, summary
+    assert summary["node_losses"] >= 1, summary

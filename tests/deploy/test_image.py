@@ -4,6 +4,21 @@ daemon runs it as uid 1000 with a read-only root filesystem; its RUN steps insta
 torch, and `dppo --help` and a short CartPole `dppo train` work in it; the final image holds no wheels or build
 trees. What the stand-in does not prove: Ray's own image (conda Python, its extra packages and size), the CUDA
 variant, and pulls from a registry.
+
+Then the chart's pods as containers of the real image (built by `make image`, tests/deploy/image_build.py): the
+rendered head and worker pods run in Docker with each pod's user, security context and env, the command KubeRay
+gives them (`ray start ... --block` with the rendered rayStartParams), the ConfigMap mounted where the pod mounts
+it and the checkpoint volume where persistence puts it; the entrypoint is submitted from a container of the image
+as KubeRay's submitter does (`ray job submit --no-wait`, then `ray job logs --follow`). Mid-run one worker
+container is killed whole (its node is lost) and started again as a new container (a rescheduled pod): the run
+goes on and finishes.
+
+Local substitutions, as in tests/deploy/test_chart_emulation.py: host networking with 127.0.0.1 as every node's
+IP and the dashboard's and metrics server's address (only loopback is touched; the ports KubeRay fixes would
+collide on one host, so each container gets free ones), a small object store per node, a host directory for the
+PersistentVolumeClaim. Every container started here is removed at the end.
+
+Both tests share the image: the module runs on one worker (tests/conftest.py ONE_WORKER_MODULES).
 """
 
 from __future__ import annotations
@@ -11,14 +26,17 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from image_build import BASE, RAY_VERSION, TORCH_VERSION, DockerImage
+from test_chart_emulation import container_env, flags, free_ports, group_resource_flags, http_status, render
 
 pytestmark = pytest.mark.slow
-
 
 def test_image_builds_and_trains(tmp_path: Path, docker_image: DockerImage) -> None:
     image, timings = docker_image.name, dict(docker_image.timings)
@@ -56,10 +74,154 @@ def test_image_builds_and_trains(tmp_path: Path, docker_image: DockerImage) -> N
     assert versions[1].startswith(TORCH_VERSION) and "+cu" not in versions[1], versions
     start = time.monotonic()
     train = docker_image.docker(*sandbox, image, "dppo", "train", "--env", "CartPole-v1", "--actors", "2",
-                                "--run-dir", "/data/cartpole", "--set", "run.total_steps=8192")
+                                "--run-dir", "/data/cartpole", "--set", "run.total_steps=2048")
     timings["train in container"] = time.monotonic() - start
     summary = json.loads((run_dir / "cartpole" / "summary.json").read_text())
-    assert summary["env_steps"] >= 8192, train.stdout + train.stderr
+    assert summary["env_steps"] >= 2048, train.stdout + train.stderr
     assert "iter=" in (run_dir / "cartpole" / "train.log").read_text()
     report = {"base": docker_image.base, "image_bytes": size, **{k: round(v, 1) for k, v in timings.items()}}
     print(f"\nimage report: {json.dumps(report)}")
+
+
+TOTAL_STEPS = 40_000  # 2 actors, E = 4, T = 64, every env step 1 ms: about 30 s of training
+ROUNDS_DOWN = 3  # rounds trained on one actor while the worker's node is lost, before the pod is rescheduled
+
+
+def docker_flags(pod: dict[str, Any], container: dict[str, Any], env: dict[str, str]) -> list[str]:
+    """A rendered pod's container as `docker run` flags: its user, security context and environment."""
+    pod_security, security = pod.get("securityContext", {}), container.get("securityContext", {})
+    out = ["--network", "host", "--user", f"{pod_security['runAsUser']}:{pod_security['runAsGroup']}",
+           "--shm-size", "512m"]  # KubeRay gives each Ray pod a memory-backed /dev/shm
+    if security.get("capabilities", {}).get("drop") == ["ALL"]:
+        out += ["--cap-drop", "ALL"]
+    if security.get("allowPrivilegeEscalation") is False:
+        out += ["--security-opt", "no-new-privileges"]
+    if security.get("readOnlyRootFilesystem"):
+        out += ["--read-only", "--tmpfs", "/tmp:rw,exec,size=1g"]
+    assert pod_security.get("seccompProfile", {}).get("type") == "RuntimeDefault"  # Docker's default profile
+    for key, value in (container_env(container) | env).items():
+        out += ["-e", f"{key}={value}"]
+    return out
+
+
+class Pods:
+    """Containers named after this test's own prefix; all removed by ``remove()``."""
+
+    def __init__(self, docker_image: Any) -> None:
+        self.image, self.prefix, self.names = docker_image, f"dppo-emu-{secrets.token_hex(3)}", []
+
+    def run(self, name: str, args: list[str], command: list[str]) -> str:
+        full = f"{self.prefix}-{name}"
+        self.image.docker("run", "-d", "--name", full, *args, self.image.name, *command)
+        self.names.append(full)
+        return full
+
+    def logs(self, name: str) -> str:
+        out = self.image.docker("logs", name)
+        return out.stdout + out.stderr
+
+    def wait_for_log(self, name: str, text: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.logs(name):
+            assert time.monotonic() < deadline, f"{name}: no {text!r}\n{self.logs(name)[-3000:]}"
+            time.sleep(1)
+
+    def remove(self) -> None:
+        if self.names:
+            subprocess.run(["docker", "rm", "-f", *self.names], env=self.image.env, capture_output=True,
+                           timeout=120, check=False)
+
+
+def progress(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "progress.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_chart_pods_as_containers_train_and_survive_a_lost_worker(helm_bin: str, docker_image: Any,
+                                                                  tmp_path: Path) -> None:
+    gcs, dash, client, metrics, *node_ports = free_ports(4 + 4 * 3)
+    release = f"emu{secrets.token_hex(3)}"
+    objects = render(helm_bin, release, "--set", f"metrics.port={metrics}", "--set", "persistence.enabled=true",
+                     "--set", f"totalSteps={TOTAL_STEPS}", "--set", "envsPerActor=4", "--set", "segmentLength=64",
+                     "--set", "config.env.latency_ms=1", "--set", "config.ppo.minibatch_size=128")
+    spec = next(o for o in objects if o["kind"] == "RayJob")["spec"]
+    cluster = spec["rayClusterSpec"]
+    head_pod = cluster["headGroupSpec"]["template"]["spec"]
+    head = head_pod["containers"][0]
+    mounts = {m["name"]: m["mountPath"] for m in head["volumeMounts"]}
+    config = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap")["data"]["config.yaml"])
+    config["metrics"]["host"] = "127.0.0.1"
+    config_dir, data_dir = tmp_path / "config", tmp_path / "data"
+    for directory in (config_dir, data_dir):
+        directory.mkdir()
+    (config_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    os.chown(data_dir, head_pod["securityContext"]["runAsUser"], head_pod["securityContext"]["fsGroup"])
+    run_dir = data_dir / Path(config["run"]["run_dir"]).relative_to(mounts["checkpoints"])
+    token = secrets.token_hex(32)
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}  # what KubeRay injects for authOptions token
+    pods = Pods(docker_image)
+    try:
+        params = dict(cluster["headGroupSpec"]["rayStartParams"])
+        assert params.pop("dashboard-host") == "0.0.0.0"
+        pods.run("head", [*docker_flags(head_pod, head, auth), "-v", f"{config_dir}:{mounts['config']}:ro",
+                          "-v", f"{data_dir}:{mounts['checkpoints']}"],
+                 ["ray", "start", "--head", "--block", *flags(params), "--dashboard-host=127.0.0.1",
+                  "--include-dashboard=true", f"--port={gcs}", f"--dashboard-port={dash}",
+                  f"--ray-client-server-port={client}", f"--metrics-export-port={node_ports[0]}",
+                  f"--dashboard-agent-listen-port={node_ports[1]}", f"--dashboard-agent-grpc-port={node_ports[2]}",
+                  f"--runtime-env-agent-port={node_ports[3]}", "--object-store-memory=100000000",
+                  "--node-ip-address=127.0.0.1", "--disable-usage-stats"])
+        deadline = time.monotonic() + 120
+        while http_status(f"http://127.0.0.1:{dash}/api/gcs_healthz") != 200:
+            assert time.monotonic() < deadline, pods.logs(pods.names[0])[-3000:]
+            time.sleep(1)
+        group = cluster["workerGroupSpecs"][0]
+        worker_pod = group["template"]["spec"]
+        worker_args = docker_flags(worker_pod, worker_pod["containers"][0], auth)
+
+        def worker_command(i: int) -> list[str]:
+            p = node_ports[4 + 4 * i: 8 + 4 * i]
+            return ["ray", "start", f"--address=127.0.0.1:{gcs}", "--block", *flags(group["rayStartParams"]),
+                    *group_resource_flags(group.get("resources", {})), f"--metrics-export-port={p[0]}",
+                    f"--dashboard-agent-listen-port={p[1]}", f"--dashboard-agent-grpc-port={p[2]}",
+                    f"--runtime-env-agent-port={p[3]}", "--object-store-memory=100000000",
+                    "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+
+        workers = []
+        for i in range(group["replicas"]):  # one at a time, as pods usually come up
+            workers.append(pods.run(f"worker-{i}", worker_args, worker_command(i)))
+            pods.wait_for_log(workers[-1], "Ray runtime started")
+        submitter_pod = spec["submitterPodTemplate"]["spec"]
+        submitter = docker_flags(submitter_pod, submitter_pod["containers"][0], auth)
+        address = f"http://127.0.0.1:{dash}"
+        docker_image.docker("run", "--rm", *submitter, docker_image.name, "ray", "job", "submit", "--address",
+                            address, "--submission-id", release, "--no-wait", "--", *spec["entrypoint"].split())
+        follow = pods.run("submitter", submitter, ["ray", "job", "logs", "--address", address, "--follow", release])
+
+        deadline = time.monotonic() + 300
+        while len(progress(run_dir)) < 3:  # a few iterations with both workers
+            assert time.monotonic() < deadline, pods.logs(follow)[-3000:]
+            time.sleep(0.5)
+        docker_image.docker("kill", workers[1])  # the node goes away whole: raylet, agents and its actor
+        killed_at = len(progress(run_dir))
+        while sum(r["segments"] == 1 for r in progress(run_dir)[killed_at:]) < ROUNDS_DOWN:  # training goes on
+            assert time.monotonic() < deadline, pods.logs(follow)[-3000:]
+            time.sleep(0.5)
+        pods.run("worker-1-again", worker_args, worker_command(1))  # the pod, rescheduled
+
+        exit_code = docker_image.docker("wait", follow, timeout=600).stdout.strip()
+        learner_log = pods.logs(follow)
+        status = docker_image.docker("run", "--rm", *submitter, docker_image.name, "ray", "job", "status",
+                                     "--address", address, release).stdout
+        assert exit_code == "0" and f"Job {release!r} succeeded" in status, learner_log[-4000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        records = progress(run_dir)
+        assert summary["reason"] == "total_steps" and summary["env_steps"] >= TOTAL_STEPS
+        assert summary["node_losses"] >= 1 and summary["actor_crashes"] == 0, summary
+        assert "lost with its node" in learner_log and " back after " in learner_log, learner_log[-4000:]
+        assert [r["iteration"] for r in records] == list(range(1, len(records) + 1))
+        assert records[-1]["segments"] == 2  # both actors again after the worker came back
+        print(f"\ncontainers: iterations {len(records)}, on one actor {sum(r['segments'] == 1 for r in records)}, "
+              f"env steps {summary['env_steps']}, node losses {summary['node_losses']}")
+    finally:
+        pods.remove()

@@ -22,7 +22,6 @@ RATES = {"node": 1.0, "driver": 1.0}
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # a minute's kills: beside another test, a slower run left the evaluation actor unkilled
 @pytest.mark.timeout(1500)
 def test_a_minute_of_chaos_loses_no_step_and_leaves_nothing(tmp_path: Path) -> None:
     out, docs, rows = tmp_path / "chaos", tmp_path / "benchmarks.md", tmp_path / "rows.json"

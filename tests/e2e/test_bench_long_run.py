@@ -14,7 +14,6 @@ import pytest
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # a timed run: beside other tests it trains less and reads the same
 @pytest.mark.timeout(1500)
 def test_a_run_without_faults_is_read_every_interval_and_leaves_nothing(tmp_path: Path) -> None:
     out, docs = tmp_path / "long", tmp_path / "docs" / "benchmarks.md"

@@ -234,11 +234,12 @@ def env_steps_served(body: str) -> float:
                 if sample.name == "dppo_env_steps_total")
 
 
-@pytest.mark.alone  # a pace: 500 scrapes within 12 s
-def test_metrics_endpoint_serves_50_scrapes_per_second_while_training(
+def test_metrics_endpoint_answers_every_scrape_at_50_per_second_while_training(
         dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
-    """50 requests/s for 10 s (bounded) against the learner's metrics port while it trains: every one answered, at
-    that pace, with the live counter (it moves through the env steps of the progress records as they are written)."""
+    """Requests paced at 50 a second (at least 500, until 3 iterations were written under them; bounded) against the
+    learner's metrics port while it trains: every one answered, with the live counter (it moves through the env
+    steps of the progress records as they are written). How fast it answers is not asserted: a loaded machine
+    answers slower, and speed is for benchmarks."""
     import socket
     import urllib.request
 
@@ -252,27 +253,22 @@ def test_metrics_endpoint_serves_50_scrapes_per_second_while_training(
         wait_for_iterations(run_dir, 3, proc)
         before = len(progress(run_dir))
         ok, served, start = 0, [], time.monotonic()
-        for i in range(500):
+        for i in range(5000):
+            if i >= 500 and len(progress(run_dir)) - before >= 3:
+                break
             time.sleep(max(0.0, start + i / 50 - time.monotonic()))
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
                 body = resp.read().decode()
             ok += resp.status == 200
             served.append(env_steps_served(body))
-        scraping_s = time.monotonic() - start
         during = progress(run_dir)[before:]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
-    assert ok == 500
-    # the pace: request i is sent at i/50 s unless the ones before it ran late, so 500 slow answers push the end out
-    assert scraping_s < 12.0, f"500 scrapes took {scraping_s:.1f} s: the endpoint answered fewer than 42 a second"
+    assert ok == len(served) >= 500
     assert len(during) >= 3, "training kept iterating under the scrape load"
     # live values: the counter only grows, takes only env-step totals of progress records (it is updated with each
     # record), and showed every record written under the load (the last may have come after the last scrape)
     reached = {0} | {r["env_steps"] for r in progress(run_dir)}
     assert served == sorted(served) and set(served) <= reached, sorted(set(served) - reached)
     assert len(set(served)) >= len(during) - 1, (sorted(set(served)), [r["env_steps"] for r in during])
-    quiet = progress(run_dir)[1:before]
-    mean = lambda rs: sum(r["iteration_s"] for r in rs) / len(rs)  # noqa: E731
-    print(f"iteration seconds: {mean(quiet):.4f} before the load, {mean(during):.4f} under 50 scrapes/s; "
-          f"500 scrapes in {scraping_s:.2f} s")

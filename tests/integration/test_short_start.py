@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import ray
+from session_ray import CPU_TOKENS
 
 from dppo.distributed.ray_calls import RayCalls
 
@@ -23,7 +24,7 @@ class SlowToStart:
 def test_placement_tells_an_actor_the_cluster_has_no_room_for_from_one_still_starting(ray_address: str) -> None:
     calls = RayCalls(lambda index, seed: None)
     starting = SlowToStart.options(num_cpus=1).remote()
-    no_room = SlowToStart.options(num_cpus=64).remote()  # the session's cluster has 4 CPUs
+    no_room = SlowToStart.options(num_cpus=2 * CPU_TOKENS).remote()  # more than the session's cluster has
     try:
         deadline = time.monotonic() + 60
         while not calls.placement(starting).placed and time.monotonic() < deadline:
@@ -38,10 +39,12 @@ def test_placement_tells_an_actor_the_cluster_has_no_room_for_from_one_still_sta
 
 def test_a_run_that_starts_short_says_so_once_and_counts_its_actors(dppo_cmd: list[str], ray_address: str,
                                                                      tmp_path: Path) -> None:
-    """Three actors of 1.5 CPUs on a 4-CPU cluster: two fit, the third never does."""
+    """Three actors of 3/8 of the session cluster's CPUs each: two fit (whatever another test holds, at most a
+    quarter of them), the third never does."""
     run_dir = tmp_path / "run"
     cmd = [*dppo_cmd, "train", "--address", ray_address, "--run-dir", str(run_dir), "--actors", "3",
-           "--total-steps", "2048", "--set", "run.actor_cpus=1.5", "--set", "faults.min_actors=2",
+           "--total-steps", "2048", "--set", f"run.actor_cpus={CPU_TOKENS * 3 / 8:g}", "--set",
+           "faults.min_actors=2",
            "--set", "faults.actor_start_timeout_s=2", "--set", "run.target_return=null"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from session_ray import CPU_TOKENS
 
 from dppo.bench.local_cluster import free_ports
 
@@ -93,7 +94,7 @@ def test_pbt_continues_exploited_trials_with_the_perturbed_hyperparameters(ray_a
     assert done.returncode == 0, done.stderr[-3000:]
     assert "iter=" not in done.stdout + done.stderr  # the trials' iteration lines are in their train.log only
     assert_quiet_and_rounded(done, tmp_path / "out")
-    assert "at a time" not in done.stderr  # 4 CPUs hold both trials (0.75 each): nothing to say
+    assert "at a time" not in done.stderr  # the cluster holds both trials (0.75 CPUs each): nothing to say
     trials = {p.name for p in (tmp_path / "out" / "trials").iterdir()}
     assert scrapes, "the sweep served no metrics"
     final = scrapes[-1]  # during the linger, after both trials finished
@@ -124,10 +125,11 @@ def test_pbt_continues_exploited_trials_with_the_perturbed_hyperparameters(ray_a
 
 def test_a_failing_trial_is_reported_and_a_resumed_sweep_keeps_finished_trials(ray_address: str,
                                                                                 tmp_path: Path) -> None:
-    """Also: a trial of 2.25 Ray CPUs on the 4-CPU cluster runs one at a time, and the sweep says so at the start;
+    """Also: a trial of more than half the session cluster's CPUs runs one at a time, and the sweep says so at the
+    start;
     dppo's TensorBoard hint points at the trials' own curves."""
     path = sweep_file(tmp_path, base={"env": "dppo/Faulty-v0"},
-                      set={**SMALL, "run.actor_cpus": 2.0, "run.tensorboard": True, "faults.env_retries": 0,
+                      set={**SMALL, "run.actor_cpus": CPU_TOKENS / 2, "run.tensorboard": True, "faults.env_retries": 0,
                            "env.kwargs.persistent": True},
                       space={"env.kwargs.fail_at": "grid([null, 300])"}, trials=1)
     out = tmp_path / "out"
@@ -138,8 +140,9 @@ def test_a_failing_trial_is_reported_and_a_resumed_sweep_keeps_finished_trials(r
     assert "injected env failure at step 300" in failed  # the error in one line, its traceback in Tune's file
     assert "injected env failure" in Path(failed.rsplit("(traceback in ", 1)[1].rstrip(")")).read_text()
     assert done.stderr.splitlines()[0] == (
-        "sweep 'sweep': 1 trial at a time, not 2 (concurrent: 2): one trial needs 2.25 Ray CPUs (driver_cpus 0.25 "
-        "+ 1 actor x run.actor_cpus 2) and the cluster has 4 (more start if it autoscales); for more at once lower "
+        f"sweep 'sweep': 1 trial at a time, not 2 (concurrent: 2): one trial needs {CPU_TOKENS / 2 + 0.25:g} Ray CPUs "
+        f"(driver_cpus 0.25 + 1 actor x run.actor_cpus {CPU_TOKENS / 2:g}) and the cluster has {CPU_TOKENS} (more "
+        "start if it autoscales); for more at once lower "
         "run.actors, run.actor_cpus or driver_cpus, or add nodes")
     assert f"tensorboard --logdir {out / 'trials'}\n" in done.stderr
     assert_quiet_and_rounded(done, out)
