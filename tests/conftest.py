@@ -262,19 +262,23 @@ def peer_venv() -> Path:
     return python
 
 
-# Modules whose tests share processes of the module's own (an emulated cluster, the peer's venv): `pytest -n`
+# Modules whose tests share processes of the module's own (an emulated cluster, the image): `pytest -n`
 # runs each on one worker, every other test wherever a worker is free. (xdist's `--dist loadgroup` would do it from
 # marks, but does not group with pytest 9.2: pytest-dev/pytest-xdist#1386.)
 ONE_WORKER_MODULES = {"tests/deploy/test_chart_emulation.py", "tests/deploy/test_image.py",
-                      "tests/integration/test_node_loss.py", "tests/integration/test_cluster.py",
-                      "tests/integration/test_bench_peer_runs.py"}
+                      "tests/integration/test_node_loss.py", "tests/integration/test_cluster.py"}
 SLOW_RESOURCES = ("docker_image", "peer_python")  # session fixtures that take minutes to make
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests of a slow resource first: its worker makes it while the other workers run the rest (the same
-    order in every worker, as xdist requires)."""
-    items.sort(key=lambda item: not set(SLOW_RESOURCES).intersection(getattr(item, "fixturenames", ())))
+    """The longest chains first: the tests of a slow resource, then the one-worker modules; their workers are busy
+    with them while the other workers run the rest (the same order in every worker, as xdist requires)."""
+    def chain(item: pytest.Item) -> int:
+        if set(SLOW_RESOURCES).intersection(getattr(item, "fixturenames", ())):
+            return 0
+        return 1 if item.nodeid.split("::")[0] in ONE_WORKER_MODULES else 2
+
+    items.sort(key=chain)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -282,12 +286,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class OneWorkerModules(LoadScopeScheduling):
         """xdist's load scheduling (a test at a time to whichever worker is free), each ONE_WORKER_MODULES module
-        one unit (the larger units go first)."""
+        one unit; units in collection order (pytest_collection_modifyitems), not xdist's largest first."""
 
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::")[0]
             return module if module in ONE_WORKER_MODULES else nodeid
 
+    config.option.loadscopereorder = False
     return OneWorkerModules(config, log) if config.getvalue("dist") == "load" else None
 
 
@@ -307,7 +312,7 @@ def docker_image() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def peer_python() -> Path:
-    """The RLlib peer's venv (see peer_venv); its module's tests run on one worker (ONE_WORKER_MODULES)."""
+    """The RLlib peer's venv (see peer_venv): one test uses it."""
     return peer_venv()
 
 
