@@ -9,6 +9,7 @@ the last 100 training episodes' return and of the evaluation, with steps and wal
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -72,9 +73,11 @@ def bench_learn(envs: list[str], seeds: list[int], out_dir: Path, total_steps: i
     rows = []
     for env_id in envs:
         def one(index: int, seed: int, env_id: str = env_id) -> Row:
-            # Concurrent runs start STAGGER_S apart: several local Ray heads starting at the same moment on a
-            # loaded machine time out ("The current node timed out during startup").
-            time.sleep(STAGGER_S * index if index < parallel else 0.0)
+            # Concurrent runs that start local Ray heads start STAGGER_S apart: several starting at the same moment
+            # on a loaded machine time out ("The current node timed out during startup"). Runs joining a cluster
+            # (RAY_ADDRESS, --address) start at once.
+            if not os.environ.get("RAY_ADDRESS"):
+                time.sleep(STAGGER_S * index if index < parallel else 0.0)
             return learn_one(env_id, seed, out_dir, total_steps, episodes, timeout_s, sets or [])
 
         with ThreadPoolExecutor(max_workers=parallel) as pool:
@@ -104,7 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     learn.add_argument("--episodes", type=positive(int, "--episodes"), default=10,
                        help="deterministic evaluation episodes per seed (default 10)")
     learn.add_argument("--parallel", type=positive(int, "--parallel"), default=1,
-                       help="runs at once (default 1; each starts its own local Ray)")
+                       help="runs at once (default 1; each starts its own local Ray unless --address)")
     learn.add_argument("--out-dir", type=Path, help="where the runs go (default runs/bench-learn-<timestamp>)")
     learn.add_argument("--timeout", type=positive(float, "--timeout"), default=7200.0, help="seconds per run")
     learn.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -121,6 +124,8 @@ def cmd_learn(args: argparse.Namespace) -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out_dir = args.out_dir or Path("runs") / f"bench-learn-{stamp}"
     info = machine()
+    if args.address:
+        os.environ["RAY_ADDRESS"] = args.address  # every run joins it
     rows = bench_learn(envs, seeds, out_dir, args.total_steps, args.episodes, args.parallel, args.timeout, args.sets)
     for row in rows:
         key = args.section or f"learn-{row['env'].replace('/', '_')}"

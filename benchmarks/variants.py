@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from datetime import datetime, timezone
@@ -130,6 +131,8 @@ def cmd_variants(args: argparse.Namespace) -> int:
     seeds = parse_counts(args.seeds, "--seeds", minimum=0)
     out_dir = args.out_dir or Path("runs") / f"bench-variants-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     info = machine()
+    if args.address:
+        os.environ["RAY_ADDRESS"] = args.address  # every run joins it
     rows = [variant_row(env_id, name, sets, seeds, out_dir, args) for name, sets in variants]
     key = args.section or f"variants-{env_id.replace('/', '_')}"
     figure = Path(args.write_docs).parent / f"bench-{key}.png" if args.write_docs else out_dir / f"{key}.png"

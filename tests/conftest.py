@@ -80,9 +80,13 @@ def run_dppo(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpr
                           cwd=cwd)
 
 
-def run_benchmark(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m benchmarks ARGS` as from a clone (the clone's root on the path, whatever ``cwd``), output captured."""
+def run_benchmark(*args: str, cwd: Path | None = None, timeout: float = 300,
+                  ray_address: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m benchmarks ARGS` as from a clone (the clone's root on the path, whatever ``cwd``), output captured;
+    its runs join ``ray_address`` (RAY_ADDRESS) when given."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     return subprocess.run([sys.executable, "-m", "benchmarks", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env=env)
 

@@ -17,12 +17,12 @@ from dppo.bench.runs import stop_process_tree
 
 
 @pytest.mark.slow
-def test_learn_table_trains_evaluates_and_plots_every_seed(tmp_path: Path) -> None:
+def test_learn_table_trains_evaluates_and_plots_every_seed(tmp_path: Path, ray_address: str) -> None:
     docs = tmp_path / "docs" / "benchmarks.md"
     rows_file = tmp_path / "rows.json"
     done = run_benchmark("learn", "--env", "CartPole-v1", "--seeds", "1,2", "--total-steps", "2048", "--episodes", "2",
                          "--parallel", "2", "--out-dir", str(tmp_path / "runs"), "--write-docs", str(docs),
-                         "--json", str(rows_file), "--set", "run.actors=1", timeout=600)
+                         "--json", str(rows_file), "--set", "run.actors=1", "--address", ray_address, timeout=600)
     assert done.returncode == 0, done.stderr
     (row,) = json.loads(rows_file.read_text())
     assert row["env"] == "CartPole-v1" and row["seeds"] == 2 and row["env_steps"] >= 2048
@@ -71,12 +71,12 @@ def test_a_run_past_its_timeout_is_stopped_with_its_whole_process_tree(tmp_path:
 
 
 @pytest.mark.slow
-def test_variants_table_compares_a_mask_on_and_off(tmp_path: Path) -> None:
+def test_variants_table_compares_a_mask_on_and_off(tmp_path: Path, ray_address: str) -> None:
     rows_file = tmp_path / "rows.json"
     done = run_benchmark("variants", "--env", "dppo/MaskedGrid-v0", "--variant", "mask",
                          "--variant", "no-mask:model.action_mask_key=null", "--seeds", "1", "--total-steps", "2048",
                          "--episodes", "2", "--solved-at", "-5", "--out-dir", str(tmp_path / "runs"),
-                         "--json", str(rows_file), "--set", "run.actors=1", timeout=600)
+                         "--json", str(rows_file), "--set", "run.actors=1", "--address", ray_address, timeout=600)
     assert done.returncode == 0, done.stderr
     mask, no_mask = json.loads(rows_file.read_text())
     assert (mask["variant"], no_mask["variant"], no_mask["overrides"]) == ("mask", "no-mask",
@@ -96,7 +96,7 @@ def test_variants_rejects_a_malformed_variant(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sweep_bench_times_a_one_trial_sweep_against_dppo_train(tmp_path: Path) -> None:
+def test_sweep_bench_times_a_one_trial_sweep_against_dppo_train(tmp_path: Path, ray_address: str) -> None:
     """`python -m benchmarks sweep --compare train`: the same config through Tune and through `dppo train`, both
     trained to the same steps, evaluated, and written as a docs section."""
     import yaml
@@ -108,7 +108,7 @@ def test_sweep_bench_times_a_one_trial_sweep_against_dppo_train(tmp_path: Path) 
                 "run.seed": 4}}))
     done = run_benchmark("sweep", "--config", str(sweep_file), "--compare", "train", "--episodes", "2",
                          "--out-dir", str(tmp_path / "runs"), "--json", str(rows_file), "--write-docs", str(docs),
-                         timeout=600)
+                         timeout=600, ray_address=ray_address)
     assert done.returncode == 0, done.stderr
     swept, trained = json.loads(rows_file.read_text())
     assert (swept["runs"], trained["runs"]) == ("dppo sweep, 1 trial", "dppo train")
