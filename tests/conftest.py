@@ -285,6 +285,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=chain)
 
 
+@pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs without the plugin
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 

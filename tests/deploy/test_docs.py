@@ -87,3 +87,20 @@ def test_the_readme_starts_with_use() -> None:
     for target in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (REPO / target).is_file(), target
     assert len(readme.splitlines()) < 150
+
+
+SUITE_TIME = re.compile(r"([\d,]+) s of pytest \((\d+) min\)")  # how the docs give the suite's measured time
+
+
+def test_the_suite_s_time_is_one_measured_figure_wherever_it_is_given() -> None:
+    """docs/install.md is its source (with the command and the commit it was measured on); the README and the
+    Makefile say the same figure, in seconds and whole minutes."""
+    install = SUITE_TIME.findall((REPO / "docs" / "install.md").read_text())
+    assert install, "docs/install.md gives no 'N s of pytest (M min)'"
+    seconds = {int(s.replace(",", "")) for s, _ in install}
+    assert len(seconds) == 1, install
+    (figure,) = seconds
+    for path in ("README.md", "Makefile"):
+        said = SUITE_TIME.findall((REPO / path).read_text())
+        assert said, f"{path} gives no 'N s of pytest (M min)'"
+        assert {(int(s.replace(",", "")), int(m)) for s, m in said} == {(figure, round(figure / 60))}, (path, said)
