@@ -103,7 +103,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
     that holds the directory is refused before any of its files is touched."""
     from dppo.config import load_config
     from dppo.config.load import load_config_with_source
-    from dppo.run.lock import HeldBy, RunLock, holder
+    from dppo.run.lock import RETRY_S, RETRY_WAIT_S, HeldBy, RunLock, holder
     from dppo.run.run_dir import RunDir
 
     overrides = {key: getattr(args, dest) for dest, key in TRAIN_FLAGS.items()}
@@ -143,7 +143,8 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
         check_first_observation(obs_spec, action_spec, first, config.env.name)
     run_dir = resolve_run_dir(run_dir_arg or config.run.run_dir, config.env.name)
     files = RunDir(run_dir)
-    check_free(run_dir, holder(run_dir))
+    if not args.auto_resume:  # a retried job waits for the attempt before it to let go (RunLock.acquire)
+        check_free(run_dir, holder(run_dir))
     fresh_retry = args.auto_resume and resume_state is None
     if resume_state is None and not fresh_retry and files.holds_run():
         fail(f"run dir {str(run_dir)!r} already holds a run; pass --resume to continue it or another --run-dir")
@@ -159,7 +160,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
     config.run.run_dir = str(run_dir)
     lock = RunLock(run_dir)
     try:
-        lock.acquire()
+        lock.acquire(RETRY_WAIT_S if args.auto_resume else RETRY_S)
     except HeldBy as held:
         check_free(run_dir, held.holder)  # a run that took the directory since the check above
     try:

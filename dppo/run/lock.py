@@ -21,6 +21,9 @@ from typing import Any
 
 LOCK_NAME = "run.lock"
 RETRY_S = 0.5  # a `dppo status` holds the lock shared for microseconds: a start does not take that for a run
+# A retried job (--auto-resume) waits this long for the attempt before it: a network file system (a PVC) frees a dead
+# client's lock only when its lease ends (NFS: 90 s).
+RETRY_WAIT_S = 180.0
 
 
 class HeldBy(Exception):
@@ -75,23 +78,24 @@ class RunLock:
         self.fd: int | None = None
         self.made: list[Path] = []  # what acquire() created (directories, then the file): release(undo=True) removes
 
-    def acquire(self) -> None:
-        """Take the lock (creating the directory and the file if needed); :class:`HeldBy` when a live process
-        has it. A file system that cannot lock (some network mounts) runs unlocked, as before locks existed."""
+    def acquire(self, wait_s: float = RETRY_S) -> None:
+        """Take the lock (creating the directory and the file if needed), waiting up to ``wait_s`` for it;
+        :class:`HeldBy` when a live process has it still. A file system that cannot lock (some network mounts) runs
+        unlocked, as before locks existed."""
         missing = [p for p in (self.run_dir, *self.run_dir.parents) if not p.exists()]
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.made = list(reversed(missing))  # parents first
         if not self.path.exists():
             self.made.append(self.path)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        deadline = time.monotonic() + RETRY_S
+        deadline = time.monotonic() + wait_s
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() < deadline:
-                    time.sleep(0.05)
+                    time.sleep(min(0.05 + wait_s / 100, 1.0))
                     continue
                 os.close(fd)
                 self.made = [p for p in self.made if p != self.path]  # the holder's file: not ours to remove

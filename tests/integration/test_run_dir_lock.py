@@ -75,3 +75,40 @@ def test_a_killed_run_holds_nothing_and_resumes(tmp_path: Path, ray_address: str
     assert "resuming" in resumed.stdout and progress_records(run_dir)[-1]["env_steps"] == steps
     iterations = [r["iteration"] for r in progress_records(run_dir)]
     assert iterations == list(range(1, len(iterations) + 1))  # one run's lines, once each
+
+
+def opened(pid: int, path: Path) -> bool:
+    """Process ``pid`` has ``path`` open."""
+    try:
+        return any(os.readlink(fd) == str(path) for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+
+
+def test_a_retried_job_waits_for_the_attempt_before_it(tmp_path: Path, ray_address: str) -> None:
+    """--auto-resume (the chart's retries): the attempt before may still hold the directory a while after it died
+    (a network file system frees a dead client's lock when its lease ends); the retry waits for it, then runs."""
+    run_dir = tmp_path / "retried"
+    holding = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    assert holding.stdout.readline() == "held\n"
+    retry = subprocess.Popen([sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir",
+                              str(run_dir), "--auto-resume", "--actors", "1", "--total-steps", "512", "--set",
+                              "run.tensorboard=false"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not opened(retry.pid, run_dir / LOCK_NAME):  # waiting on the lock
+            assert retry.poll() is None, retry.communicate()
+            assert time.monotonic() < deadline, "the retry never reached the lock"
+            time.sleep(0.05)
+        assert not (run_dir / "config.yaml").exists()  # nothing written while it waits
+        holding.kill()
+        holding.wait()
+        _, err = retry.communicate(timeout=240)
+    finally:
+        for proc in (holding, retry):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert retry.returncode == 0, err
+    assert progress_records(run_dir)[-1]["env_steps"] >= 512
