@@ -3,10 +3,10 @@ values.schema.json from dppo's config and sweep schemas, so `helm install` check
 `dppo train` applies and `sweep:` with those of `dppo sweep` (its space's keys must be config keys); and
 registered-envs.json, the env ids a run in the image can make by id alone (gymnasium's, ale-py's ALE/ ids,
 dppo's own), which the chart checks `env` against; and presets.yaml, dppo's presets the chart merges its config
-over; and value-keys.json, each fixed section's keys with the misspellings that name them, so a template answers
-`--set actor=8` with the key meant (the schema lets those misspellings through to it: helm checks the schema before
-any template runs, and a schema cannot say which key was meant). Run it after changing a value, a config key, a preset
-or the gymnasium or ale-py version:
+over; and in every section of fixed keys (the chart's and dppo's config's), the keys near a known one (a misspelling,
+one cut short or run on) refused with the key meant: `--set actor=8` is ``at '/actor': value must be 'unknown key:
+did you mean actors?'``, from the schema itself, so `helm lint` and every tool that reads the schema refuse it too.
+Run it after changing a value, a config key, a preset or the gymnasium or ale-py version:
 ``python helm/values_schema.py`` (``--check`` only compares); a test fails when they differ.
 
 The id list is a snapshot of the versions it names: a different installed version is not a difference (the
@@ -28,8 +28,6 @@ SCHEMA_PATH = Path(__file__).resolve().parent / "dppo" / "values.schema.json"
 # Not in the schema: a schema enum of ~170 ids makes helm print every one of them on a typo, so a template
 # checks `env` against this file (values.schema.json itself is not readable by templates) with one line.
 ENV_IDS_PATH = SCHEMA_PATH.with_name("registered-envs.json")
-# The chart's fixed sections ('' the top level, job, networkPolicy, ...): key -> the pattern of its misspellings.
-KEYS_PATH = SCHEMA_PATH.with_name("value-keys.json")
 # A copy, not a link to dppo/presets: helm warns "found symbolic link in path" on every call for a link in a chart.
 PRESETS_PATH = SCHEMA_PATH.with_name("presets.yaml")
 PRESETS_DIR = SCHEMA_PATH.parents[2] / "dppo" / "presets"
@@ -81,54 +79,83 @@ def sweep_schema(config: dict) -> dict:
     }
 
 
-def misspellings(key: str) -> str:
-    """A pattern of what is one edit from ``key`` in any case (a letter dropped, changed, added or two swapped):
-    ``actor`` and ``Actors`` for ``actors``. Go's regexp (helm's templates and schema) and Python's read it alike."""
-    k = [re.escape(c) for c in key]
-    alternatives = ["".join(k[:i]) + ".?" + "".join(k[i + 1:]) for i in range(len(k))]
-    alternatives += ["".join(k[:i]) + "." + "".join(k[i:]) for i in range(len(k) + 1)]
-    alternatives += ["".join([*k[:i], k[i + 1], k[i], *k[i + 2:]]) for i in range(len(k) - 1)]
-    return f"^(?i:{'|'.join(alternatives)})$"
+CUT_SHORT_MIN = 4  # a key cut short to fewer letters is not taken for it
+
+
+def any_case(text: str) -> str:
+    """A pattern of ``text`` in any case, without regexp flags: Go's regexp (helm's schema) mismatches an
+    alternation that mixes case-folded and case-kept parts (``(?i:atcors|(?-i:A)ctors)`` takes ``actors``)."""
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.lower() != c.upper() else re.escape(c) for c in text)
+
+
+def other_than(c: str) -> str:
+    return f"[^{re.escape(c.lower())}{re.escape(c.upper())}]" if c.lower() != c.upper() else f"[^{re.escape(c)}]"
+
+
+def near_forms(key: str) -> list[str]:
+    """Patterns of what is near ``key`` and never ``key`` itself: one edit away in any case (a letter dropped,
+    changed, added, two swapped, or a letter's case), run on (``queueName`` for ``queue``) or cut short to at least
+    half of it (``priorityClass`` for ``priorityClassName``). Go's regexp and Python's read them alike."""
+    n = len(key)
+    forms = [any_case(key[:i] + key[i + 1:]) for i in range(n)]
+    forms += [any_case(key[:i]) + other_than(key[i]) + any_case(key[i + 1:]) for i in range(n)]
+    forms += [any_case(key[:i]) + "." + any_case(key[i:]) for i in range(n + 1)]
+    forms += [any_case(key[:i] + key[i + 1] + key[i] + key[i + 2:]) for i in range(n - 1)
+              if key[i].lower() != key[i + 1].lower()]
+    forms += [any_case(key[:i]) + re.escape(key[i].swapcase()) + any_case(key[i + 1:]) for i in range(n)
+              if key[i].lower() != key[i].upper()]
+    forms.append(any_case(key) + ".+")
+    forms += [any_case(key[:cut]) for cut in range(max(CUT_SHORT_MIN, (n + 1) // 2), n)]
+    return forms
+
+
+def misspellings(key: str, known: list[str] | tuple[str, ...] = ()) -> str:
+    """One pattern of :func:`near_forms` of ``key``, less the forms that are another ``known`` key of its section
+    (``actors`` run on is ``actorsPerPod``, a key of its own). Each form is a group of its own: Go's regexp factors
+    the first letters of bare alternatives together wrongly (``[aA]tcors|[aA]ctosr|A[cC]tors`` takes ``actors``)."""
+    forms = [f for f in near_forms(key) if not any(re.fullmatch(f, other) for other in known)]
+    return f"^({'|'.join(f'({form})' for form in forms)})$"
 
 
 def fixed_sections(schema: dict, definitions: dict, path: str = "") -> dict[str, dict]:
-    """path -> schema of every object of fixed keys (additionalProperties false) in the chart's own values: `config`
-    (dppo's) and free-form maps are left to the schema."""
+    """path -> schema of every object of fixed keys (additionalProperties false) in the chart's values, dppo's
+    config included; free-form maps are left as they are. A definition shared by several sections (resources) is
+    found under the path ``*``: its keys are named alone."""
     if "$ref" in schema:
-        schema = definitions[schema["$ref"].rsplit("/", 1)[1]]
+        schema, path = definitions[schema["$ref"].rsplit("/", 1)[1]], "*"
     if schema.get("additionalProperties") is not False or "properties" not in schema:
         return {}
     found = {path: schema}
     for name, field in schema["properties"].items():
-        if not path and name == "config":
-            continue
         found |= fixed_sections(field, definitions, f"{path}.{name}" if path else name)
     return found
 
 
-def with_misspellings(schema: dict) -> tuple[dict, dict[str, dict[str, str]]]:
-    """The schema with each fixed section letting its keys' misspellings through (patternProperties), and
-    value-keys.json's sections."""
+def with_misspellings(schema: dict) -> dict:
+    """The schema with each fixed section refusing the keys near its own (patternProperties) with the key meant:
+    the value of such a key must be a sentence no value is, which helm prints as the error."""
     schema = json.loads(json.dumps(schema))
-    sections = fixed_sections(schema, schema["definitions"])
-    keys = {}
-    for path, section in sections.items():
-        keys[path] = {name: misspellings(name) for name in section["properties"]}
-        near = "|".join(pattern[1:-1] for pattern in keys[path].values())
-        section["patternProperties"] = {f"^({near})$": True}
-    return schema, keys
+    for path, section in fixed_sections(schema, schema["definitions"]).items():
+        keys = list(section["properties"])
+        section["patternProperties"] = {
+            misspellings(name, keys): {"const": f"unknown key: did you mean {dotted(path, name)}?"}
+            for name in keys}
+    return schema
 
 
-def render(current: dict) -> tuple[str, str]:
+def dotted(path: str, name: str) -> str:
+    """A key as `--set` writes it (``scheduling.queue``); a shared definition's alone (``limits``)."""
+    return name if not path or path.startswith("*") else f"{path}.{name}"
+
+
+def render(current: dict) -> str:
     """The schema file with its `config` and `sweep` properties and the misspellings regenerated, everything else
-    as it is; and value-keys.json."""
+    as it is."""
     updated = dict(current)
     config = {"description": DESCRIPTION, **config_schema()}
     config.pop("default", None)
     updated["properties"] = {**current["properties"], "config": config, "sweep": sweep_schema(config)}
-    schema, keys = with_misspellings(updated)
-    value_keys = {"generated_by": "helm/values_schema.py", "sections": keys}
-    return json.dumps(schema, indent=2) + "\n", json.dumps(value_keys, indent=1) + "\n"
+    return json.dumps(with_misspellings(updated), indent=2) + "\n"
 
 
 def registered_envs() -> dict:
@@ -179,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python helm/values_schema.py", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a file differs")
     args = parser.parse_args(argv)
-    schema, value_keys = render(json.loads(SCHEMA_PATH.read_text()))
-    outputs = {SCHEMA_PATH: schema, KEYS_PATH: value_keys}
+    outputs = {SCHEMA_PATH: render(json.loads(SCHEMA_PATH.read_text()))}
     current_envs = json.loads(ENV_IDS_PATH.read_text()) if ENV_IDS_PATH.exists() else None
     outputs[ENV_IDS_PATH] = render_envs(current_envs if args.check else None)
     outputs[PRESETS_PATH] = render_presets()

@@ -37,6 +37,7 @@ from dppo.bench.chaos_cluster import (
     start_worker,
 )
 from dppo.bench.chaos_curves import plot_long_run
+from dppo.bench.chaos_growth import MIN_FIT_SAMPLES, readings, tables_text
 from dppo.bench.chaos_growth import report_text as long_report
 from dppo.bench.chaos_loop import Chaos
 from dppo.bench.chaos_monitor import Monitor
@@ -85,6 +86,11 @@ def prepare(args: argparse.Namespace) -> tuple[Any, list[str], dict[str, float],
 
     if args.no_faults and (args.kinds or args.rate):
         raise UsageError("--no-faults kills nothing: leave out --kinds and --rate (or drop --no-faults)")
+    fit_min = args.warmup_min + MIN_FIT_SAMPLES * args.sample_s / 60
+    if args.no_faults and args.minutes < fit_min:
+        raise UsageError(f"--minutes {args.minutes:g} ends before growth can be fitted: the warm-up (--warmup-min "
+                         f"{args.warmup_min:g}) and then {MIN_FIT_SAMPLES} readings (--sample-s {args.sample_s:g}); "
+                         f"pass --minutes {fit_min:g} or more, or a shorter --warmup-min")
     given = parse_kinds(args.kinds) if args.kinds else None
     sets = [*args.sets, *CHAOS_SETS, *(long_run_sets(args) if args.no_faults else [])]
     if args.no_faults:
@@ -220,15 +226,21 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     row["load_avg"] = round(statistics.mean(chaos.loads or loads), 2)
     kills = recovery_rows(chaos.done, runs, config.run.actors, kinds)
     words = kill_rows(kills, missed)
-    long_text, growth = long_report(monitor.samples if monitor else [], args.warmup_min * 60,
-                                    config.run.keep_checkpoints, len(leftovers["shm"]),
-                                    ",".join(str(a["status"]) for a in accounts), args.minutes)
-    result = {"verdict": growth["verdict"] if args.no_faults else verdict(row, accounts, words, missed), "run": row,
-              "kills": kills, "missed": missed, "runs": accounts, "leftovers": leftovers,
+    samples, statuses = monitor.samples if monitor else [], [str(a["status"]) for a in accounts]
+    if args.no_faults:
+        text, growth = long_report(samples, args.warmup_min * 60, config.run.keep_checkpoints, len(leftovers["shm"]),
+                                   statuses, args.minutes)
+        said = growth["verdict"]
+    else:  # one verdict: the readings' findings among the chaos's
+        procs, total, found = readings(samples, args.warmup_min * 60, config.run.keep_checkpoints,
+                                       len(leftovers["shm"]), statuses)
+        growth = {"problems": found, "processes": procs, "totals": total, "warmup_s": args.warmup_min * 60}
+        said = verdict(row, accounts, words, missed, found)
+        text = (report_text(row, accounts, words, missed, found)
+                + "\n\nReadings of every process (each --sample-s):\n\n" + tables_text(procs, total))
+    result = {"verdict": said, "run": row, "kills": kills, "missed": missed, "runs": accounts, "leftovers": leftovers,
               "env_steps_per_segment": steps, "growth": growth}
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    text = long_text if args.no_faults else (report_text(row, accounts, words, missed)
-                                             + "\n\nReadings of every process (each --sample-s):\n\n" + long_text)
     report(args, result, text, info, out, monitor.samples if monitor else [], config)
     return 0
 

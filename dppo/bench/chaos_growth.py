@@ -105,7 +105,7 @@ def totals_row(samples: list[dict[str, Any]], warmup_s: float, keep: int) -> dic
         "object store growth (MiB/h)": mib_per_h(store_after),
         "/dev/shm entries max": max((s["shm"]["entries"] for s in samples), default=0),
         "/dev/shm max (MiB)": round(max((s["shm"]["mib"] for s in samples), default=0.0), 1),
-        "checkpoints max": max((d["checkpoints"] for d in dirs), default=0), "keep_checkpoints": keep,
+        "checkpoints max": max((most_in_one_run(d) for d in dirs), default=0), "keep_checkpoints": keep,
         "largest checkpoint (MiB)": round(max((d["largest_checkpoint_mib"] for d in dirs), default=0.0), 2),
         "run dir at end (MiB)": round(dirs[-1]["mib"], 2) if dirs else None,
         "run dir max (MiB)": round(max((d["mib"] for d in dirs), default=0.0), 2),
@@ -114,6 +114,12 @@ def totals_row(samples: list[dict[str, Any]], warmup_s: float, keep: int) -> dic
         "env steps": next((s["env_steps"] for s in reversed(samples) if s.get("env_steps") is not None), None),
         "load average": round(float(np.mean([s["load"] for s in samples])), 2) if samples else None,
     }
+
+
+def most_in_one_run(run_dirs: dict[str, Any]) -> int:
+    """The most checkpoints one run dir held at a reading (each run's own keep_checkpoints bounds it; a reading
+    older than the per-run count has the sum, of its one run)."""
+    return max(run_dirs.get("checkpoints_per_run", {}).values(), default=run_dirs["checkpoints"])
 
 
 def mib_per_h(points: list[tuple[float, float]]) -> float | None:
@@ -125,7 +131,7 @@ def mib_per_h(points: list[tuple[float, float]]) -> float | None:
 
 
 def checkpoint_bound_ok(total: dict[str, Any]) -> bool:
-    """The run dirs are bounded by their checkpoints: never more than keep_checkpoints + 1 at a reading (the
+    """Each run dir is bounded by its checkpoints: never more than keep_checkpoints + 1 in one at a reading (the
     newest is written before the oldest goes); what is not a checkpoint is reported as MiB/h."""
     return total["checkpoints max"] <= total["keep_checkpoints"] + 1
 
@@ -141,33 +147,48 @@ def error_words(row: dict[str, Any]) -> str:
     return "" if error is None else f" ± {error:.1f}"
 
 
-def verdict(procs: list[dict[str, Any]], total: dict[str, Any], shm_left: int, status: str,
-            minutes: float) -> list[str]:
-    """The verdict against the targets, in words: RSS growth per process, /dev/shm left, run dirs bounded."""
-    problems = []
-    growing = [r for r in procs if r["growth (%/h)"] is not None and r["growth (%/h)"] > RSS_LIMIT_PCT_PER_H]
-    if growing:
-        problems.append("RSS grows more than 5 %/h: " + ", ".join(
+def growing(row: dict[str, Any]) -> bool:
+    """Growth beyond the target by more than its own error bar (the ±, two standard errors): a slope the swings
+    alone could make is not flagged."""
+    growth, error = row["growth (%/h)"], row.get("± (%/h)") or 0.0
+    return growth is not None and growth - error > RSS_LIMIT_PCT_PER_H
+
+
+def problems(procs: list[dict[str, Any]], total: dict[str, Any], shm_left: int,
+             statuses: list[str]) -> list[str]:
+    """What the readings find wrong against the targets: RSS growth per process (beyond its error bar), /dev/shm
+    left, a run dir over its checkpoints, a run that did not succeed (each run by its number)."""
+    found = []
+    if grown := [r for r in procs if growing(r)]:
+        found.append("RSS grows more than 5 %/h: " + ", ".join(
             f"{r['process']} on {r['node']} (pid {r['pid']}) {r['growth (%/h)']:+.1f}{error_words(r)} %/h"
-            f"{private_words(r)}"
-            for r in growing))
-    if not procs:
-        problems.append("no process was read long enough after the warm-up to fit its growth")
+            f"{private_words(r)}" for r in grown))
     if shm_left:
-        problems.append(f"{shm_left} /dev/shm entries left behind")
+        found.append(f"{shm_left} /dev/shm entries left behind")
     if not checkpoint_bound_ok(total):
-        problems.append(f"{total['checkpoints max']} checkpoints at once, more than keep_checkpoints "
-                        f"{total['keep_checkpoints']} + 1")
-    if status != "SUCCEEDED":
-        problems.append(f"the run ended {status}")
+        found.append(f"{total['checkpoints max']} checkpoints at once in one run dir, more than keep_checkpoints "
+                     f"{total['keep_checkpoints']} + 1")
+    many = len(statuses) > 1
+    found += [f"run {i} ended {status}" if many else f"the run ended {status}"
+              for i, status in enumerate(statuses, start=1) if status != "SUCCEEDED"]
+    return found
+
+
+def verdict(procs: list[dict[str, Any]], total: dict[str, Any], shm_left: int, statuses: list[str],
+            minutes: float) -> list[str]:
+    """The long run's verdict against the targets, in words (the problems, or within the targets), then what was
+    read."""
+    found = problems(procs, total, shm_left, statuses)
+    if not procs:
+        found.append("no process was read long enough after the warm-up to fit its growth")
     fitted = [r for r in procs if r["growth (%/h)"] is not None]
     worst = max(fitted, key=lambda r: r["growth (%/h)"], default=None)
     worst_words = (f"the fastest-growing process {worst['process']} on {worst['node']} at {worst['growth (%/h)']:+.2f}"
                    " %/h" if worst else "no growth fitted")
-    first = ("PROBLEMS: " + "; ".join(problems) if problems else
-             f"within the targets: no process's RSS grows more than {RSS_LIMIT_PCT_PER_H:g} %/h after the warm-up "
-             f"({worst_words}), nothing left in /dev/shm, at most {total['checkpoints max']} checkpoints "
-             f"(keep_checkpoints {total['keep_checkpoints']})")
+    first = ("PROBLEMS: " + "; ".join(found) if found else
+             f"within the targets: no process's RSS grows more than {RSS_LIMIT_PCT_PER_H:g} %/h beyond its error bar "
+             f"after the warm-up ({worst_words}), nothing left in /dev/shm, at most {total['checkpoints max']} "
+             f"checkpoints in a run dir (keep_checkpoints {total['keep_checkpoints']})")
     second = (f"{total['minutes trained']:g} of {minutes:g} minutes trained ({total['env steps'] or 0:,} env steps), "
               f"{total['readings']} readings ({total['readings after warm-up']} after the warm-up), "
               f"{len(procs)} processes fitted; {worst_words}")
@@ -195,12 +216,23 @@ LEGEND = """\
   which grow with the iterations by design; **Ray logs growth**: the cluster's session directory (its logs)."""
 
 
-def report_text(samples: list[dict[str, Any]], warmup_s: float, keep: int, shm_left: int, status: str,
-                minutes: float) -> tuple[str, dict[str, Any]]:
-    """The long-run report (verdict, processes, totals, legend) and its figures as a dict for results.json."""
+def readings(samples: list[dict[str, Any]], warmup_s: float, keep: int, shm_left: int, statuses: list[str]
+             ) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+    """The readings' process rows, their totals and what they find wrong (:func:`problems`)."""
     procs = process_rows(samples, warmup_s)
     total = totals_row(samples, warmup_s, keep) | {"/dev/shm left at end": shm_left}
-    words = verdict(procs, total, shm_left, status, minutes)
-    text = "\n\n".join(["\n".join(words), table(procs, list(procs[0]) if procs else ["process"]),
-                        table([total], list(total)), LEGEND])
+    return procs, total, problems(procs, total, shm_left, statuses)
+
+
+def tables_text(procs: list[dict[str, Any]], total: dict[str, Any]) -> str:
+    """The readings' tables and their legend (no verdict: the report it is part of has one)."""
+    return "\n\n".join([table(procs, list(procs[0]) if procs else ["process"]), table([total], list(total)), LEGEND])
+
+
+def report_text(samples: list[dict[str, Any]], warmup_s: float, keep: int, shm_left: int, statuses: list[str],
+                minutes: float) -> tuple[str, dict[str, Any]]:
+    """The long-run report (verdict, processes, totals, legend) and its figures as a dict for results.json."""
+    procs, total, _ = readings(samples, warmup_s, keep, shm_left, statuses)
+    words = verdict(procs, total, shm_left, statuses, minutes)
+    text = "\n\n".join(["\n".join(words), tables_text(procs, total)])
     return text, {"verdict": words, "processes": procs, "totals": total, "warmup_s": warmup_s}

@@ -115,8 +115,9 @@ class Chaos:
                 log.seen.append((now, attempt, json.loads(line)))
                 if log.seen[-1][2]["segments"] >= self.full:
                     self.full_seen = True
-                for kill in self.done:
-                    if "recovered_s" not in kill and recovered(kill, now, log.seen[-1][2], self.full):
+                for kill in self.done:  # the kills of this run: the next run's start-up is no recovery
+                    if ("recovered_s" not in kill and kill.get("run") == log.index
+                            and recovered(kill, now, log.seen[-1][2], self.full)):
                         kill["recovered_s"] = round(now - kill["at"], 2)
                         self.say.recovered(kill, log.seen[-1][2], now)
 

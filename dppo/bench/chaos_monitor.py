@@ -61,11 +61,13 @@ def role_of(command: str) -> str:
 
 
 def dir_sizes(run_dirs: list[Path]) -> dict[str, Any]:
-    """The run directories' bytes (MiB): checkpoints (``ckpt-*.pt``, counted; ``best.pt`` apart) and the rest
-    (progress.jsonl, train.log, TensorBoard's files)."""
+    """The run directories' bytes (MiB): checkpoints (``ckpt-*.pt``, counted in all and per run dir, which
+    ``run.keep_checkpoints`` bounds; ``best.pt`` apart) and the rest (progress.jsonl, train.log, TensorBoard's
+    files)."""
     total = ckpt = 0
-    count, largest = 0, 0
+    count, largest, per_run = 0, 0, {}
     for run_dir in run_dirs:
+        per_run[run_dir.name] = 0
         for root, _, files in os.walk(run_dir):
             for name in files:
                 with contextlib.suppress(OSError):
@@ -73,8 +75,10 @@ def dir_sizes(run_dirs: list[Path]) -> dict[str, Any]:
                     total += size
                     if CHECKPOINT.match(name):
                         ckpt, count, largest = ckpt + size, count + 1, max(largest, size)
-    return {"mib": round(total / MIB, 3), "checkpoints": count, "checkpoint_mib": round(ckpt / MIB, 3),
-            "largest_checkpoint_mib": round(largest / MIB, 3), "other_mib": round((total - ckpt) / MIB, 3)}
+                        per_run[run_dir.name] += 1
+    return {"mib": round(total / MIB, 3), "checkpoints": count, "checkpoints_per_run": per_run,
+            "checkpoint_mib": round(ckpt / MIB, 3), "largest_checkpoint_mib": round(largest / MIB, 3),
+            "other_mib": round((total - ckpt) / MIB, 3)}
 
 
 def tree_mib(path: Path) -> float:

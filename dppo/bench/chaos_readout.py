@@ -119,13 +119,14 @@ def after_row(row: dict[str, Any]) -> dict[str, Any]:
     return {"longest pause (s)": row["longest_gap_s"], "resumes that rewound": row["rewinds"],
             "driver kills": row["driver_kills"], "processes left": row["processes_left"],
             "/dev/shm left": row["shm_left"], "return": row["final_return"],
-            "return without chaos": row["return_without_chaos"], "ratio": row["return_ratio"],
+            "return without chaos": row["return_without_chaos"], "change": row["return_change"],
             "load average": row.get("load_avg")}
 
 
 def verdict(row: dict[str, Any], accounts: list[dict[str, Any]], kills: list[dict[str, Any]],
-            missed: list[dict[str, Any]]) -> list[str]:
-    """Two lines: the verdict in words (nothing lost, or each thing that went wrong), then what was done."""
+            missed: list[dict[str, Any]], found: list[str] | None = None) -> list[str]:
+    """Two lines: the one verdict in words (nothing lost, or each thing that went wrong, ``found`` by the readings
+    of every process among them), then what was done."""
     problems = [f"run {a['run']}'s env steps NOT accounted" for a in accounts if not a["exact"]]
     problems += [f"run {a['run']} ended {a['status']}" for a in accounts if a["status"] != "SUCCEEDED"]
     if not row["rewinds_ok"]:
@@ -136,8 +137,9 @@ def verdict(row: dict[str, Any], accounts: list[dict[str, Any]], kills: list[dic
     unrecovered = sum(k["done"] - k["recovered"] for k in kills)
     if unrecovered:
         problems.append(f"{unrecovered} kills never recovered from (no full round after them)")
-    if row["return_ratio"] is not None:
-        ret = (f"return {row['return_ratio']:.3f} of the run without chaos ({row['final_return']:g} vs "
+    problems += [p for p in found or [] if " ended " not in p]  # a run's end is said above, by the accounts
+    if row["return_change"] is not None:
+        ret = (f"return {row['return_change']:+g} against the run without chaos ({row['final_return']:g} vs "
                f"{row['return_without_chaos']:g})")
     elif row["final_return"] is not None:
         ret = f"return {row['final_return']:g} (no run without chaos to compare: --no-baseline)"
@@ -179,15 +181,17 @@ LEGEND = """\
 - **longest pause**: the longest time between two progress lines of a run; **processes left**: the run's processes
   alive 60 s after its last job ended, and any process of the bench's cluster alive after it was stopped;
   **/dev/shm left**: entries the run's processes had open that still exist (a killed node's go with it, as a
-  machine's memory does); **return**: the mean of the runs' final 100-episode returns; **ratio**: over the run of
-  the same config without chaos; **load average**: the machine's 1-minute load during the chaos."""
+  machine's memory does); **return**: the mean of the runs' final 100-episode returns; **change**: that return less
+  the run's of the same config without chaos, in the return's own units (negative: worse, whatever the sign of the
+  returns; a zero-sum game's draw against a slightly losing baseline reads as the gain it is); **load average**: the
+  machine's 1-minute load during the chaos."""
 
 
 def report_text(row: dict[str, Any], accounts: list[dict[str, Any]], kills: list[dict[str, Any]],
-                missed: list[dict[str, Any]]) -> str:
-    """The whole report: verdict, kills (and the planned ones not done, with why), env steps by run, what was left,
-    and the legend."""
-    parts = ["\n".join(verdict(row, accounts, kills, missed)), table(kills, list(kills[0]) if kills else [])]
+                missed: list[dict[str, Any]], found: list[str] | None = None) -> str:
+    """The whole report: the one verdict (with what the readings ``found``), kills (and the planned ones not done,
+    with why), env steps by run, what was left, and the legend."""
+    parts = ["\n".join(verdict(row, accounts, kills, missed, found)), table(kills, list(kills[0]) if kills else [])]
     if missed:
         parts.append(table([{"kill not done": m["kind"], "planned at": f"t={clock(m['planned_s'])}", "why": m["why"]}
                             for m in missed], ["kill not done", "planned at", "why"]))

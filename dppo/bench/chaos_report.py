@@ -35,19 +35,24 @@ def recovered(kill: dict[str, Any], at: float, record: dict[str, Any], full: int
 
 
 def recovery_s(kill: dict[str, Any], records: list[tuple[float, dict[str, Any]]], full: int) -> float | None:
-    """Seconds from a kill to the next progress line that shows the run :func:`recovered`; None when the runs
-    ended first. ``records``: (seen at, record) of every run, in time order."""
+    """Seconds from a kill to the next progress line that shows its run :func:`recovered`; None when the run
+    ended first. ``records``: (seen at, record) of the run the kill hit, in time order (the next run's start-up
+    is no recovery)."""
     after = next((at for at, record in records if recovered(kill, at, record, full)), None)
     return None if after is None else round(after - kill["at"], 2)
 
 
 def recovery_rows(kills: list[dict[str, Any]], runs: list[RunLog], full: int, kinds: list[str]) -> list[dict[str, Any]]:
-    """Per kind: kills done, recovered, median and worst seconds to recover (:func:`recovery_s`)."""
-    records = sorted(((at, record) for run in runs for at, _, record in run.seen), key=lambda pair: pair[0])
+    """Per kind: kills done, recovered, median and worst seconds to recover (:func:`recovery_s`, each inside the
+    run the kill hit; a kill not tagged with its run is timed against every run's lines)."""
+    by_run = {run.index: sorted(((at, record) for at, _, record in run.seen), key=lambda pair: pair[0])
+              for run in runs}
+    every = sorted((pair for records in by_run.values() for pair in records), key=lambda pair: pair[0])
     rows = []
     for kind in kinds:
         done = [k for k in kills if k["kind"] == kind and k.get("victim") is not None]
-        times = [t for t in (recovery_s(k, records, full) for k in done) if t is not None]
+        times = [t for t in (recovery_s(k, by_run.get(k["run"], []) if "run" in k else every, full) for k in done)
+                 if t is not None]
         rows.append({"kind": kind, "kills": len(done), "recovered": len(times),
                      "recover_median_s": round(statistics.median(times), 1) if times else None,
                      "recover_worst_s": round(max(times), 1) if times else None})
@@ -120,6 +125,12 @@ def run_row(runs: list[RunLog], kills: list[dict[str, Any]], steps_per_segment: 
         "rewinds_ok": sum(a["rewinds"] for a in accounts) <= driver_kills,
         "shm_left": len(leftovers.get("shm", [])), "processes_left": len(leftovers.get("processes", [])),
         "final_return": final_return, "return_without_chaos": baseline_return,
-        "return_ratio": round(final_return / baseline_return, 3) if final_return is not None and baseline_return
-        else None,
+        "return_change": return_change(final_return, baseline_return),
     }, accounts
+
+
+def return_change(final: float | None, baseline: float | None) -> float | None:
+    """The runs' return less the run's without chaos, in the return's own units: it reads the same for negative
+    returns (-20.9 against -20.1 is -0.8, worse) and for zero-sum games (0 against -0.06 is +0.06), where a ratio
+    reads backwards or means nothing."""
+    return None if final is None or baseline is None else round(final - baseline, 3)

@@ -1,4 +1,5 @@
-"""``dppo status``: the dppo runs on a Kubernetes cluster, one line each.
+"""``dppo status``: the dppo runs on a Kubernetes cluster, one line each (``-n``, ``-A``, ``--kubeconfig``,
+``--context``); local run directories otherwise (:mod:`dppo.commands.status_local`).
 
 Everything goes through the Kubernetes API with the user's kubeconfig (no port-forward): the RayJobs the
 Helm chart labels ``app.kubernetes.io/name=dppo``, their job and cluster state (with KubeRay's reason for a failure and,
@@ -57,10 +58,13 @@ def register(subparsers: Any) -> None:
     """Add the ``status`` subcommand to the CLI's subparsers."""
     parser = subparsers.add_parser(
         "status",
-        help="list dppo runs (RayJobs) on a Kubernetes cluster",
-        description="List the dppo RayJobs in a namespace: job state, worker pods and actors ready, and the "
+        help="list dppo runs: local run directories, or RayJobs on a Kubernetes cluster (-n)",
+        description="Local runs (RUN_DIR ..., default every run under ./runs): running or ended, iteration, env "
+        "steps, return, env failures, actor restarts, hangs, newest checkpoint and why each ended. With -n, -A, "
+        "--kubeconfig or --context: the dppo RayJobs in a namespace: job state, worker pods and actors ready, and the "
         "run's latest env steps and mean return (its driver's metrics, read through the API server's service proxy).",
     )
+    parser.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="local run directories (default: ./runs/*)")
     parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's, else default)")
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="list runs in every namespace")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
@@ -71,6 +75,14 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The ``status`` command: print the runs, return the exit code."""
+    kubernetes = args.namespace or args.all_namespaces or args.kubeconfig or args.context
+    if kubernetes and args.run_dirs:
+        raise UsageError("dppo status takes run dirs (local runs) or -n/-A/--kubeconfig/--context (runs on "
+                         "Kubernetes), not both; run it once for each")
+    if not kubernetes:
+        from dppo.commands.status_local import show
+
+        return show(args.run_dirs, args.output)
     api_client, default_namespace = connect(args.kubeconfig, args.context)
     namespace = None if args.all_namespaces else (args.namespace or default_namespace)
     statuses = collect(api_client, namespace)

@@ -1,11 +1,12 @@
 """`dppo train`: check everything, start Ray and the run's processes, train, report the outcome.
 
 Order matters for the contract "bad input: exit 2, nothing written": the config, the run directory, a
-checkpoint to resume and the env are checked first; Ray is started (or joined) while the coordinator is
+checkpoint to resume and the env are checked first, then the run directory's lock is taken (one run per directory:
+dppo.run.lock); Ray is started (or joined) while the coordinator is
 built beside it; the learners and every actor are started and each actor has made its envs; only then are
 the run directory's files written. A stop (SIGINT, SIGTERM) until then ends the process at once with nothing
-written; afterwards it ends the round in progress and the run with a final checkpoint (dppo.run.signals).
-Either way the exit code is 130 for SIGINT, 143 for SIGTERM.
+written (the lock's file too); afterwards it ends the round in progress and the run with a final checkpoint
+(dppo.run.signals). Either way the exit code is 130 for SIGINT, 143 for SIGTERM.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from dppo.cli_args import fail, import_from_cwd, whole_number
 if TYPE_CHECKING:
     from dppo.config import Config
     from dppo.run.coordinator import Coordinator
-    from dppo.run.logs import IterationLog
+    from dppo.run.lock import RunLock
     from dppo.run.signals import StopSignals
-    from dppo.run.state import RunState
     from dppo.run.timing import PhaseClock
 
 # Flags of `dppo train` that set a config key (dest -> dotted key).
@@ -97,11 +97,13 @@ def resolve_run_dir(config_dir: str | None, env_name: str) -> Path:
     return Path("runs") / f"{safe}-{stamp}"
 
 
-def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | None, str]:
+def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | None, str, RunLock]:
     """Validate everything (config, run dir, checkpoint, env and spaces) before anything is written; also what the
-    config started from (a preset, a file, the defaults)."""
+    config started from (a preset, a file, the defaults), and the run dir's lock, taken last (dppo.run.lock): a run
+    that holds the directory is refused before any of its files is touched."""
     from dppo.config import load_config
     from dppo.config.load import load_config_with_source
+    from dppo.run.lock import RETRY_S, RETRY_WAIT_S, HeldBy, RunLock, holder
     from dppo.run.run_dir import RunDir
 
     overrides = {key: getattr(args, dest) for dest, key in TRAIN_FLAGS.items()}
@@ -141,6 +143,8 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
         check_first_observation(obs_spec, action_spec, first, config.env.name)
     run_dir = resolve_run_dir(run_dir_arg or config.run.run_dir, config.env.name)
     files = RunDir(run_dir)
+    if not args.auto_resume:  # a retried job waits for the attempt before it to let go (RunLock.acquire)
+        check_free(run_dir, holder(run_dir))
     fresh_retry = args.auto_resume and resume_state is None
     if resume_state is None and not fresh_retry and files.holds_run():
         fail(f"run dir {str(run_dir)!r} already holds a run; pass --resume to continue it or another --run-dir")
@@ -154,9 +158,29 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[str, Any] | No
 
         check_port(config.metrics.host, config.metrics.port)
     config.run.run_dir = str(run_dir)
-    if fresh_retry:  # a retried job that died before its first checkpoint: its progress lines describe lost work
-        files.progress.unlink(missing_ok=True)
-    return config, run_dir, resume_state, source
+    lock = RunLock(run_dir)
+    try:
+        lock.acquire(RETRY_WAIT_S if args.auto_resume else RETRY_S)
+    except HeldBy as held:
+        check_free(run_dir, held.holder)  # a run that took the directory since the check above
+    try:
+        if resume_state is None and not fresh_retry and files.holds_run():  # ... and wrote its first iteration
+            fail(f"run dir {str(run_dir)!r} already holds a run; pass --resume to continue it or another --run-dir")
+        if fresh_retry:  # a retried job that died before its first checkpoint: its progress lines describe lost work
+            files.progress.unlink(missing_ok=True)
+    except BaseException:
+        lock.release(undo=True)
+        raise
+    return config, run_dir, resume_state, source, lock
+
+
+def check_free(run_dir: Path, held: dict[str, Any] | None) -> None:
+    """No live run holds ``run_dir`` (None), else the one line that names it."""
+    from dppo.run.lock import describe
+
+    if held is not None:
+        fail(f"run dir {str(run_dir)!r} is in use by a run that is still going ({describe(held)}); wait for it to "
+             "end (dppo status shows it) or pass another --run-dir")
 
 
 def start_line(config: Config, source: str, resumed: bool) -> str:
@@ -235,39 +259,6 @@ def start(config: Config, run_dir: Path, resume_state: dict[str, Any] | None, cl
     return coordinator
 
 
-def finished_before(config: Config, resume_state: dict[str, Any]) -> tuple[RunState, str, str] | None:
-    """A resumed run whose stop rule holds already (``--time-limit`` counts the whole run, resumes included): its
-    state, the rule, and one line that says so and how to go on. It ends at once, without starting Ray."""
-    from dppo.run.state import RunState
-
-    state = RunState(config, 0)  # the normalizer statistics, if any, come from the checkpoint
-    state.restore(resume_state)
-    reason, counters, run = state.stop_reason(), state.counters, config.run
-    if reason == "time_limit":
-        line = (f"the time limit of {run.time_limit_s:g} s is spent: the run trained {counters.wall_s:,.1f} s before "
-                "this resume (the limit counts the whole run); raise --time-limit to go on")
-    elif reason == "total_steps":
-        line = (f"the run has its {run.total_steps:,} env steps already ({counters.env_steps:,} trained before this "
-                "resume); raise --total-steps to go on")
-    elif reason == "target_return":
-        line = (f"the run reached its target return {run.target_return:g} before this resume; raise --target-return "
-                "to go on")
-    else:
-        return None
-    return state, reason, line
-
-
-def end_untrained(config: Config, run_dir: Path, state: RunState, reason: str, line: str,
-                  clock: PhaseClock) -> tuple[dict[str, Any], IterationLog]:
-    """A resumed run that had finished already: the line that says why, and its summary.json again."""
-    from dppo.run.reporting import Reporter
-    from dppo.run.run_dir import RunDir
-
-    reporter = Reporter(config, RunDir(run_dir))
-    reporter.message(line)
-    return reporter.summary(state, reason, state.counters.wall_s, clock.phases, None), reporter.output
-
-
 def train(coordinator: Coordinator, config: Config, resumed: bool, clock: PhaseClock,
           said: list[tuple[datetime, str]]) -> dict[str, Any]:
     """Write the run directory's first files (train.log begins with the lines ``said`` before it existed, at their
@@ -326,7 +317,8 @@ def outcome_line(summary: dict[str, Any], signal_name: str | None, run_dir: Path
 def cmd_train(args: argparse.Namespace) -> int:
     from dppo.errors import RunFailure
     from dppo.run.logs import run_line
-    from dppo.run.signals import Stopped, StopSignals
+    from dppo.run.resumed import end_untrained, finished_before
+    from dppo.run.signals import StopSignals, stop_of, stopped_before_training
     from dppo.run.timing import PhaseClock
 
     signals = StopSignals()
@@ -335,7 +327,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     # A round abandoned when the run stops can hold other actors' errors; the run reports its own, once.
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
-    coordinator = done = None
+    coordinator = done = lock = None
     said: list[tuple[datetime, str]] = []  # the lines before the run dir exists, for train.log
 
     def say(text: str) -> None:
@@ -346,22 +338,27 @@ def cmd_train(args: argparse.Namespace) -> int:
         with signals.interrupting():  # until the run's files are written: a stop ends the process at once
             import_from_cwd()
             warnings.filterwarnings("ignore", module="gymnasium")  # env-checker chatter; errors still surface
-            config, run_dir, resume_state, source = prepare(args)
+            config, run_dir, resume_state, source, lock = prepare(args)
             clock.mark("config")
             done = finished_before(config, resume_state) if resume_state is not None else None
             if done is None:
                 say(start_line(config, source, resume_state is not None))
                 coordinator = start(config, run_dir, resume_state, clock, signals)
                 say(ready_line(coordinator, clock))
-    except Stopped as stop:
-        from dppo.distributed.cluster import kill_children
+    except BaseException as err:  # nothing written yet: the run dir as it was found, its lock let go
+        if lock is not None:
+            lock.release(undo=True)
+        signum = stop_of(err, signals)
+        if signum is not None:  # a stop, however it surfaced (Stopped, or an error of the call it cut short)
+            from dppo.distributed.cluster import kill_children
 
-        kill_children()  # a local Ray, also one still starting
-        print(f"dppo: {stop}: nothing written", file=sys.stderr, flush=True)
-        return 128 + stop.signum
-    except RunFailure as err:
-        print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
-        return 1
+            kill_children()  # a local Ray, also one still starting
+            print(f"dppo: {stopped_before_training(signum)}: nothing written", file=sys.stderr, flush=True)
+            return 128 + signum
+        if isinstance(err, RunFailure):
+            print(f"dppo: run failed: {err}", file=sys.stderr, flush=True)
+            return 1
+        raise
     try:
         if coordinator is None:
             summary, output = end_untrained(config, run_dir, *done, clock)

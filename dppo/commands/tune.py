@@ -1,5 +1,7 @@
-"""`dppo tune`: the fastest settings for an env, measured here (:mod:`dppo.tune`). It prints the table behind them,
-the `dppo train` line and a config file that holds them, and saves them for this machine, where
+"""`dppo tune`: the fastest settings for an env, measured here (:mod:`dppo.tune`). By default each setting keeps the
+config's batch and updates per sample (the same training, sooner); with ``--change-batch`` others too, judged by
+time to the config's target return (:mod:`dppo.tune.score`). It prints the table behind them, the `dppo train` line
+and a config file that holds them (in the user's cache dir unless ``--out``), and saves them for this machine, where
 ``run.inference: auto`` follows them."""
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dppo.cli_args import fail, import_from_cwd, positive
 if TYPE_CHECKING:
     from dppo.config import Config
     from dppo.tune.grid import Candidate
+    from dppo.tune.score import ScoreRun
     from dppo.tune.search import Result
 
 COLUMNS = ["candidate", "batch", "screened_steps_per_s", "train_steps_per_s", "vs_config", "round_s", "sample_s",
@@ -39,6 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--actors", help="comma-separated actor counts (default 1, 2, 4, ... up to the cluster's CPUs)")
     tune.add_argument("--envs-per-actor", help="comma-separated (default: the config's, halved and doubled)")
     tune.add_argument("--segment-lengths", help="comma-separated (default: the config's only; it changes learning)")
+    tune.add_argument("--change-batch", action="store_true",
+                      help="also settings whose batch (actors x envs x T) is not the config's: another training, "
+                      "so the finalists and the config's own then train to its target return and the soonest there "
+                      "is the answer (default: every setting keeps the batch and its updates per sample)")
+    tune.add_argument("--score-minutes", type=positive(float, "--score-minutes"), default=5.0,
+                      help="with --change-batch: minutes of training each run to the target return gets (default 5)")
     tune.add_argument("--placements", help="comma-separated, of actor, halves, gpu, gpu-halves, server "
                       "(default: every one the config and the cluster allow)")
     tune.add_argument("--actor-cpus", help="comma-separated CPUs per actor, also ale-py's threads (default: the "
@@ -50,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--max-gpu-mib", type=positive(float, "--max-gpu-mib"),
                       help="leave out settings whose processes hold more GPU memory on this machine (summed, read "
                       "by nvidia-smi; default 90%% of the smallest GPU's)")
-    tune.add_argument("--out", help="the config file of the fastest settings (default tune-<env>.yaml)")
+    tune.add_argument("--out", help="the config file of the fastest settings (default tune-<env>.yaml in the user's "
+                      "cache dir, ~/.cache/dppo/tune or DPPO_TUNE_DIR)")
     tune.add_argument("--no-save", dest="save", action="store_false",
                       help="do not keep the result for run.inference: auto on this machine")
     tune.add_argument("--full-grid", type=positive(float, "--full-grid"), metavar="SECONDS",
@@ -104,16 +114,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
         fail(f"--placements takes {', '.join(PLACEMENTS)}, comma-separated, not {args.placements!r}")
     options = {"actors": numbers(args.actors, int, "--actors"), "envs": numbers(args.envs_per_actor, int,
                "--envs-per-actor"), "segment_lengths": numbers(args.segment_lengths, int, "--segment-lengths"),
-               "actor_cpus": numbers(args.actor_cpus, float, "--actor-cpus"), "places": places}
+               "actor_cpus": numbers(args.actor_cpus, float, "--actor-cpus"), "places": places,
+               "change_batch": args.change_batch}
     overrides = {"env.id": args.env, "run.address": args.address}
     base = load_config(args.config, overrides, args.sets)  # bad config: one line, exit 2
+    if args.change_batch and base.run.target_return is None:
+        fail("--change-batch judges settings by time to the config's target return, and it has none; pass --set "
+             "run.target_return=R")
     check_env(with_agents(base))  # the env can be made, reset and stepped, before anything is measured
     minibatches = minibatches_per_epoch(base)
 
     def configure(candidate: Candidate) -> Config:
         return load_config(args.config, overrides, [*args.sets, *candidate.sets(minibatches)])
 
-    out = Path(args.out or f"tune-{base.env.name.replace('/', '_').replace(':', '_')}.yaml")
+    out = Path(args.out) if args.out else default_out(base.env.name)
     if out.exists() and out.is_dir():
         fail(f"--out {str(out)!r} is a directory; name a file")
     import ray
@@ -130,8 +144,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if args.only is not None:
             candidates = only(candidates, args.only)
         if not candidates:
+            batch = f"{base.run.actors} x {base.env.num_envs} x {base.ppo.segment_length} = {base.batch_size:,}"
             fail("no candidate fits these options on this cluster (each actor's CPUs times the actors must fit "
-                 f"its {cpus:g} CPUs); widen --actors or --actor-cpus")
+                 f"its {cpus:g} CPUs" + ("" if args.change_batch else f", and actors x envs x T must keep the "
+                                         f"config's batch, {batch}") + "); widen --actors or --actor-cpus"
+                 + ("" if args.change_batch else ", or pass --change-batch"))
         budget = args.minutes * 60
         max_rss = args.max_rss_mib or 0.8 * total_memory_mib()
         max_gpu = args.max_gpu_mib or (0.9 * gpu if (gpu := smallest_gpu_mib()) else None)
@@ -140,9 +157,42 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                                              else f", {args.minutes:g} minutes"), flush=True)
         results = search(configure, candidates, budget, args.finalists, max_rss, full_seconds=args.full_grid,
                          max_gpu_mib=max_gpu, passes=args.passes)
+        scores = to_target(args, base, configure, results, out) if args.change_batch else None
     finally:
         ray.shutdown()
-    return report(args, base, configure, results, out, minibatches)
+    return report(args, base, configure, results, out, minibatches, scores)
+
+
+def default_out(env_name: str) -> Path:
+    """The config file's default place: the user's cache dir, beside the result kept for this machine."""
+    from dppo.config.tuned import tune_dir
+
+    return tune_dir() / f"tune-{env_name.replace('/', '_').replace(':', '_')}.yaml"
+
+
+def to_target(args: argparse.Namespace, base: Config, configure: Any, results: list[Result], out: Path
+              ) -> list[ScoreRun]:
+    """--change-batch: the finalists and the config's own trained to its target return, soonest first; their runs
+    beside the config file (``<out>.runs/``)."""
+    import ray
+
+    from dppo.tune.score import judge
+
+    target = base.run.target_return
+    assert target is not None  # checked with the options
+    print(f"tune: judging by time to the target return {target:g} (at most {args.score_minutes:g} min each)",
+          flush=True)
+    return judge(lambda r: configure(r.candidate), results, own_result(base, results), args.finalists, target,
+                 args.score_minutes * 60, out.with_suffix(".runs"), ray.get_runtime_context().gcs_address)
+
+
+def own_result(base: Config, results: list[Result]) -> Result | None:
+    """The result of the config's own setting, when it is a candidate."""
+    from dppo.tune.grid import placement_of
+
+    return next((r for r in results if r.candidate.placement == placement_of(base)
+                 and (r.candidate.actors, r.candidate.envs_per_actor, r.candidate.segment_length)
+                 == (base.run.actors, base.env.num_envs, base.ppo.segment_length)), None)
 
 
 def only(candidates: list[Candidate], names: str) -> list[Candidate]:
@@ -173,17 +223,22 @@ def total_memory_mib() -> float:
 
 
 def report(args: argparse.Namespace, base: Config, configure: Any, results: list[Result], out: Path,
-           minibatches: int) -> int:
-    """The table; the fastest settings as --set lines and a config file; saved for this machine."""
+           minibatches: int, scores: list[ScoreRun] | None) -> int:
+    """The table; the fastest settings (with --change-batch: the soonest to the target) as --set lines and a config
+    file; saved for this machine."""
     from dppo.bench.docs import emit
     from dppo.config.tuned import save
-    from dppo.tune.grid import placement_of
 
-    own = next((r for r in results if r.candidate.placement == placement_of(base)
-                and (r.candidate.actors, r.candidate.envs_per_actor, r.candidate.segment_length)
-                == (base.run.actors, base.env.num_envs, base.ppo.segment_length)), None)
-    rows = [row(r, own) for r in results]
+    own = own_result(base, results)
+    to_target_s = {id(s.result): s.to_target_s for s in scores or []}
+    rows = [row(r, own) | ({"to_target_s": to_target_s.get(id(r))} if scores is not None else {}) for r in results]
     best = next((r for r in results if r.skipped is None and r.steps_per_s > 0), None)
+    if scores is not None:
+        best = next((s.result for s in scores if s.to_target_s is not None), None)
+        if best is None:
+            print(f"dppo: error: no setting reached the target return {base.run.target_return:g} within "
+                  f"--score-minutes {args.score_minutes:g}; raise it, or tune without --change-batch",
+                  file=sys.stderr, flush=True)
     times = f", {args.passes} times in turn" if args.passes > 1 else ""
     how = (f"every candidate trained {args.full_grid:g} s (after a warm-up iteration){times} by the Coordinator "
            "`dppo train` runs" if args.full_grid else "each candidate screened (started by the Coordinator `dppo "
@@ -204,16 +259,25 @@ def report(args: argparse.Namespace, base: Config, configure: Any, results: list
 
     title = f"dppo tune, {base.env.name}" + (f", every candidate {args.full_grid:g} s{times}" if args.full_grid
                                              else f", {args.minutes:g} minutes")
-    emit(args, rows, COLUMNS, key, title, note, machine())
+    emit(args, rows, COLUMNS + (["to_target_s"] if scores is not None else []), key, title, note, machine())
     if best is None:
-        print("dppo: error: no candidate could be measured (each row says why)", file=sys.stderr, flush=True)
+        if scores is None:
+            print("dppo: error: no candidate could be measured (each row says why)", file=sys.stderr, flush=True)
         return 1
     chosen = configure(best.candidate)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(chosen.to_yaml())
     sets = " ".join(f"--set {line}" for line in best.candidate.sets(minibatches))
     env = f"--config {args.config}" if args.config else f"--env {base.env.name}"
-    print(f"fastest: {best.candidate.name}, {best.steps_per_s:,.0f} env steps/s of training" + versus(best, own))
+    if scores is not None:
+        first = next(s for s in scores if s.result is best)
+        mine = next((s for s in scores if s.result is own), None)
+        print(f"soonest to the target return {base.run.target_return:g}: {best.candidate.name}, in "
+              f"{first.to_target_s:.1f} s of training" + ("" if mine is None or mine is first else
+                                                           " (the config's own: " + (f"{mine.to_target_s:.1f} s)"
+                                                           if mine.to_target_s is not None else "not reached)")))
+    else:
+        print(f"fastest: {best.candidate.name}, {best.steps_per_s:,.0f} env steps/s of training" + versus(best, own))
     train = " ".join(["dppo train", env, *(f"--set {line}" for line in args.sets), sets])
     print(f"  dppo train --config {out}\n  {train}", flush=True)
     if args.save:

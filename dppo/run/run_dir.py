@@ -8,6 +8,7 @@
 | ``checkpoints/`` | periodic and final checkpoints (:mod:`dppo.run.checkpoint`) |
 | ``tensorboard/`` | TensorBoard event files |
 | ``train.log`` | the stdout lines and messages, timestamped |
+| ``run.lock`` | when the checks pass, before anything else: held by the live run (:mod:`dppo.run.lock`) |
 """
 
 from __future__ import annotations

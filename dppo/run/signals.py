@@ -23,8 +23,22 @@ class Stopped(BaseException):
     BaseException, like KeyboardInterrupt: no ``except Exception`` on the way out catches it."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name} before training started")
+        super().__init__(stopped_before_training(signum))
         self.signum = signum
+
+
+def stopped_before_training(signum: int) -> str:
+    """What a stop before training is said as (after ``dppo: ``, before ``: nothing written``)."""
+    return f"stopped by {signal.Signals(signum).name} before training started"
+
+
+def stop_of(err: BaseException, signals: StopSignals) -> int | None:
+    """The stop signal behind ``err``, raised while a stop ends the process at once (``interrupting()``), or None
+    when no stop was asked for. The stop may surface as another error than :class:`Stopped`: Ray's Cython calls
+    (``ray.wait`` while the actors start) turn an exception raised in a signal handler into ``SystemError:
+    <cyfunction CoreWorker.wait ...> returned a result with an exception set``, and a local Ray's processes, sent
+    the same Ctrl-C, fail the calls on them. Whatever surfaced, the stop is what happened."""
+    return err.signum if isinstance(err, Stopped) else signals.received
 
 
 class StopSignals:

@@ -1,10 +1,12 @@
 """The options `dppo tune` compares, as the ``--set`` lines a user would pass to `dppo train`: actors, envs per
 actor, segment length, where each actor's policy runs, and the CPUs (ale-py's threads) of an actor.
 
-A candidate changes the batch (actors x envs x segment length), so each keeps the config's minibatches per epoch
-(``ppo.num_minibatches``): the update's plan is the one the config gave for its own batch. Only what the config and
-the cluster allow is listed: halves and the service need an even number of envs (or one, for the service), a
-policy map runs its policies in the actors, a GPU share needs a node with a GPU.
+By default every candidate keeps the config's batch (actors x envs x segment length: the actors split the config's
+envs among them), so it trains the same policy from the same samples, only sooner or later; its minibatches per
+epoch (``ppo.num_minibatches``) are then the config's, and so its updates per sample. With ``change_batch`` (`dppo
+tune --change-batch`) envs are also halved and doubled, and a candidate keeps the config's minibatches per epoch for
+its own batch. Only what the config and the cluster allow is listed: halves and the service need an even number of
+envs (or one, for the service), a policy map runs its policies in the actors, a GPU share needs a node with a GPU.
 """
 
 from __future__ import annotations
@@ -97,12 +99,20 @@ def gpu_share(actors: int, gpus: float) -> float:
     return float(int(share)) if share >= 1 else int(share * 100) / 100
 
 
+def same_batch_envs(config: Config, actors: int) -> list[int]:
+    """Envs per actor that keep the config's envs in all (actors x envs) with ``actors`` actors, if they divide."""
+    total = config.run.actors * config.env.num_envs
+    return [total // actors] if total % actors == 0 else []
+
+
 def grid(config: Config, cpus: float, gpus: float, actors: list[int] | None = None, envs: list[int] | None = None,
          segment_lengths: list[int] | None = None, places: list[str] | None = None,
-         actor_cpus: list[float] | None = None) -> list[Candidate]:
+         actor_cpus: list[float] | None = None, change_batch: bool = False) -> list[Candidate]:
     """Every candidate on a cluster of ``cpus`` CPUs whose largest node has ``gpus`` GPUs; an option not given is
-    varied around the config's value (segment length: the config's only, since it changes what is learned from).
-    The config's own setting comes first, then its neighbours, so a budget that ends early has measured those."""
+    varied around the config's value (envs: those that keep the batch, or with ``change_batch`` halved and doubled;
+    segment length: the config's only, since it changes what is learned from). Without ``change_batch`` a candidate
+    of the options given whose batch is not the config's is left out. The config's own setting comes first, then its
+    neighbours, so a budget that ends early has measured those."""
     base = Candidate(config.run.actors, config.env.num_envs, config.ppo.segment_length,
                      placement_of(config), config.run.actor_cpus, config.run.actor_gpus)
     found: list[Candidate] = []
@@ -110,8 +120,10 @@ def grid(config: Config, cpus: float, gpus: float, actors: list[int] | None = No
         for count in actors or actor_counts(cpus, cpu, config.run.actors):
             if count * cpu > cpus:
                 continue
-            for num_envs in envs or around(config.env.num_envs):
+            for num_envs in envs or (around(config.env.num_envs) if change_batch else same_batch_envs(config, count)):
                 for length in segment_lengths or [config.ppo.segment_length]:
+                    if not change_batch and count * num_envs * length != base.batch:
+                        continue
                     for place in placements(num_envs, gpus, len(config.policy_names)):
                         if places is not None and place not in places:
                             continue

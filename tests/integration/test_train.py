@@ -15,7 +15,8 @@ def test_auto_resume_without_checkpoint_starts_fresh(tmp_path: Path) -> None:
     run.mkdir()
     (run / "progress.jsonl").write_text('{"iteration": 1}\n')
     args = build_parser().parse_args(["train", "--run-dir", str(run), "--auto-resume"])
-    _config, run_dir, state, _source = prepare(args)
+    _config, run_dir, state, _source, lock = prepare(args)
+    lock.release()
     assert state is None and run_dir == run
     assert not (run / "progress.jsonl").exists()
 

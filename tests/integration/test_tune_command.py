@@ -16,6 +16,10 @@ from conftest import error_line, run_dppo
 from dppo.config import load_config
 from dppo.tune.grid import placement_of
 
+# The config's own batch, 1 x 2 envs x T 16, which the settings tried keep (`dppo tune` without --change-batch).
+BATCH_OF_32 = ["--set", "run.actors=1", "--set", "env.num_envs=2", "--set", "ppo.segment_length=16", "--set",
+               "ppo.minibatch_size=16"]
+
 
 def dppo(args: list[str], tuned: Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dppo", *args], env={**os.environ, "DPPO_TUNE_DIR": str(tuned)},
@@ -26,7 +30,7 @@ def dppo(args: list[str], tuned: Path, cwd: Path, timeout: float = 300) -> subpr
 def test_tune_trains_each_setting_picks_the_fastest_and_auto_follows_it(ray_address: str, tmp_path: Path) -> None:
     tuned, out, rows_file = tmp_path / "tuned", tmp_path / "fast.yaml", tmp_path / "rows.json"
     done = dppo(["tune", "--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2", "--segment-lengths", "16",
-                 "--placements", "actor,server", "--full-grid", "4", "--address", ray_address,
+                 "--placements", "actor,server", "--full-grid", "4", "--address", ray_address, *BATCH_OF_32,
                  "--set", "faults.actor_start_timeout_s=240",  # the service too, on a busy machine
                  "--out", str(out), "--json", str(rows_file)], tuned, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -60,13 +64,14 @@ def test_a_budget_screens_every_setting_and_trains_the_fastest_predicted(ray_add
     """Within --minutes: each setting started for real and its sampling rounds timed (an update timed once per batch
     size), the fastest predicted then trained; the answer is one trained."""
     rows_file = tmp_path / "rows.json"
-    done = dppo(["tune", "--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2,4", "--segment-lengths", "16",
-                 "--placements", "actor,halves", "--minutes", "2", "--finalists", "2", "--no-save",
-                 "--address", ray_address, "--out", str(tmp_path / "fast.yaml"), "--json", str(rows_file)],
-                tmp_path / "tuned", tmp_path)
+    done = dppo(["tune", "--env", "CartPole-v1", "--actors", "1,2", "--envs-per-actor", "2,4", "--segment-lengths",
+                 "16", "--placements", "actor,halves", "--minutes", "2", "--finalists", "2", "--no-save",
+                 "--address", ray_address, "--out", str(tmp_path / "fast.yaml"), "--json", str(rows_file),
+                 "--set", "run.actors=1", "--set", "env.num_envs=4", "--set", "ppo.segment_length=16", "--set",
+                 "ppo.minibatch_size=32"], tmp_path / "tuned", tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = json.loads(rows_file.read_text())
-    assert {r["candidate"] for r in rows} == {"1x2 T16 actor", "1x2 T16 halves", "1x4 T16 actor", "1x4 T16 halves"}
+    rows = json.loads(rows_file.read_text())  # the settings that keep the config's batch of 64 (1 x 4 x 16)
+    assert {r["candidate"] for r in rows} == {"2x2 T16 actor", "2x2 T16 halves", "1x4 T16 actor", "1x4 T16 halves"}
     screened = [r for r in rows if r["status"] in ("finalist", "screened")]  # a busy machine may screen fewer
     assert len(screened) >= 2 and all(r["screened_steps_per_s"] > 0 and r["round_s"] > 0 for r in screened), rows
     assert all(r["status"].startswith("not measured: the first share") for r in rows if r not in screened), rows

@@ -115,17 +115,18 @@ def test_growth_per_hour_is_the_fitted_slope_after_the_warmup_as_a_share_of_its_
 
 
 def test_the_verdict_names_a_growing_process_and_what_was_left() -> None:
-    text, figures = report_text(hour_of_readings(8.0), 300.0, keep=3, shm_left=0, status="SUCCEEDED", minutes=60)
+    text, figures = report_text(hour_of_readings(8.0), 300.0, keep=3, shm_left=0, statuses=["SUCCEEDED"], minutes=60)
     assert figures["verdict"][0].startswith("PROBLEMS: RSS grows more than 5 %/h: actor on worker-1 (pid 12) "
                                             "+8.0 ± 0.0 %/h (private +10.7 %/h)")
     assert text.splitlines()[0] == figures["verdict"][0] and "| raylet | worker-1 | 11 |" in text
-    text, figures = report_text(hour_of_readings(2.0), 300.0, keep=3, shm_left=1, status="SUCCEEDED", minutes=60)
+    text, figures = report_text(hour_of_readings(2.0), 300.0, keep=3, shm_left=1, statuses=["SUCCEEDED"], minutes=60)
     assert "1 /dev/shm entries left behind" in figures["verdict"][0] and "RSS" not in figures["verdict"][0]
-    text, figures = report_text(hour_of_readings(2.0), 300.0, keep=3, shm_left=0, status="SUCCEEDED", minutes=60)
+    text, figures = report_text(hour_of_readings(2.0), 300.0, keep=3, shm_left=0, statuses=["SUCCEEDED"], minutes=60)
     assert figures["verdict"][0].startswith("within the targets") and "actor on worker-1 at +2.00 %/h" in text
     assert figures["verdict"][1].startswith("60 of 60 minutes trained (3,660,000 env steps), 62 readings")
-    text, figures = report_text(hour_of_readings(2.0), 300.0, keep=2, shm_left=0, status="TIMEOUT", minutes=60)
-    assert "4 checkpoints at once, more than keep_checkpoints 2 + 1" in text and "the run ended TIMEOUT" in text
+    text, figures = report_text(hour_of_readings(2.0), 300.0, keep=2, shm_left=0, statuses=["TIMEOUT"], minutes=60)
+    assert "4 checkpoints at once in one run dir, more than keep_checkpoints 2 + 1" in text
+    assert "the run ended TIMEOUT" in text
     total = totals_row(hour_of_readings(2.0), 300.0, 3)
     assert total["run dir less checkpoints growth (MiB/h)"] == pytest.approx(1.0, abs=1e-3)
     assert total["Ray logs growth (MiB/h)"] == pytest.approx(6.0, abs=1e-3) and total["checkpoints max"] == 4

@@ -129,7 +129,7 @@ def test_recovery_is_timed_to_the_next_full_round_and_rewinds_are_held_to_driver
     assert rows[1]["kills"] == 0
     row, _ = run_row([run], kills, E_T, 2, 500.0, {"shm": [], "processes": []})
     assert row["accounting_exact"] and row["rewinds"] == 0 and row["rewinds_ok"]
-    assert row["longest_gap_s"] == 3.0 and row["return_ratio"] == 0.94
+    assert row["longest_gap_s"] == 3.0 and row["return_change"] == -30.0
 
 
 @pytest.mark.parametrize(("overrides", "steps"), [
@@ -173,7 +173,7 @@ def test_the_report_opens_with_its_verdict_in_words_then_plain_tables_and_a_lege
     words = kill_rows(recovery_rows(kills, [run], 2, ["actor", "evaluation", "driver"]), missed)
     lines = report_text(row, accounts, words, missed).splitlines()
     assert lines[0] == ("nothing lost: every env step accounted (3,072 trained), 0 rewound; nothing left behind; "
-                        "return 0.998 of the run without chaos (499 vs 500)")
+                        "return -1 against the run without chaos (499 vs 500)")
     assert lines[1].startswith("2 kills (1 actor, 0 evaluation, 1 driver) in 1 training run and 2 job attempts;")
     assert "| killed | planned | done | not done | recovered | recovery median (s) | recovery worst (s) |" in lines
     assert "| evaluation | 1 | 0 | 1 | 0 | - | - |" in lines
@@ -191,7 +191,7 @@ def test_the_verdict_names_what_went_wrong() -> None:
     words = kill_rows(recovery_rows(kills, [run], 2, ["actor", "driver"]), [])
     assert verdict(row, accounts, words, [])[0] == (
         "PROBLEMS: run 1's env steps NOT accounted; left behind: 1 processes, 0 /dev/shm entries (results.json: "
-        "leftovers); return 0.998 of the run without chaos (499 vs 500)")
+        "leftovers); return -1 against the run without chaos (499 vs 500)")
 
 
 def titled(title: str) -> subprocess.Popen[bytes]:

@@ -14,7 +14,7 @@ from dppo.tune.search import predict, search
 
 def test_the_grid_varies_each_option_around_the_config_and_lists_its_own_setting_first() -> None:
     config = load_config(overrides={"env.id": "CartPole-v1"})
-    candidates = grid(config, cpus=2, gpus=0)
+    candidates = grid(config, cpus=2, gpus=0, change_batch=True)
     own = Candidate(config.run.actors, config.env.num_envs, config.ppo.segment_length, "actor")
     assert candidates[0] == own
     assert {c.actors for c in candidates} == {1, 2}
@@ -32,7 +32,7 @@ def test_a_gpu_adds_the_share_placements_and_a_policy_map_keeps_its_policies_in_
     shares = {c.actors: c.actor_gpus for c in grid(config, cpus=16, gpus=1, places=["gpu"])}
     assert shares == {1: 1.0, 2: 0.5, 4: 0.25, 8: 0.12, 16: 0.06}
     assert actor_counts(16, 2, 2) == [1, 2, 4, 8]
-    odd = grid(config, cpus=2, gpus=0, envs=[3])
+    odd = grid(config, cpus=2, gpus=0, envs=[3], change_batch=True)
     assert {c.placement for c in odd} == {"actor"}  # halves and the service need an even number of envs
     mapped = load_config(overrides={"env.id": "mpe2.simple_speaker_listener_v4", "env.multiagent": True,
                                     "policies": {"speaker": ["speaker*"], "listener": ["listener*"]}})
@@ -79,7 +79,7 @@ def which(candidates: list[Candidate], cfg) -> Candidate:
 
 def test_the_budget_screens_nearest_the_fastest_predicted_then_trains_the_fastest_few() -> None:
     config = load_config(overrides={"env.id": "CartPole-v1"})
-    candidates = grid(config, cpus=2, gpus=0)
+    candidates = grid(config, cpus=2, gpus=0, change_batch=True)
     # Sampling is fastest far from the config's setting (one actor, halves); an update costs 1 ms a step.
     round_s = {c: c.batch * (1e-3 if (c.actors, c.placement) == (1, "halves") else 4e-3) for c in candidates}
     clock, screens, looks = Clock(), [], []
@@ -134,7 +134,7 @@ def test_a_screen_predicts_with_its_batch_s_update_or_the_nearest_scaled() -> No
 
 def test_full_grid_trains_every_candidate_the_same_time() -> None:
     config = load_config(overrides={"env.id": "CartPole-v1"})
-    candidates = grid(config, cpus=2, gpus=0, actors=[1], envs=[4])
+    candidates = grid(config, cpus=2, gpus=0, actors=[1], envs=[4], change_batch=True)
     seen = []
 
     def look(cfg, iterations, seconds):
@@ -180,7 +180,8 @@ def test_finalists_whose_start_up_is_most_of_a_turn_get_one_turn_each() -> None:
     """A 2-core machine's Breakout: a start-up and warm-up of about a minute is trained once per finalist, not
     twice (a second start-up would eat the time it measures)."""
     config = load_config(overrides={"env.id": "CartPole-v1"})
-    candidates = grid(config, cpus=2, gpus=0, actors=[1], envs=[config.env.num_envs], places=["actor", "halves"])
+    candidates = grid(config, cpus=2, gpus=0, actors=[1], envs=[config.env.num_envs], places=["actor", "halves"],
+                      change_batch=True)
     clock, looks = Clock(), []
 
     def first_look(cfg, rounds, updates):

@@ -6,19 +6,16 @@ A run on a shared cluster: who admits it (Kueue or a KubeRay batch scheduler), a
 {{- define "dppo.checkScheduling" -}}
 {{- $s := .Values.scheduling }}
 {{- if not (semverCompare ">=1.5.1-0" .Values.kuberayVersion) }}
-{{- fail (printf "kuberayVersion=%s: the chart needs KubeRay >= 1.5.1 (ray.io/v1 RayJob with authOptions); upgrade the operator, or set kuberayVersion to the version it runs" .Values.kuberayVersion) }}
-{{- end }}
-{{- if and (eq $s.admission "kueue") (not $s.queue) }}
-{{- fail "scheduling.admission=kueue needs scheduling.queue: the name of a LocalQueue in the release's namespace (kubectl get localqueues -n <namespace>)" }}
+{{- include "dppo.fail" (printf "kuberayVersion=%s: the chart needs KubeRay >= 1.5.1 (ray.io/v1 RayJob with authOptions); upgrade the operator, or set kuberayVersion to the version it runs" .Values.kuberayVersion) }}
 {{- end }}
 {{- if and (eq $s.admission "kueue") .Values.autoscaling.enabled }}
-{{- fail "scheduling.admission=kueue with autoscaling.enabled: Kueue admits a RayJob for a fixed size and rejects in-tree autoscaling; set autoscaling.enabled=false (the worker group then has ceil(actors / actorsPerPod) pods)" }}
+{{- include "dppo.fail" "scheduling.admission=kueue with autoscaling.enabled: Kueue admits a RayJob for a fixed size and rejects in-tree autoscaling; set autoscaling.enabled=false (the worker group then has ceil(actors / actorsPerPod) pods)" }}
 {{- end }}
 {{- if and (eq $s.admission "kueue") (not .Values.job.shutdownAfterJobFinishes) }}
-{{- fail "scheduling.admission=kueue with job.shutdownAfterJobFinishes=false: KubeRay refuses to suspend a RayJob that keeps its cluster, and Kueue admits RayJobs by suspending them; set job.shutdownAfterJobFinishes=true" }}
+{{- include "dppo.fail" "scheduling.admission=kueue with job.shutdownAfterJobFinishes=false: KubeRay refuses to suspend a RayJob that keeps its cluster, and Kueue admits RayJobs by suspending them; set job.shutdownAfterJobFinishes=true" }}
 {{- end }}
 {{- if and .Values.autoscaling.enabled (eq .Values.autoscaling.version "v2") (ne .Values.head.restartPolicy "Never") }}
-{{- fail "head.restartPolicy=Always with autoscaling.version=v2: KubeRay needs restartPolicy Never on every Ray pod with autoscaler v2; set head.restartPolicy=Never" }}
+{{- include "dppo.fail" "head.restartPolicy=Always with autoscaling.version=v2: KubeRay needs restartPolicy Never on every Ray pod with autoscaler v2; set head.restartPolicy=Never" }}
 {{- end }}
 {{- end }}
 
@@ -62,24 +59,5 @@ deployment Failed without a failed Ray job (the submitter lost its head, a deadl
 {{- toYaml $rules }}
 {{- else -}}
 []
-{{- end }}
-{{- end }}
-
-{{/* An unknown key that is one edit from a known one (`--set actor=8`): the schema lets it through to here, to be
-refused with the key meant, as `dppo train --set` does. value-keys.json (helm/values_schema.py) lists each fixed
-section's keys with the pattern of their misspellings; any other unknown key the schema refuses itself. */}}
-{{- define "dppo.checkValueKeys" -}}
-{{- range $path, $keys := (.Files.Get "value-keys.json" | fromJson).sections }}
-{{- $section := $.Values }}
-{{- if $path }}{{ range splitList "." $path }}{{ $section = ternary (index $section .) dict (kindIs "map" $section) }}{{ end }}{{ end }}
-{{- if kindIs "map" $section }}
-{{- range $key, $_ := $section }}
-{{- if not (hasKey $keys $key) }}
-{{- $meant := list }}
-{{- range $known, $pattern := $keys }}{{ if regexMatch $pattern $key }}{{ $meant = append $meant (ternary (printf "%s.%s" $path $known) $known (ne $path "")) }}{{ end }}{{ end }}
-{{- fail (printf "at '%s': additional properties '%s' not allowed (did you mean %s?); `helm show values` lists the keys" (ternary (printf "/%s" (replace "." "/" $path)) "" (ne $path "")) $key (join " or " $meant)) }}
-{{- end }}
-{{- end }}
-{{- end }}
 {{- end }}
 {{- end }}
