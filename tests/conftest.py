@@ -3,6 +3,7 @@ installs them), the image; the suite's time against its budget."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -169,6 +170,23 @@ def processes_with(marker: str) -> list[int]:
                     found.append(int(entry.name))
             except OSError:
                 continue
+    return found
+
+
+def run_workers(driver: int, title: str) -> list[Any]:
+    """The live Ray worker processes titled ``title`` (``ray::Actor``, ``ray::Learner``...) of the run whose driver
+    is process ``driver``, on the session's cluster: found by their job (each worker's RAY_JOB_ID, the job's driver
+    pid in the GCS), never another test's run beside it. The test's process must have joined the cluster
+    (ray_address)."""
+    import psutil
+    import ray._private.state
+
+    jobs = {job["JobID"] for job in ray._private.state.state.job_table() if job["DriverPid"] == driver}
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if " ".join(proc.info["cmdline"] or []).startswith(title) and proc.environ().get("RAY_JOB_ID") in jobs:
+                found.append(proc)
     return found
 
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from conftest import run_workers
 from test_learners_faults import finish, start_train
 
 
@@ -20,7 +19,6 @@ def test_a_learner_killed_while_the_group_starts_has_the_group_started_again(ray
     """A learner killed before the group met (rendezvous, join, load) ended the run with ActorDiedError; now the
     group is started again and the run trains to the end."""
     run_dir = tmp_path / "run"
-    started = time.time()
     proc = start_train(ray_address, run_dir, 2048)
     try:
         victim = None
@@ -28,11 +26,7 @@ def test_a_learner_killed_while_the_group_starts_has_the_group_started_again(ray
         while victim is None:  # the first learner of this run, killed as soon as its process has its title
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no learner started"
-            for p in psutil.Process(os.getpid()).children(recursive=True):
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    if " ".join(p.cmdline()).startswith("ray::Learner") and p.create_time() >= started - 30:
-                        victim = p
-                        break
+            victim = next(iter(run_workers(proc.pid, "ray::Learner")), None)
             time.sleep(0.02)
         assert not (run_dir / "progress.jsonl").exists()  # killed before the first update
         victim.send_signal(signal.SIGKILL)

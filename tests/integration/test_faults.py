@@ -8,7 +8,6 @@ docs/benchmarks.md).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -17,8 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from conftest import run_workers
 
 from dppo.config import load_config
 from dppo.run.checkpoint import CheckpointStore, load, newest_intact
@@ -53,17 +52,6 @@ def wait_for_iterations(run_dir: Path, count: int, proc: subprocess.Popen, timeo
         time.sleep(0.1)
 
 
-def rollout_workers() -> list[psutil.Process]:
-    """The actor processes of this session's Ray cluster (started by this process: its workers are our
-    descendants), never another's on the machine."""
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if " ".join(proc.cmdline()).startswith("ray::Actor"):
-                found.append(proc)
-    return found
-
-
 BUDGET = 64 * 2 * 8 * 64  # env steps: 64 iterations of 2 actors x 8 envs x 64 steps (rounds of one actor count half)
 
 
@@ -81,7 +69,7 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
             # and both actors in the newest round: a kill lands on a live actor, never on a replacement still
             # starting (rounds of one actor can outpace a replacement's start on a busy machine)
             wait_for_iterations(run_dir, len(progress(run_dir)) + rng.randint(3, 8), proc, segments=2)
-            workers = rollout_workers()
+            workers = run_workers(proc.pid, "ray::Actor")
             assert workers, "no actor process found"
             victim = rng.choice(workers)
             victim.send_signal(signal.SIGKILL)

@@ -5,7 +5,6 @@ finishes, leaving no shared memory behind."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -16,11 +15,10 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-import psutil
 import pytest
 import ray
 import torch
-from conftest import progress_records, without_timings
+from conftest import progress_records, run_workers, without_timings
 from conftest import train_small as train
 
 import dppo.envs  # noqa: F401 - registers the toy envs
@@ -119,17 +117,6 @@ def test_a_seeded_served_run_reproduces_itself_and_the_in_actor_run(ray_address:
     assert runs["served"] == runs["again"] == runs["actor"]
 
 
-def our_processes(name: str) -> list[int]:
-    """The pids of this session's Ray workers whose title starts with ``name`` (they descend from this process; no
-    other Ray's on the machine)."""
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if " ".join(proc.cmdline()).startswith(name):
-                found.append(proc.pid)
-    return found
-
-
 def wait_for_iterations(run_dir: Path, count: int, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + 120
     while not (run_dir / "progress.jsonl").exists() or len(progress(run_dir)) < count:
@@ -169,7 +156,8 @@ def test_an_actor_and_the_service_killed_mid_run_are_replaced_and_no_shared_memo
                             cwd=tmp_path)
     try:
         wait_for_iterations(run_dir, 2, proc)
-        actors, services = our_processes("ray::Actor"), our_processes("ray::InferenceService")
+        actors = [p.pid for p in run_workers(proc.pid, "ray::Actor")]
+        services = [p.pid for p in run_workers(proc.pid, "ray::InferenceService")]
         assert len(actors) == 2 and len(services) == 1
         first = segments_of(services[0])
         assert len(first) == 2, first  # one segment per actor
@@ -179,7 +167,7 @@ def test_an_actor_and_the_service_killed_mid_run_are_replaced_and_no_shared_memo
         assert len(first & after) == 1, (first, after)  # the killed actor's removed (its replacement's may be new)
         os.kill(services[0], signal.SIGKILL)
         wait_for_iterations(run_dir, 6, proc)
-        replacements = our_processes("ray::InferenceService")
+        replacements = [p.pid for p in run_workers(proc.pid, "ray::InferenceService")]
         assert len(replacements) == 1 and replacements[0] != services[0]
         out, err = proc.communicate(timeout=180)
     finally:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -11,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from conftest import run_workers
 
 from dppo.run.checkpoint import newest_intact
 
@@ -32,21 +31,14 @@ def progress(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def kill_a_learner_after(run_dir: Path, proc: subprocess.Popen, iterations: int, started: float) -> None:
+def kill_a_learner_after(run_dir: Path, proc: subprocess.Popen, iterations: int) -> None:
     """SIGKILL learner 1's process (a `ray::Learner` started by this run) once ``iterations`` are done."""
     deadline = time.monotonic() + 180
     while len(progress(run_dir)) < iterations:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.05)
-    # The session's Ray runs under this pytest process (tests/conftest.py): its workers are our descendants, so
-    # another Ray on the machine is never counted. Ray may host an actor in an idle worker it started ahead of
-    # time, a few seconds before the run.
-    learners = []
-    for p in psutil.Process(os.getpid()).children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if " ".join(p.cmdline()).startswith("ray::Learner") and p.create_time() >= started - 30:
-                learners.append(p)
+    learners = run_workers(proc.pid, "ray::Learner")  # this run's, not another test's beside it
     assert len(learners) == 2, learners
     learners[-1].send_signal(signal.SIGKILL)
 
@@ -62,9 +54,8 @@ def finish(proc: subprocess.Popen) -> str:
 @pytest.mark.slow
 def test_killed_learner_is_replaced_and_no_iteration_is_lost(ray_address: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    started = time.time()
     proc = start_train(ray_address, run_dir, 6 * BATCH)
-    kill_a_learner_after(run_dir, proc, 2, started)
+    kill_a_learner_after(run_dir, proc, 2)
     err = finish(proc)
     assert proc.returncode == 0, err
     assert "restarting the 2 learners" in err
@@ -77,9 +68,8 @@ def test_killed_learner_is_replaced_and_no_iteration_is_lost(ray_address: str, t
 @pytest.mark.slow
 def test_learner_crash_loop_exits_1_with_a_checkpoint(ray_address: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    started = time.time()
     proc = start_train(ray_address, run_dir, 200 * BATCH, "faults.max_learner_restarts=0")
-    kill_a_learner_after(run_dir, proc, 2, started)
+    kill_a_learner_after(run_dir, proc, 2)
     err = finish(proc)
     assert proc.returncode == 1, err
     assert "faults.max_learner_restarts=0" in err

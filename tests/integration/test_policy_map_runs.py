@@ -95,14 +95,15 @@ def test_each_policy_trains_with_two_learners(ray_address: str, tmp_path: Path) 
 def test_a_run_of_two_policies_survives_a_lost_actor(ray_address: str, tmp_path: Path) -> None:
     """SIGKILL one of two actors mid-run: its replacement joins with every policy's weights; the rounds without it
     train each policy on the other actor's segments, and every counted step was trained on."""
-    from test_faults import rollout_workers, start_train, wait_for_iterations
+    from conftest import run_workers
+    from test_faults import start_train, wait_for_iterations
 
     run = tmp_path / "run"
     proc = start_train([sys.executable, "-m", "dppo"], ray_address, run, *ADVERSARY, "--actors", "2",
                        "--total-steps", "9000", "--set", "env.latency_ms=2")
     try:
         wait_for_iterations(run, 3, proc)
-        actors = rollout_workers()
+        actors = run_workers(proc.pid, "ray::Actor")
         assert len(actors) == 2, actors
         actors[0].send_signal(signal.SIGKILL)
         _out, err = proc.communicate(timeout=300)
