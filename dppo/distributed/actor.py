@@ -20,7 +20,7 @@ from dppo.rl.agent import Agent
 from dppo.rl.opponents import SelfPlayGames
 from dppo.rl.policy import BackendPolicy
 from dppo.rl.segment import Segment, SegmentSummary
-from dppo.rl.worker_thread import WorkerThread, worker_thread_policy
+from dppo.rl.worker_thread import worker_thread_policy
 
 if TYPE_CHECKING:
     from gymnasium.vector import VectorEnv
@@ -158,10 +158,8 @@ def start_actor(config: Config, actor_id: int, seed: int) -> ray.actor.ActorHand
 
 def own_agent(sampler: Sampler) -> Agent | None:
     """The networks a sampler acts with in this process (None: the inference service's)."""
-    policy = sampler.policy
-    if isinstance(policy, BackendPolicy):
-        return policy.backend.agent if isinstance(policy.backend, WorkerThread) else None
-    return policy if isinstance(policy, Agent) else None
+    agent = getattr(getattr(sampler.policy, "backend", None), "agent", None)
+    return agent if isinstance(agent, Agent) else None
 
 
 def gpu_shortage(share: float, nodes: list[dict]) -> str | None:

@@ -27,10 +27,11 @@ from dppo.errors import UsageError
 from dppo.rl.actions import NoLegalAction
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.normalizer import RunningStats
-from dppo.rl.policy import InferenceLost, Policy
+from dppo.rl.policy import BackendPolicy, InferenceLost
 from dppo.rl.segment import Segment
 from dppo.rl.spaces import Obs
 from dppo.rl.transforms import EpisodeStats, LearningReward, LifeLoss, ObsNormalizer, scrub_nonfinite
+from dppo.rl.worker_thread import in_actor_policy
 
 
 def agent_cut(info: dict[str, Any], width: int) -> np.ndarray:
@@ -75,13 +76,14 @@ class Sampler:
     copy that raises is recreated alone by its vector env, one that raises out of ``step`` is made afresh
     (:meth:`_step`).
 
-    ``policy``: what acts (default: a local Agent seeded like the actor); ``make_envs``: what makes each half's
-    vector env (self-play's opponents come with it: :mod:`dppo.rl.opponents`); ``policy_name``: the policy map's
-    policy it acts for. A joint sampler (:mod:`dppo.rl.joint`) steps one env for several samplers via :meth:`steps`.
+    ``policy``: what acts (default: the actor's own networks on its thread, seeded like the actor); ``make_envs``:
+    what makes each half's vector env (self-play's opponents come with it: :mod:`dppo.rl.opponents`);
+    ``policy_name``: the policy map's policy it acts for. A joint sampler (:mod:`dppo.rl.joint`) steps one env for
+    several samplers via :meth:`steps`.
     """
 
     def __init__(self, config: Config, actor_id: int = 0, seed: int | None = None,
-                 policy: Policy | None = None, make_envs: Callable[[Config], VectorEnv] = make_vector_env,
+                 policy: BackendPolicy | None = None, make_envs: Callable[[Config], VectorEnv] = make_vector_env,
                  policy_name: str = DEFAULT_POLICY) -> None:
         self.config = config
         self.actor_id = actor_id
@@ -95,8 +97,8 @@ class Sampler:
         self.failures_in_row = [0] * groups  # each half's steps in a row that raised out of its vector env
         self.in_flight: dict[int, Any] = {}  # half -> the policy's ticket for its next actions
         envs, env = self.half_envs[0], config.env
-        self.policy: Policy = policy or Agent(envs.single_observation_space, envs.single_action_space, config.model,
-                                              seed=self.seed)
+        self.policy: BackendPolicy = policy or in_actor_policy(envs.single_observation_space, envs.single_action_space,
+                                                        config.model, self.seed, self.num_columns)
         self.obs_spec, self.action_spec = self.policy.obs_spec, self.policy.action_spec
         self.normalize_obs = ObsNormalizer(env.normalize_obs, env.obs_clip, self.obs_spec.vector_dim)
         self.learning_reward = LearningReward(env.clip_reward, env.normalize_reward, self.num_columns,
@@ -110,9 +112,10 @@ class Sampler:
 
     @property
     def agent(self) -> Agent:
-        """The local policy (tests and tools read its model)."""
-        assert isinstance(self.policy, Agent), "this sampler's policy is remote"
-        return self.policy
+        """The networks of a policy in this process (tests and tools read its model)."""
+        agent = getattr(self.policy.backend, "agent", None)
+        assert isinstance(agent, Agent), "this sampler's policy is computed elsewhere"
+        return agent
 
     @property
     def envs(self) -> VectorEnv:
