@@ -47,14 +47,6 @@ def actor_seed(run_seed: int, actor: int, spawn: int = 0) -> int:
     return run_seed + 10_000 * actor + 7_919 * spawn
 
 
-def group_count(config: Config) -> int:
-    """How many groups a Sampler steps its env copies in, for every mode: two halves with run.actor_halves=2 or with
-    the inference service when the copies split evenly; else one."""
-    if config.run.inference == "server":
-        return 2 if config.env.num_envs % 2 == 0 else 1
-    return config.run.actor_halves
-
-
 @contextlib.contextmanager
 def env_faults_named(config: Config) -> Iterator[None]:
     """A fault of the env that no retry mends, raised where actions are drawn, as one EnvFailure naming the env: an
@@ -69,8 +61,8 @@ def env_faults_named(config: Config) -> Iterator[None]:
 class Sampler:
     """Env + policy + transforms of one actor, and the one owner of its per-step path (plain Python: no Ray).
 
-    Its env copies are grouped once (:func:`group_count`): two halves are two vector envs of E/2 copies, seeded as
-    one of E would be, stepped in turn so one steps while the policy's backend computes the other's actions. It
+    Its env copies are grouped once (``config.placement.groups``): two halves are two vector envs of E/2 copies, seeded
+    as one of E would be, stepped in turn so one steps while the policy's backend computes the other's actions. It
     holds the tickets of the requests in flight and cancels them when a segment is abandoned. Its rows are the
     columns its vector envs report (one per agent of a multi-agent copy). Env faults cost a step, not the segment: a
     copy that raises is recreated alone by its vector env, one that raises out of ``step`` is made afresh
@@ -90,7 +82,7 @@ class Sampler:
         self.make_envs, self.policy_name = make_envs, policy_name
         self.seed = actor_seed(config.run.seed, actor_id) if seed is None else seed
         self.env_resets = 0
-        copies, groups = config.env.num_envs, group_count(config)
+        copies, groups = config.env.num_envs, config.placement.groups
         self.copies = [range(h * copies // groups, (h + 1) * copies // groups) for h in range(groups)]
         self.rows: list[slice] = []  # each half's columns, set when its vector env is made
         self.half_envs = self._start_envs()

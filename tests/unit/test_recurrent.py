@@ -1,6 +1,7 @@
 """Recurrent (LSTM) policies: the update's replay of whole env columns recomputes the actors' values exactly and their
-log-probs to float32's precision at the first epoch (the actors draw with numpy in float64, issue 62), the memory crosses segment boundaries and is zeroed where episodes start, the
-exported policy steps like the actors, and a config that cannot replay whole columns is refused."""
+log-probs to float32's precision at the first epoch (the actors draw with numpy in float64, issue 62), the memory
+crosses segment boundaries and is zeroed where episodes start, the exported policy steps like the actors, and a config
+that cannot replay whole columns is refused."""
 
 from __future__ import annotations
 
