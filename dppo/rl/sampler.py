@@ -194,10 +194,24 @@ class Sampler:
         return result
 
     def _recreate_half(self, h: int, line: str, details: str) -> tuple:
+        """Half h's vector env made afresh and reset, each failed try on another fresh one with its own seed
+        (faults.env_retries more, then an EnvFailure naming the last exception's file:line); the step that raised
+        cuts every copy's episode."""
         with contextlib.suppress(Exception):
             self.half_envs[h].close()
-        self.env_resets += 1
-        self.half_envs[h], obs, info = self._start_half(h)
+        retries = self.config.faults.env_retries
+        for attempt in range(retries + 1):
+            self.env_resets += 1
+            try:
+                self.half_envs[h], obs, info = self._start_half(h)
+                break
+            except (EnvFailure, UsageError):
+                raise
+            except Exception as err:
+                if attempt == retries:
+                    raise EnvFailure(f"env {self.config.env.name} raised in step ({line}), and its vector env made "
+                                     f"afresh could not reset in {retries + 1} tries: {describe(err)}",
+                                     traceback.format_exc()) from err
         cut = np.ones(self.rows[h].stop - self.rows[h].start, bool)  # every copy's episode
         info = {**info, **failure_info(cut, line, details), "final_obs": self.half_obs[h], "_final_obs": cut}
         return obs, np.zeros(len(cut)), np.zeros(len(cut), bool), cut, info
