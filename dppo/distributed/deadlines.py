@@ -50,7 +50,7 @@ class Deadline:
         """Where the deadline comes from, for the hang's line."""
         if self.override is not None:
             return f"{self.override:g} s (faults.hang_timeout_s)"
-        median = f", median so far {statistics.median(self.recent):.2f} s" if self.recent else ""
+        median = f" so far, {statistics.median(self.recent):.2f} s" if self.recent else " (none yet)"
         return f"{self.seconds:.0f} s (max({HANG_FLOOR_S:g} s, {HANG_FACTOR:g}x the median{median}); " \
                "faults.hang_timeout_s sets it)"
 
