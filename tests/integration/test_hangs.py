@@ -94,3 +94,52 @@ def test_a_stopped_process_is_said_hung_replaced_and_the_run_finishes(ray_addres
     assert f"{summary['hangs']} hang" in outcome  # the outcome line names them
     assert all(gone(victim) for victim in stopped), "a stopped process was left behind"
     print(*[line for line in said.splitlines() if " hung" in line], sep="\n")
+
+
+STUCK_ENV = '''
+import os
+import time
+
+import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class StuckOnce(CartPoleEnv):
+    """CartPole whose 40th step blocks for an hour in the first copy of the run to reach it (a deadlocked simulator)."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker, self.steps = marker, 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 40:
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                time.sleep(3600)
+        return super().step(action)
+
+
+def make(marker: str) -> gym.Env:
+    return gym.wrappers.TimeLimit(StuckOnce(marker), 500)
+'''
+
+
+def test_an_env_step_that_never_returns_is_caught_by_the_actors_deadline(ray_address: str, tmp_path: Path) -> None:
+    """The env's own step hangs inside an actor: the actor's segment never comes, so the same deadline says it, and
+    the replacement (whose env does not hang) carries the run to its end."""
+    (tmp_path / "stuck_env.py").write_text(STUCK_ENV)
+    run_dir, marker = tmp_path / "run", tmp_path / "stuck-once"
+    done = subprocess.run(
+        [sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run_dir), "--actors", "2",
+         "--envs-per-actor", "2", "--segment-length", "32", "--total-steps", str(2 * 2 * 32 * 6), "--seed", "3",
+         "--set", "run.tensorboard=false", "--set", "ppo.minibatch_size=64", "--set", "env.entry_point=stuck_env:make",
+         "--set", f"env.kwargs.marker={marker}", "--set", f"faults.hang_timeout_s={TIMEOUT_S}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert marker.exists() and summary["hangs"] == 1 and summary["actor_crashes"] == 0, done.stdout + done.stderr
+    assert " hung: sampling a segment" in done.stderr and summary["reason"] == "total_steps"
