@@ -282,6 +282,13 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
             "shows here while the run looks healthy; past faults.max_env_failure_share of episodes the run stops.",
             [target(f"sum by (run) ({by_run('dppo_env_failures_total')}) or on(run) {zero_per_run()}", "{{run}}")],
             decimals=0, minimum=0)),
+        (6, 8, timeseries_panel(
+            "Hung processes", "Processes that missed their deadline (faults.hang_timeout_s, else max(60 s, 10x the "
+            "median of that call)) and were killed and replaced: sampling actors, learners, the inference service, "
+            "the evaluation actor; total per run (dppo_hangs_total). Hangs spend faults.max_hang_restarts, not the "
+            "crash budgets.",
+            [target(f"sum by (run) ({by_run('dppo_hangs_total')}) or on(run) {zero_per_run()}", "{{run}}")],
+            decimals=0, minimum=0)),
     ]
     return [("Overview", overview), ("Learning", learning), ("Throughput", throughput),
             ("Iteration phases", phases), ("PPO diagnostics", ppo), ("Actors and checkpoints", health),

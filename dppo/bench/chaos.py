@@ -6,8 +6,10 @@ as KubeRay's submitter does, with ``--auto-resume`` as the chart's entrypoint. T
 until ``--minutes`` of chaos have passed (the last run then finishes in peace); the victims are the sampling actors,
 the learners, the inference service, the evaluation actor (by Ray actor class, read from the process title
 ``ray::<Class>``), whole worker nodes (back after ``--node-down-s``) and the driver (the job resubmitted with
-``--auto-resume``, as the chart's job retries would). Only processes of this run are killed: descendants of the
-`ray start` processes started here, or with ``--address`` the actors and drivers of its own jobs on this machine.
+``--auto-resume``, as the chart's job retries would); the ``hang`` kind stops one of those Ray actors with SIGSTOP
+and never resumes it, for the run to notice within its deadline and replace. Only processes of this run are
+killed: descendants of the `ray start` processes started here, or with ``--address`` the actors and drivers of its
+own jobs on this machine.
 Every env step is accounted for, a multi-agent env's agent columns included. A line is printed as each thing
 happens (:mod:`dppo.bench.chaos_readout`); the schedule, every kill and the figures go to ``--out``.
 """
@@ -57,8 +59,8 @@ from dppo.cli_args import positive
 from dppo.errors import UsageError
 
 # What the bench sets so that chaos is not taken for a crash loop (the guards would end the run on purpose).
-CHAOS_SETS = ["faults.max_actor_restarts=100000", "faults.max_learner_restarts=100000", "metrics.port=0",
-              "run.tensorboard=false"]
+CHAOS_SETS = ["faults.max_actor_restarts=100000", "faults.max_learner_restarts=100000",
+              "faults.max_hang_restarts=100000", "metrics.port=0", "run.tensorboard=false"]
 
 
 def env_steps_per_segment(config: Any) -> int:
@@ -114,7 +116,7 @@ def prepare(args: argparse.Namespace) -> tuple[Any, list[str], dict[str, float],
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("chaos", help="train while a seeded schedule kills actors, learners, services, nodes "
-                            "and the driver; every env step accounted for")
+                            "and the driver, and hangs them (SIGSTOP); every env step accounted for")
     parser.add_argument("--config", help="YAML config (default: the preset of --env)")
     parser.add_argument("--env", help="registered env id (its preset) when no --config")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
@@ -123,7 +125,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=1, help="the schedule's seed (default 1)")
     parser.add_argument("--kinds", help=f"comma-separated, from {','.join(KINDS)} (default: those the config has)")
     parser.add_argument("--rate", action="append", default=[], metavar="KIND=PER_MIN",
-                        help="kills per minute of a kind (default 1.2; node 0.2)")
+                        help="kills (hangs: stops) per minute of a kind (default 1.2; node 0.2)")
     parser.add_argument("--node-down-s", type=positive(float, "--node-down-s"), default=15.0,
                         help="seconds a killed worker node stays down (default 15)")
     parser.add_argument("--workers", type=positive(int, "--workers"), default=2, help="worker nodes (default 2)")
@@ -285,8 +287,10 @@ NOTE = (
     "seeded schedule (`schedule.json` beside the results) SIGKILLs a process of each kind at random moments: "
     "sampling actors, learners, the inference service, the evaluation actor (by Ray actor class), whole worker "
     "nodes (back after `--node-down-s`) and the driver (the job resubmitted, resuming from its newest checkpoint, "
-    "as the chart's retries do); a victim process is SIGKILLed alone, as a crash would be. The bench lifts the "
-    "crash-loop guards (`faults.max_*_restarts`) so chaos is not taken for a crash loop, and turns evaluation on "
+    "as the chart's retries do); a victim process is SIGKILLed alone, as a crash would be; a `hang` stops one of "
+    "those Ray actors (any class) with SIGSTOP and never resumes it, for the run to notice past its deadline "
+    "(`faults.hang_timeout_s`, else max(60 s, 10x that call's median)) and replace. The bench lifts the crash-loop "
+    "and hang guards (`faults.max_*_restarts`) so chaos is not taken for a crash loop, and turns evaluation on "
     "(`run.eval_every=5`) when the config has it off. The env steps are counted by the driver's rounds, not by "
     "the actors; a multi-agent env's steps are its agent columns'. The first line below is the verdict; the "
     "legend after the tables says what each column counts. The readings of every process (one each {every} s; "

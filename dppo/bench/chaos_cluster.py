@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -121,11 +122,27 @@ def title(process: psutil.Process) -> str:
 
 def victims(kind: str, processes: list[psutil.Process], marker: str) -> list[psutil.Process]:
     """This kind's live processes: a Ray actor by its title ``ray::<Class>`` (``ray::<Class>.<method>`` while
-    busy), the driver by its command line (``dppo train`` with this bench's output dir)."""
+    busy), the driver by its command line (``dppo train`` with this bench's output dir); a hang's, those of every Ray
+    actor class not stopped already (one stopped before is the run's to replace)."""
+    if kind == "hang":
+        return [p for name in ACTOR_CLASSES for p in victims(name, processes, marker) if not stopped(p)]
     if kind in ACTOR_CLASSES:
         name = f"ray::{ACTOR_CLASSES[kind]}"
         return [p for p in processes if (t := title(p)).split(" ")[0] in (name,) or t.startswith(name + ".")]
     return [p for p in processes if is_driver(title(p), marker)]
+
+
+def stopped(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return process.status() == psutil.STATUS_STOPPED
+    return False
+
+
+def hang(process: psutil.Process) -> None:
+    """SIGSTOP the process and never resume it, as a deadlocked simulator, a stuck kernel or a paused node looks to
+    the run: alive, answering nothing."""
+    with contextlib.suppress(psutil.Error):
+        process.send_signal(signal.SIGSTOP)
 
 
 def is_driver(command: str, marker: str) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 
-from dppo.bench.chaos_cluster import FINISHED, Cluster, crash, shm_in_use, tree, victims
+from dppo.bench.chaos_cluster import FINISHED, Cluster, crash, hang, shm_in_use, title, tree, victims
 from dppo.bench.chaos_readout import Narrator, clock
 from dppo.bench.chaos_report import RunLog, recovered
 from dppo.bench.chaos_schedule import ACTOR_CLASSES, Kill, pick
@@ -169,13 +169,15 @@ class Chaos:
                     self.wait(kill, no_victim(kill.kind, self.cluster.local is None), now)
                     continue
                 victim = pick(list(found), self.seed, len(self.done))
-                crash(found[victim])
+                process = title(found[victim]).split(" ")[0].split(".")[0]  # ray::Learner, ... (a hang's victim)
+                (hang if kill.kind == "hang" else crash)(found[victim])
                 processes = None
             self.plan.remove(kill)
             self.why.pop(id(kill), None)
             kinds.add(kill.kind)
             self.done.append({"kind": kill.kind, "planned_s": kill.at_s, "done_s": round(now - start, 2),
-                              "at": time.monotonic(), "victim": victim, "run": run})
+                              "at": time.monotonic(), "victim": victim, "run": run,
+                              **({"process": process} if kill.kind == "hang" else {})})
             self.say.killed(self.done[-1], self.attempt, now, self.node_down_s)
 
     def wait(self, kill: Kill, reason: str, now: float) -> None:
@@ -233,4 +235,6 @@ def no_victim(kind: str, given_cluster: bool) -> str:
                "iterations)"
     if kind == "driver":
         return f"no driver alive{where} (its job is starting)"
+    if kind == "hang":
+        return f"no Ray actor of the run alive and running{where} (starting, being replaced, or stopped already)"
     return f"no ray::{ACTOR_CLASSES[kind]} process alive{where} (starting, or being replaced)"

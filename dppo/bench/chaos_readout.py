@@ -40,8 +40,10 @@ class Narrator:
 
     def killed(self, kill: dict[str, Any], attempt: int, now: float, node_down_s: float) -> None:
         what = (f"node {kill['victim']} (its whole `ray start` tree; back in {node_down_s:g} s)"
-                if kill["kind"] == "node" else f"{kill['kind']} pid {kill['victim']}")
-        self.say(f"killed {what}; planned at t={clock(kill['planned_s'])}; run {kill['run']}, job attempt "
+                if kill["kind"] == "node" else f"{kill['process']} pid {kill['victim']} (SIGSTOP, never resumed)"
+                if kill["kind"] == "hang" else f"{kill['kind']} pid {kill['victim']}")
+        verb = "hung" if kill["kind"] == "hang" else "killed"
+        self.say(f"{verb} {what}; planned at t={clock(kill['planned_s'])}; run {kill['run']}, job attempt "
                  f"{attempt + 1}", now)
 
     def waits(self, kill: Any, reason: str, now: float) -> None:

@@ -1,4 +1,4 @@
-"""The seeded kill schedule of `dppo bench chaos`: which kind of process dies when.
+"""The seeded kill schedule of `dppo bench chaos`: which kind of process dies (or hangs) when.
 
 Each kind's kills are spread evenly over the run with seeded jitter (one kill at a random moment of each of
 ``rate x minutes`` equal slots), so a rate gives its count exactly and a seed gives the same schedule again; the
@@ -16,10 +16,12 @@ from pathlib import Path
 from dppo.errors import UsageError
 
 # Each kind and the process it kills: the Ray actor class name (its process title is ``ray::<Class>...``), a
-# worker node (its whole `ray start` process tree), or the driver (the job's entrypoint, `dppo train`).
+# worker node (its whole `ray start` process tree), the driver (the job's entrypoint, `dppo train`), or a hang: any
+# process of the Ray actor classes stopped with SIGSTOP and never resumed (the run must notice and replace it).
 ACTOR_CLASSES = {"actor": "Actor", "learner": "Learner", "inference": "InferenceService", "evaluation": "Evaluator"}
-KINDS = (*ACTOR_CLASSES, "node", "driver")
-DEFAULT_RATES = {"actor": 1.2, "learner": 1.2, "inference": 1.2, "evaluation": 1.2, "node": 0.2, "driver": 1.2}
+KINDS = (*ACTOR_CLASSES, "node", "driver", "hang")
+DEFAULT_RATES = {"actor": 1.2, "learner": 1.2, "inference": 1.2, "evaluation": 1.2, "node": 0.2, "driver": 1.2,
+                 "hang": 1.2}
 
 
 @dataclass(frozen=True)

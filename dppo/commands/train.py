@@ -288,7 +288,7 @@ def train(coordinator: Coordinator, config: Config, resumed: bool, clock: PhaseC
 # What a run survived, as its last line names it when nonzero: summary.json's key and the noun counted.
 FAULTS_SAID = (("env_failures", "env failure"), ("actor_restarts", "actor restart"), ("node_losses", "lost node"),
                ("learner_restarts", "learner restart"), ("updates_skipped", "NaN/Inf update"),
-               ("segments_dropped", "dropped segment"))
+               ("segments_dropped", "dropped segment"), ("hangs", "hang"))
 
 
 def outcome_line(summary: dict[str, Any], signal_name: str | None, run_dir: Path) -> str:

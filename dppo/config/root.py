@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import yaml
 from pydantic import Field, model_validator
@@ -13,6 +15,18 @@ from dppo.config.policies import DEFAULT_POLICY, POLICIES_EXAMPLE, check_policie
 from dppo.config.ppo import ModelConfig, PPOConfig
 from dppo.config.run import FaultConfig, MetricsConfig, RunConfig
 from dppo.config.selfplay import SelfPlayConfig
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an actor's policy computes its forward passes, and how the actor steps its env copies for it: one value,
+    derived once from the resolved config (:attr:`Config.placement`), that the actor builds its Sampler with.
+    ``where``: on the actor's thread, on a worker thread of the actor (two halves, or a GPU share: ``device`` cuda),
+    or in the inference service; ``groups``: 1, or 2 halves stepped in turn while the other's actions are computed."""
+
+    where: Literal["actor", "worker_thread", "service"]
+    device: Literal["cpu", "cuda"] = "cpu"
+    groups: int = 1
 
 
 class Config(Section):
@@ -134,6 +148,17 @@ class Config(Section):
                 + f" x ppo.segment_length {self.ppo.segment_length}); lower ppo.minibatch_size or raise one of those"
             )
         return self
+
+    @property
+    def placement(self) -> Placement:
+        """The actors' :class:`Placement`, from run.inference as the driver resolved it (``auto`` reads as actor
+        until then), run.actor_halves and run.actor_gpus; the service steps even copies in two halves."""
+        run = self.run
+        if run.inference == "server":
+            return Placement("service", groups=2 if self.env.num_envs % 2 == 0 else 1)
+        if run.actor_halves == 2 or run.actor_gpus > 0:
+            return Placement("worker_thread", "cuda" if run.actor_gpus > 0 else "cpu", run.actor_halves)
+        return Placement("actor")
 
     @property
     def policy_names(self) -> list[str]:

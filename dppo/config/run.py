@@ -117,7 +117,7 @@ class FaultConfig(Section):
     """At start, how long to wait for every actor to be placed and ready; after that the run starts with those
     that are (at least min_actors), says so in one line, and the others join as soon as they are ready."""
     restart_window_s: float = Field(600.0, gt=0)
-    """Sliding window for max_actor_restarts and max_learner_restarts."""
+    """Sliding window for max_actor_restarts, max_learner_restarts and max_hang_restarts."""
     max_learner_restarts: int = Field(3, ge=0)
     """Learner-group restarts (run.learners > 1) allowed within restart_window_s before the run stops."""
     env_retries: int = Field(3, ge=0)
@@ -128,6 +128,14 @@ class FaultConfig(Section):
     """An env copy whose step raises is recreated and its episode cut there (counted, warned, never a return); the
     run stops once such failures are more than this share of the episodes ended so far (failed and finished, after
     at least 10 failures). Episodes much longer than the steps between failures fail often: raise it for those."""
+    hang_timeout_s: float | None = Field(None, gt=0)
+    """How long the driver waits for any call (an actor's segment, the learners' update, an evaluation, the
+    inference service's answer) before it declares the process hung, kills it and replaces it as a crashed one
+    (counted as hangs). null: derived from the run's own timings of that call, max(60 s, 10x their median so far);
+    set it to catch hangs sooner (a few seconds above a round's usual length), never below a call's real length."""
+    max_hang_restarts: int = Field(10, ge=0)
+    """Hung processes (see hang_timeout_s) replaced within restart_window_s before the run stops: a process that
+    hangs again and again is a fault no replacement mends. Hangs do not spend the crash budgets."""
     sample_timeout_s: float | None = Field(None, gt=0)
     """Per-iteration deadline for segments; late ones are dropped and counted (off when null)."""
     min_actors_fraction: float = Field(1.0, gt=0, le=1)

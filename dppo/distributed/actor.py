@@ -11,7 +11,7 @@ import ray
 
 from dppo.config import Config
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, fetch_new_snapshots
-from dppo.distributed.inference_client import ServedBroadcast, service_client
+from dppo.distributed.inference_client import ServedBroadcast, ServiceBackend
 from dppo.distributed.ray_calls import per_round
 from dppo.envs.make import make_vector_env
 from dppo.envs.user_code import add_import_paths, driver_import_paths
@@ -20,7 +20,8 @@ from dppo.rl.agent import Agent
 from dppo.rl.opponents import SelfPlayGames
 from dppo.rl.policy import BackendPolicy
 from dppo.rl.segment import Segment, SegmentSummary
-from dppo.rl.worker_thread import WorkerThread, worker_thread_policy
+from dppo.rl.worker_thread import worker_thread_policy
+from dppo.transport.protocol import Layout
 
 if TYPE_CHECKING:
     from gymnasium.vector import VectorEnv
@@ -31,18 +32,40 @@ if TYPE_CHECKING:
 
 def actor_sampler(config: Config, actor_id: int, seed: int,
                   make_envs: Callable[[Config], VectorEnv] = make_vector_env) -> Sampler | JointSampler:
-    """The actor's sampler: its policies in the actor (several: :class:`dppo.rl.joint.JointSampler`), the one
-    policy's served by the inference service (run.inference=server), or computed on a worker thread of the actor, in
-    two halves or on its GPU share (run.actor_halves, run.actor_gpus). ``make_envs``: what makes one policy's vector
-    env (the actor's self-play games wrap :func:`dppo.envs.make.make_vector_env`)."""
+    """The actor's sampler, built once with its policy where ``config.placement`` (resolved by the driver) puts it:
+    the service's (run.inference=server), the actor's own on a worker thread, in two halves or on its GPU share
+    (run.actor_halves, run.actor_gpus), or the actor's own on its thread (several policies:
+    :class:`dppo.rl.joint.JointSampler`). ``make_envs``: what makes one policy's vector env (the actor's self-play
+    games wrap :func:`dppo.envs.make.make_vector_env`)."""
     from dppo.rl.joint import local_sampler
     from dppo.rl.sampler import Sampler
 
-    policy = served_policy(config, seed) or own_backend_policy(config, seed)
-    if policy is None:
+    placement = config.placement
+    if placement.where == "actor":
         return local_sampler(config, actor_id, seed, make_envs)
+    from dppo.envs.make import env_spaces, with_agents
+
+    spaces, columns = env_spaces(config), with_agents(config).columns
+    if placement.where == "service":
+        policy = BackendPolicy(*spaces, config.model, seed, columns)
+        policy.backend = ServiceBackend(Layout(policy.obs_spec, policy.action_spec, config.model, columns))
+    else:
+        policy = worker_thread_policy(*spaces, config.model, seed, columns, own_device(config))
     return Sampler(config, actor_id, seed=seed, policy=policy, make_envs=make_envs,
                    policy_name=config.policy_names[0])
+
+
+def own_device(config: Config) -> str:
+    """The placement's device for the actor's own networks; cuda only where this actor's torch sees a GPU (bad input
+    else)."""
+    if config.placement.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"run.actor_gpus={config.run.actor_gpus:g} gave this actor a GPU share, but its torch "
+                             "sees no CUDA device; install a CUDA build of torch on the actors' nodes or set "
+                             "run.actor_gpus=0")
+    return config.placement.device
 
 
 def summaries_only(config: Config) -> bool:
@@ -58,34 +81,6 @@ def load_broadcast(sampler: Sampler, broadcast: Broadcast, games: SelfPlayGames 
     sampler.set_weights(broadcast.weights, broadcast.version, broadcast.obs_stats, broadcast.return_stats)
     if broadcast.opponents is not None and games is not None:
         games.set_pool(fetch_new_snapshots(broadcast.opponents, games.snapshots))
-
-
-def served_policy(config: Config, seed: int) -> BackendPolicy | None:
-    """With run.inference=server the policy is the service's (seeded like the local one); else None (local)."""
-    if config.run.inference != "server":
-        return None
-    from dppo.envs.make import env_spaces, with_agents
-
-    return BackendPolicy(*env_spaces(config), config.model, seed, with_agents(config).columns)
-
-
-def own_backend_policy(config: Config, seed: int) -> BackendPolicy | None:
-    """With run.actor_halves=2 or run.actor_gpus the actor's own policy on a worker thread, on cuda when the actor
-    holds a GPU share (seeded like the Agent it replaces); else None (the Agent, on this thread)."""
-    run = config.run
-    if run.inference == "server" or (run.actor_halves == 1 and run.actor_gpus == 0):
-        return None
-    from dppo.envs.make import env_spaces, with_agents
-
-    device = "cpu"
-    if run.actor_gpus > 0:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError(f"run.actor_gpus={run.actor_gpus:g} gave this actor a GPU share, but its torch sees no "
-                             "CUDA device; install a CUDA build of torch on the actors' nodes or set run.actor_gpus=0")
-        device = "cuda"
-    return worker_thread_policy(*env_spaces(config), config.model, seed, with_agents(config).columns, device)
 
 
 class Actor:
@@ -131,7 +126,7 @@ class Actor:
             segments = list(self.sampler.sample())
         else:
             if isinstance(broadcast, ServedBroadcast):  # the service named in each round: a replacement's too
-                self.sampler.policy.backend = service_client(broadcast, self.sampler.policy)
+                self.sampler.policy.backend.follow(broadcast)
             load_broadcast(self.sampler, broadcast, self.games)
             segments = [self.sampler.sample()]
             segments[0].match_results = self.games.take_results()
@@ -158,10 +153,8 @@ def start_actor(config: Config, actor_id: int, seed: int) -> ray.actor.ActorHand
 
 def own_agent(sampler: Sampler) -> Agent | None:
     """The networks a sampler acts with in this process (None: the inference service's)."""
-    policy = sampler.policy
-    if isinstance(policy, BackendPolicy):
-        return policy.backend.agent if isinstance(policy.backend, WorkerThread) else None
-    return policy if isinstance(policy, Agent) else None
+    agent = getattr(getattr(sampler.policy, "backend", None), "agent", None)
+    return agent if isinstance(agent, Agent) else None
 
 
 def gpu_shortage(share: float, nodes: list[dict]) -> str | None:

@@ -7,9 +7,12 @@ segments, the actors alive once the floor is met again (replacements included) t
 asked too. Stragglers past ``faults.sample_timeout_s`` are dropped once enough segments are in (at least
 ``faults.min_actors`` and ``faults.min_actors_fraction`` of those asked); NaN/Inf data stops the run or is
 dropped (``faults.nonfinite_data``). Segments come back in actor order, so a seeded run that loses nothing is
-reproducible. With several policies (a policy map) each call returns one segment per policy, each its own object
-(``num_returns``), so each policy's remote learners read only theirs. Every Ray call goes through the membership's
-``calls``, so tests drive the pool with fakes.
+reproducible. An actor whose segment has not come within its deadline (:mod:`dppo.distributed.deadlines`: derived
+from the segments' durations so far, or faults.hang_timeout_s) is hung: said, killed and replaced as a crashed one,
+once the run's ``upstream`` check (the inference service answers) has passed. With several policies (a policy
+map) each call returns one segment per policy, each its own object (``num_returns``), so each policy's remote
+learners read only theirs. Every Ray call goes through the membership's ``calls``, so tests drive the pool with
+fakes.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import ray
 from dppo.config import Config
 from dppo.distributed.actor import gpu_shortage, summaries_only
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts
+from dppo.distributed.deadlines import Hangs, Hung
 from dppo.distributed.membership import POLL_S, Membership, PoolEvents, Stop
 from dppo.distributed.ray_calls import RayCalls
 from dppo.envs.failures import EnvFailure, own_frame
@@ -39,6 +43,7 @@ class Round:
     broadcast: Broadcast | PolicyBroadcasts | ray.ObjectRef  # see broadcast_arg
     pending: dict[ray.ObjectRef, int]
     outputs: dict[ray.ObjectRef, list[ray.ObjectRef]] = field(default_factory=dict)
+    sent_at: float = 0.0  # when the calls were made (the calls' clock): their deadline runs from here
 
 
 @dataclass
@@ -67,11 +72,15 @@ class ActorPool:
     """Dispatch and gather rounds over the run's actors; ``membership`` keeps the actors themselves."""
 
     def __init__(self, config: Config, events: PoolEvents, should_stop: Callable[[], bool],
-                 calls: RayCalls | None = None) -> None:
-        """``calls``: the Ray calls to make (default: the real ones; tests hand in fakes)."""
+                 calls: RayCalls | None = None, hangs: Hangs | None = None) -> None:
+        """``calls``: the Ray calls to make (default: the real ones; tests hand in fakes); ``hangs``: the run's (by
+        default the pool's own, told to ``events``)."""
         self.config, self.events, self.should_stop = config, events, should_stop
         self.membership = Membership(config, events, should_stop, calls)
         self.calls = self.membership.calls
+        self.hangs = hangs or Hangs(config.faults, events, self.calls.now)
+        self.deadline = self.hangs.deadline()  # a segment's, from the segments' durations so far
+        self.upstream: Callable[[], None] = lambda: None  # before actors are declared hung: what they wait on answers
         self.summaries = summaries_only(config)  # the driver reads summaries, the learners the segments
         self.returns = len(config.policy_names) * (2 if self.summaries else 1)  # per sample call, per policy
 
@@ -117,8 +126,9 @@ class ActorPool:
 
     def _ask(self, indices: list[int], broadcast: Broadcast | PolicyBroadcasts | ray.ObjectRef) -> Round:
         if self.returns == 1:
-            return Round(broadcast, {self.membership.slots[i].handle.sample.remote(broadcast): i for i in indices})
-        round_ = Round(broadcast, {})
+            return Round(broadcast, {self.membership.slots[i].handle.sample.remote(broadcast): i for i in indices},
+                         sent_at=self.calls.now())
+        round_ = Round(broadcast, {}, sent_at=self.calls.now())
         for i in indices:
             refs = self.membership.slots[i].handle.sample.options(num_returns=self.returns).remote(broadcast)
             round_.pending[refs[0]] = i
@@ -148,6 +158,7 @@ class ActorPool:
             if not ready and past and len(segments) >= needed:
                 self._drop_late(pending)
                 return lost, True
+            arrived = self.calls.now()
             for ref in ready:
                 index = pending.pop(ref)
                 refs = round_.outputs.get(ref, [ref])
@@ -165,9 +176,25 @@ class ActorPool:
                     self.membership.replace(index, err)
                     lost = True
                     continue
+                self.deadline.observe(arrived - round_.sent_at)
                 if all(self._usable(index, segment) for segment in delivered):
                     segments[index] = list(zip(delivered, refs, strict=True))
+            lost |= self._hung(round_, pending)
         return lost, False
+
+    def _hung(self, round_: Round, pending: dict[ray.ObjectRef, int]) -> bool:
+        """The actors of ``pending`` past their deadline, once ``upstream`` holds (it raises when what they wait on
+        hung instead): each said, killed and replaced, its call dropped from ``pending``. Whether any was."""
+        waited = self.calls.now() - round_.sent_at
+        if not pending or waited <= self.deadline.seconds:
+            return False
+        self.upstream()
+        for ref, index in list(pending.items()):
+            self.hangs.declare("actor", f"actor {index}", "sampling a segment (no segment returned)", waited,
+                               self.deadline)
+            del pending[ref]
+            self.membership.replace(index, Hung(f"no segment in {waited:.1f} s"), hung=True)
+        return True
 
     def _usable(self, index: int, segment: Segment | SegmentSummary) -> bool:
         """False for NaN/Inf data when faults.nonfinite_data=drop (counted); RunFailure when it is "error"."""

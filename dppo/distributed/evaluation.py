@@ -10,7 +10,9 @@ wait: it waits for the evaluation in flight, then evaluates the final weights (:
 summary.json holds the evaluation of what the final checkpoint saved. An env that raises is
 reported once and evaluation stops; training goes on. The actor is a group of one on the shared lifecycle
 (:class:`~dppo.distributed.lifecycle.ActorGroup`): a lost one is counted by cause and a new one started when the
-next evaluation is due, never waited for and never spending the run's crash budget.
+next evaluation is due, never waited for and never spending the run's crash budget. An evaluation that has not
+answered within its deadline (:mod:`dppo.distributed.deadlines`; a fresh actor's first is given
+faults.actor_start_timeout_s more, for its start) is a hang: said, counted, the actor killed, a new one next time.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import ray
 
 from dppo.config import Config
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts
+from dppo.distributed.deadlines import Hangs, Hung, SayHangs
 from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.ray_calls import RayCalls, per_round
 from dppo.envs.user_code import add_import_paths, driver_import_paths
@@ -110,7 +113,8 @@ class EvalResult:
 class Evaluation:
     """The driver's side: submit when due, collect when done, never block a training round."""
 
-    def __init__(self, config: Config, calls: RayCalls | None = None) -> None:
+    def __init__(self, config: Config, calls: RayCalls | None = None, hangs: Hangs | None = None) -> None:
+        """``hangs``: the run's (default: printed, with a budget of their own)."""
         self.config = config
         self.every = config.run.eval_every
         self.calls = calls or RayCalls(lambda index, seed: start_evaluator(config))
@@ -118,6 +122,9 @@ class Evaluation:
         self.in_flight: tuple[ray.ObjectRef, int, int, Broadcast | PolicyBroadcasts] | None = None
         self.seed = config.run.seed + EVAL_SEED_OFFSET  # every evaluation plays the same episodes: comparable
         self.problem: str | None = None  # set when evaluation stopped: the one line that says why
+        self.hangs = hangs or Hangs(config.faults, SayHangs(print), self.calls.now)
+        self.deadline = self.hangs.deadline()  # an evaluation's, from the evaluations' durations so far
+        self.sent_at, self.grace_s = 0.0, 0.0  # when the one in flight was sent; its extra time (a fresh actor's)
 
     @property
     def actor(self) -> ray.actor.ActorHandle | None:
@@ -135,13 +142,16 @@ class Evaluation:
         self._start(broadcast, iteration, env_steps)
 
     def _start(self, broadcast: Broadcast | PolicyBroadcasts | ray.ObjectRef, iteration: int, env_steps: int) -> None:
+        self.grace_s = 0.0
         if not self.group.slots:
             self.group.start(1)
+            self.grace_s = self.config.faults.actor_start_timeout_s  # its first call waits for its start
         if isinstance(broadcast, ray.ObjectRef):
             broadcast = self.calls.get(broadcast)
         method = self.actor.evaluate_policies if isinstance(broadcast, dict) else self.actor.evaluate
         ref = method.remote(broadcast, self.config.run.eval_episodes, self.seed)
         self.in_flight = (ref, iteration, env_steps, broadcast)
+        self.sent_at = self.calls.now()
 
     def collect(self, timeout_s: float = 0.0) -> EvalResult | None:
         """The running evaluation's result if it is done (waiting at most ``timeout_s``), else None; raises
@@ -150,8 +160,17 @@ class Evaluation:
             return None
         ref, iteration, env_steps, broadcast = self.in_flight
         if not self.calls.wait([ref], 1, timeout_s):
+            waited = self.calls.now() - self.sent_at
+            if waited > self.deadline.seconds + self.grace_s:
+                self.hangs.declare("evaluation", "the evaluation actor",
+                                   f"evaluating the weights at {env_steps:,} env steps", waited, self.deadline)
+                self.in_flight = None
+                self.group.lose(0, Hung(f"no answer in {waited:.1f} s"), hung=True)
+                self.group.slots = []  # a new one when the next evaluation is due
             return None
         self.in_flight = None
+        if not self.grace_s:  # a fresh actor's first evaluation includes its start
+            self.deadline.observe(self.calls.now() - self.sent_at)
         try:
             returns = self.calls.get(ref)
             if isinstance(broadcast, dict):  # several policies: (every agent's, each policy's)

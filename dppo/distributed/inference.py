@@ -26,6 +26,7 @@ import torch
 
 from dppo.config import Config, ModelConfig
 from dppo.distributed.broadcast import Broadcast
+from dppo.distributed.deadlines import Hangs, Hung, SayHangs
 from dppo.distributed.inference_client import ServedBroadcast
 from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.ray_calls import RayCalls, per_round
@@ -41,6 +42,11 @@ BATCH_WAIT_S = 0.002  # how long a batch waits for the rest of the actors' reque
 KEEP_VERSIONS = 2  # the weights sampled with and, with run.overlap_sampling, the ones sampled with meanwhile
 STATS_KEPT = 4096  # batches whose figures are kept for the medians between two reads (a run that never reads them)
 STATS_TIMEOUT_S = 10.0  # a service too busy to answer within it reports no figures rather than stall the driver
+PING_TIMEOUT_S = 10.0  # the most a ping waits (less with a shorter deadline): an asyncio actor answers at once
+
+
+class ServiceHung(RuntimeError):
+    """The inference service missed its deadline: it was said, killed and replaced; the round goes again."""
 
 
 class BatchStats:
@@ -203,6 +209,9 @@ class InferenceService:
         """The shared-memory peers let go and their segments removed (before the run ends it)."""
         self.transport.close()
 
+    async def ping(self) -> None:
+        """Answered at once by a service whose event loop runs (the driver's check before it blames its actors)."""
+
     @per_round
     async def stats(self) -> dict[str, float]:
         """The batches' figures since the last call (:meth:`BatchStats.take`)."""
@@ -230,10 +239,13 @@ class ServiceSupervisor:
     """The driver's side of the service: start it, load each broadcast, replace it when lost (counted)."""
 
     def __init__(self, config: Config, obs_space: gym.Space, action_space: gym.Space, device: str,
-                 message: Callable[[str], None], calls: RayCalls | None = None) -> None:
+                 message: Callable[[str], None], calls: RayCalls | None = None, hangs: Hangs | None = None) -> None:
+        """``hangs``: the run's (default: said with ``message``, with a budget of their own)."""
         self.message, self.device = message, device
-        self.start_timeout_s = config.faults.actor_start_timeout_s
         self.calls = calls or RayCalls(lambda index, seed: start_service(config, obs_space, action_space, device))
+        self.hangs = hangs or Hangs(config.faults, SayHangs(message), self.calls.now)
+        self.deadline = self.hangs.deadline()  # a load's, from the loads' durations so far
+        self.start_timeout_s = config.faults.actor_start_timeout_s
         self.held: dict[int, Weights] = {}  # the versions the service holds, to load into a replacement
         self.endpoint: Endpoint | None = None  # where the current service takes shared-memory actors
         faults = config.faults  # a service that keeps crashing spends the actors' crash-loop budget
@@ -272,9 +284,30 @@ class ServiceSupervisor:
         self.group.mark_ready(0, None)  # its node, asked of Ray when it is lost
         try:
             for version, weights in sorted(self.held.items()):
-                self.calls.get(self.handle.load.remote(weights, version))
+                self._call(self.handle.load.remote(weights, version), "loading its predecessor's weights")
         except ray.exceptions.RayActorError as err:
             self.replace(err)  # lost while loading its predecessor's versions
+        except ServiceHung:
+            pass  # replaced already
+
+    def _call(self, ref: ray.ObjectRef, doing: str, limit_s: float | None = None) -> object:
+        """A call's answer within the service's deadline (``limit_s`` when less); past it the service is hung: said,
+        replaced, and ServiceHung."""
+        began = self.calls.now()
+        limit = self.deadline.seconds if limit_s is None else min(limit_s, self.deadline.seconds)
+        if not self.calls.wait([ref], 1, limit):
+            waited = self.calls.now() - began
+            self.hangs.declare("inference", "the inference service", doing, waited, self.deadline)
+            self.group.replace(0, Hung(f"no answer in {waited:.1f} s"), hung=True)
+            self._ready()
+            raise ServiceHung(f"the inference service hung {doing}; replaced")
+        self.deadline.observe(self.calls.now() - began)
+        return self.calls.get(ref)
+
+    def check(self) -> None:
+        """Before the actors waiting on the service are declared hung: it answers a ping (within PING_TIMEOUT_S or
+        its deadline), else it is the one hung: replaced, and ServiceHung sends the round again."""
+        self._call(self.handle.ping.remote(), "answering its actors (a ping went unanswered)", PING_TIMEOUT_S)
 
     def serve(self, broadcast: Broadcast) -> ServedBroadcast:
         """Load the broadcast's weights into the service (a lost one replaced first); what the actors get."""
@@ -283,9 +316,11 @@ class ServiceSupervisor:
         for version in sorted(self.held)[:-KEEP_VERSIONS]:
             del self.held[version]
         try:
-            self.calls.get(self.handle.load.remote(self.held[broadcast.version], broadcast.version))
+            self._call(self.handle.load.remote(self.held[broadcast.version], broadcast.version), "loading the weights")
         except ray.exceptions.RayActorError as err:
             self.replace(err)
+        except ServiceHung:
+            pass  # its replacement holds every version held, this one included
         return self.again(broadcast)
 
     def again(self, broadcast: Broadcast) -> ServedBroadcast:

@@ -11,7 +11,7 @@ import ray
 
 from dppo.distributed.broadcast import Broadcast
 from dppo.errors import first_line
-from dppo.rl.policy import Backend, BackendPolicy, InferenceLost, Reply, Request
+from dppo.rl.policy import Backend, InferenceLost, Reply, Request
 from dppo.transport.client import ShmClient
 from dppo.transport.protocol import Endpoint, Layout
 
@@ -45,15 +45,36 @@ class RayCallClient:
         """Nothing held here: the reply, when it comes, is dropped with the last reference to it."""
 
 
-def service_client(broadcast: ServedBroadcast, policy: BackendPolicy) -> Backend:
-    """The client ``policy`` asks the broadcast's service with: shared memory when the service is on this node (the
-    connection kept across rounds; a replaced service's closed), else Ray calls. InferenceLost when the service
-    named cannot be reached."""
-    current, endpoint = policy.backend, broadcast.endpoint
-    if isinstance(current, ShmClient):
-        if not current.closed and current.endpoint == endpoint:
-            return current
-        current.close()
-    if endpoint is None or endpoint.node != ray.get_runtime_context().get_node_id():
-        return RayCallClient(broadcast.service)
-    return ShmClient(endpoint, Layout(policy.obs_spec, policy.action_spec, policy.config, policy.num_envs))
+class ServiceBackend:
+    """The backend of an actor's policy that the service computes, built once with the actor's Sampler: it asks the
+    service each round's broadcast names (:meth:`follow`), through shared memory on the service's node (the
+    connection kept while the service is the same) or by Ray calls from any other."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.client: Backend | None = None
+
+    def follow(self, broadcast: ServedBroadcast) -> None:
+        """Ask the service ``broadcast`` names from now on: shared memory when it is on this node (the connection kept
+        across rounds; a replaced service's closed), else Ray calls. InferenceLost when it cannot be reached."""
+        current, endpoint = self.client, broadcast.endpoint
+        if isinstance(current, ShmClient):
+            if not current.closed and current.endpoint == endpoint:
+                return
+            current.close()
+        if endpoint is None or endpoint.node != ray.get_runtime_context().get_node_id():
+            self.client = RayCallClient(broadcast.service)
+        else:
+            self.client = ShmClient(endpoint, self.layout)
+
+    def submit(self, request: Request) -> Any:
+        assert self.client is not None, "each round's broadcast names the service before the actor samples"
+        return self.client.submit(request)
+
+    def result(self, ticket: Any) -> Reply:
+        assert self.client is not None
+        return self.client.result(ticket)
+
+    def cancel(self, ticket: Any) -> None:
+        if self.client is not None:
+            self.client.cancel(ticket)

@@ -12,12 +12,14 @@ counted by cause there; replacing all L together, and the learners' crash budget
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
 import torch
 
 from dppo.config import Config
+from dppo.distributed.deadlines import Hangs, Hung, SayHangs
 from dppo.distributed.learner import Learner, RemoteLearner
 from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.ray_calls import RayCalls
@@ -32,6 +34,10 @@ START_TRIES = 5  # the learners started again when one dies while they start (ch
 
 class LearnerDied(RuntimeError):
     """A learner of the group is gone; its replicas can no longer agree."""
+
+
+class LearnerHung(LearnerDied):
+    """A learner missed its deadline: said and counted as a hang (not a learner crash); the group is replaced."""
 
 
 def resolve_device(device: str) -> torch.device:
@@ -64,8 +70,11 @@ class LearnerGroup:
     with L = 1 it is the learner's own model."""
 
     def __init__(self, config: Config, obs_space: Any, action_space: Any, model: ActorCritic,
-                 trainer_state: dict[str, Any] | None = None) -> None:
+                 trainer_state: dict[str, Any] | None = None, hangs: Hangs | None = None) -> None:
+        """``hangs``: the run's (default: printed, with a budget of their own)."""
         self.config, self.obs_space, self.action_space = config, obs_space, action_space
+        self.hangs = hangs or Hangs(config.faults, SayHangs(print))
+        self.deadline = self.hangs.deadline()  # an update's (and the calls around it), from the updates' durations
         self.local: Learner | None = None
         self.group = ActorGroup(RayCalls(self._start_learner), lambda rank, spawn: config.run.seed, ready_call=False)
         self.timings: list[tuple[float, float]] = []  # per rank: (update s, all-reduce s) of the last update
@@ -91,12 +100,39 @@ class LearnerGroup:
             self.config, self.obs_space, self.action_space, rank, self.config.run.learners, self.device)
 
     def _start(self) -> None:
+        """The L learners started and joined (each start-up call within faults.actor_start_timeout_s and the
+        deadline: a learner stopped while it starts is hung)."""
         self.group.start(self.config.run.learners)
-        address = ray.get(self.remote[0].rendezvous.remote())
-        pending = [learner.join.remote(address) for learner in self.remote]
-        while pending:  # a learner that dies while joining raises here; its peers would wait in gloo for 30 min
-            ready, pending = ray.wait(pending, num_returns=1)
+        limit = max(self.config.faults.actor_start_timeout_s, self.deadline.seconds)
+        (address,) = self._answers([self.remote[0].rendezvous.remote()], "starting (its rendezvous)", limit)
+        # a learner that dies while joining raises here; its peers would wait in gloo for 30 min
+        self._answers([learner.join.remote(address) for learner in self.remote], "joining its group", limit)
+
+    def _answers(self, calls: list[ray.ObjectRef], doing: str, limit_s: float | None = None) -> list[Any]:
+        """The answers of one call per learner (or of learner 0's), gathered as they come within the deadline
+        (``limit_s``); past it LearnerHung, the ranks that had not answered said. A learner that died raises
+        RayActorError, a learner whose peer died RayTaskError, as soon as its call answers."""
+        began, limit = time.monotonic(), self.deadline.seconds if limit_s is None else limit_s
+        pending = list(calls)
+        while pending:  # ray.wait, not ray.get in order: survivors block in the all-reduce of a dead peer
+            left = max(0.0, began + limit - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                self._hung([calls.index(ref) for ref in pending], doing, time.monotonic() - began)
+            self.rank = calls.index(ready[0])
             ray.get(ready)
+        return ray.get(calls)
+
+    def _hung(self, ranks: list[int], doing: str, waited_s: float) -> None:
+        """Learners ``ranks`` missed the deadline: said (once, for the group: a learner blocked in all-reduce waits
+        for a stopped peer, so which is stopped cannot be told), counted, the group's learners killed; LearnerHung."""
+        names, count = ", ".join(map(str, ranks)), self.config.run.learners
+        self.hangs.declare("learner", f"learner{'s' * (len(ranks) > 1)} {names} of {count}", doing, waited_s,
+                           self.deadline, f"killing the {count} learners and starting them again (one blocked in "
+                           "all-reduce waits for a stopped peer: which one stopped cannot be told)")
+        self.group.lose(ranks[0], Hung(f"no answer in {waited_s:.1f} s"), hung=True)
+        self.shutdown()
+        raise LearnerHung(f"learner{'s' * (len(ranks) > 1)} {names} hung {doing}")
 
     def _start_loaded(self, model_state: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
         """Start the L learners and load them; a learner lost while they start or load (its node, a kill) has
@@ -106,7 +142,7 @@ class LearnerGroup:
                 self._start()
                 self.load(model_state, trainer_state)
                 return
-            except ray.exceptions.RayActorError as err:
+            except (ray.exceptions.RayActorError, LearnerHung) as err:
                 self.shutdown()
                 if attempt == START_TRIES - 1:
                     raise LearnerDied(f"the learners could not start: {first_line(err)}") from err
@@ -119,7 +155,8 @@ class LearnerGroup:
         self.last_weights: Weights = {k: v.detach().cpu().numpy() for k, v in model_state.items()}
         self.trainer_state = trainer_state
         model_ref, trainer_ref = ray.put(model_state), ray.put(trainer_state)  # one copy, read by every learner
-        ray.get([learner.load.remote(model_ref, trainer_ref) for learner in self.remote])
+        self._answers([learner.load.remote(model_ref, trainer_ref) for learner in self.remote], "loading the weights",
+                      max(self.config.faults.actor_start_timeout_s, self.deadline.seconds))
 
     def update(self, segments: list[Segment], refs: list[ray.ObjectRef], lr_clock: float, version: int
                ) -> TrainStats:
@@ -131,24 +168,22 @@ class LearnerGroup:
             self.timings = [(update_s, reduce_s)]
             return stats
         calls = [learner.update.remote(lr_clock, version, *refs) for learner in self.remote]
-        pending, rank = list(calls), 0  # rank: the learner whose answer is being read
+        self.rank = 0  # the learner whose answer is being read
+        began = time.monotonic()
         try:
-            while pending:  # ray.wait, not ray.get in order: survivors block in the all-reduce of a dead peer
-                ready, pending = ray.wait(pending, num_returns=1)
-                rank = calls.index(ready[0])
-                ray.get(ready)
-            results = ray.get(calls)
-            rank = 0
-            self.last_weights = ray.get(self.remote[0].weights.remote())
+            results = self._answers(calls, f"updating to policy version {version}")
+            self.deadline.observe(time.monotonic() - began)
+            self.rank = 0
+            (self.last_weights,) = self._answers([self.remote[0].weights.remote()], "exporting its weights")
         except ray.exceptions.RayTaskError:  # a survivor's all-reduce broke: did a peer die under it?
-            lost = dead_peer(calls, pending)
+            lost = dead_peer(calls, calls)
             if lost is None:
                 raise
             rank, death = lost
             self.group.lose(rank, death)
             raise LearnerDied(f"a learner process died during the update: {first_line(death)}") from death
         except ray.exceptions.RayActorError as err:
-            self.group.lose(rank, err)
+            self.group.lose(self.rank, err)
             raise LearnerDied(f"a learner process died during the update: {first_line(err)}") from err
         self.timings = [(update_s, reduce_s) for _stats, update_s, reduce_s in results]
         return results[0][0]
@@ -163,7 +198,8 @@ class LearnerGroup:
         if self.local is not None:
             return self.local.state()
         try:
-            return ray.get(self.remote[0].state.remote())
+            (state,) = self._answers([self.remote[0].state.remote()], "saving its state for a checkpoint")
+            return state
         except ray.exceptions.RayActorError as err:
             self.group.lose(0, err)
             raise LearnerDied("learner 0 is gone") from err
@@ -188,7 +224,7 @@ class LearnerGroup:
 
 def dead_peer(calls: list[ray.ObjectRef], pending: list[ray.ObjectRef], timeout_s: float = 30.0
               ) -> tuple[int, ray.exceptions.RayActorError] | None:
-    """(rank, its death) of a learner whose update call died, among those still ``pending`` when a survivor's
+    """(rank, its death) of a learner whose update call died, among ``pending`` (those not read yet) when a survivor's
     all-reduce failed (gloo: "connection reset by peer" when the peer's process is killed): the death, not the
     survivor's error, is what happened. None when no peer died within ``timeout_s``."""
     done, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout_s) if pending else ([], [])

@@ -21,7 +21,7 @@ import ray
 from dppo.distributed.ray_calls import RayCalls
 from dppo.distributed.restarts import RestartBudget
 
-LOSS_CAUSES = ("node", "crash")
+LOSS_CAUSES = ("node", "crash", "hang")  # hang: past its deadline (dppo.distributed.deadlines), killed
 
 
 @dataclass
@@ -89,21 +89,22 @@ class ActorGroup:
     def mark_ready(self, index: int, node: str | None) -> None:
         self.slots[index].starting, self.slots[index].node = None, node
 
-    def lose(self, index: int, err: Exception) -> Loss:
-        """Slot ``index``'s actor is lost: classify it, count it, spend a crash from the budget (RunFailure past it:
-        the actor is left for shutdown), kill what is left of it. Its slot keeps the dead actor until replaced."""
+    def lose(self, index: int, err: Exception, hung: bool = False) -> Loss:
+        """Slot ``index``'s actor is lost: classify it (``hung``: it missed its deadline, a hang), count it, spend a
+        crash from the budget (RunFailure past it: the actor is left for shutdown), kill what is left of it. Its slot
+        keeps the dead actor until replaced."""
         slot = self.slots[index]
         node = slot.node or self.calls.placement(slot.handle).node
-        loss = Loss(index, self.loss_cause(node, err), node)
+        loss = Loss(index, "hang" if hung else self.loss_cause(node, err), node)
         self.losses[loss.cause] += 1
         if loss.cause == "crash" and self.crashes is not None:
             self.crashes.spend(err)
         self.calls.kill(slot.handle)
         return loss
 
-    def replace(self, index: int, err: Exception) -> Loss:
+    def replace(self, index: int, err: Exception, hung: bool = False) -> Loss:
         """Slot ``index``'s actor lost (see lose) and a fresh actor, with a fresh seed, in its slot."""
-        loss = self.lose(index, err)
+        loss = self.lose(index, err, hung)
         self.slots[index] = self.spawn(index, replacement=True)
         return loss
 

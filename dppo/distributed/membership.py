@@ -47,6 +47,8 @@ class PoolEvents(Protocol):
 
     def segment_dropped(self, reason: str) -> None: ...
 
+    def hung(self, process: str, line: str) -> None: ...
+
 
 def actor_calls(config: Config) -> RayCalls:
     """The real Ray calls for a run's sampling actors."""
@@ -153,12 +155,14 @@ class Membership:
                                     f"{len(self.alive)} of {len(self.slots)} actors alive")
         self.events.actors_changed(len(self.alive), len(self.pending))
 
-    def replace(self, index: int, err: ray.exceptions.RayActorError) -> None:
-        """A lost actor: classify the loss (only crashes spend the budget), then a replacement in its slot."""
-        loss = self.group.replace(index, err)
+    def replace(self, index: int, err: Exception, hung: bool = False) -> None:
+        """A lost actor: classify the loss (only crashes spend the budget; ``hung``: one that missed its deadline,
+        said already), then a replacement in its slot."""
+        loss = self.group.replace(index, err, hung)
         self.events.actor_lost(index, loss.cause, loss.node)
-        what = "lost with its node" if loss.cause == "node" else "crashed"
-        self.events.message(f"actor {index} {what} ({type(err).__name__}: {first_line(err)}); replacement pending: "
+        what = {"node": "lost with its node", "crash": "crashed", "hang": "killed (hung)"}[loss.cause]
+        cause = "" if hung else f" ({type(err).__name__}: {first_line(err)})"
+        self.events.message(f"actor {index} {what}{cause}; replacement pending: "
                             f"{len(self.alive)} of {len(self.slots)} actors alive")
         self.events.actors_changed(len(self.alive), len(self.pending))
 

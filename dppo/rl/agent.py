@@ -5,8 +5,10 @@ dispatch (several microseconds per op) costs more than the math, and an actor th
 weights never imports torch (about 180 MB and a second or more of start-up per actor). It runs in
 float64 and returns float32, so a row's result does not depend on the batch it came in (BLAS sums in a
 different order for one row than for many; a truncated episode's V(final obs) must equal V of the same
-obs elsewhere). Image policies (the CNN) use torch. Both paths compute the same function; tests compare
-them.
+obs elsewhere). Image and recurrent policies use torch. Both paths compute the same function; tests compare
+them. Every action is drawn in numpy from the networks' outputs (:class:`Heads`) with one code,
+:meth:`dppo.rl.spaces.ActionSpec.sample`: here for `dppo eval`, the evaluation actor and self-play's frozen
+opponents, and by :class:`dppo.rl.policy.BackendPolicy` for the actors, whichever backend computed the outputs.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
     import torch
 
     from dppo.rl.model import ActorCritic
-    from dppo.rl.recurrent import Memory
 
 Weights = dict[str, np.ndarray]
 Layers = list[tuple[np.ndarray, np.ndarray]]
@@ -63,12 +64,12 @@ class Heads:
 
 
 class Agent:
-    """Acts with the current policy in batches over E envs; no gradients, one version at a time.
+    """The networks of one policy, one weights version at a time, no gradients: their outputs for a batch
+    (:meth:`heads`, what every backend computes), and whole-episode acting (:meth:`act`) for evaluation.
 
     ``seed`` seeds the action sampling; without it the seed is drawn from torch's generator (so an
     actor seeded with ``torch.manual_seed`` stays reproducible, at the cost of importing torch).
     ``device``: where the torch model runs (the inference service's; actors use the CPU).
-    It is the local :class:`dppo.rl.policy.Policy`: it acts on all E envs at once (one group).
     """
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig,
@@ -78,7 +79,7 @@ class Agent:
         self.discrete = self.action_spec.discrete
         self.recurrent = config.recurrent == "lstm"
         self.fast = not self.obs_spec.has_image and not self.recurrent
-        self.memory: Memory | None = None  # a recurrent policy's LSTM state, one row per env
+        self.memory: np.ndarray | None = None  # act()'s recurrent memory (2, B, hidden), one row per env
         self.starts = np.ones(0, bool)  # rows whose next observation starts an episode (memory zeroed then)
         self.relu = config.activation == "relu"
         self.version = -1
@@ -160,42 +161,21 @@ class Agent:
         return x @ weight_t + bias
 
     def act(self, obs: Obs | np.ndarray, greedy: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Sample (or pick the mode of) actions for a batch: (actions, log_probs, values)."""
+        """Sample (or pick the mode of) actions for a batch: (actions, log_probs, values); a recurrent policy
+        steps its memory of these rows (zeroed where :meth:`end_episodes` said an episode starts)."""
         obs = self.as_obs(obs)
-        if not self.fast:
-            return self._act_torch(obs, greedy)
-        self._ready()
-        out = self._mlp(self.policy_layers, self._policy_vector(obs.vector))
-        value = self._mlp(self.value_layers, obs.vector)[:, 0].astype(np.float32)
-        actions, log_probs = self.action_spec.sample(out, getattr(self, "log_std", None), self.rng, greedy,
-                                                     obs.mask)
-        return actions, log_probs, value
-
-    def _act_torch(self, obs: Obs, greedy: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        import torch
-
-        with torch.inference_mode():
-            if self.recurrent:
-                memory, starts = self.memory_state(len(obs))
-                dist, value, self.memory = self.model.step(obs.map(torch.as_tensor), memory, torch.as_tensor(starts))
-                self.starts[:] = False
-            else:
-                dist, value = self.model(obs.map(torch.as_tensor))
-            action = dist.mode() if greedy else dist.sample()
-            log_prob = dist.log_prob(action)
-        return action.numpy(), log_prob.numpy(), value.numpy()
-
-    def submit(self, obs: Obs, rows: slice) -> Obs:
-        """The ticket is the observation itself (one group: ``rows`` covers all E): acted on at :meth:`result`, the
-        local path's step order."""
-        return obs
-
-    def result(self, ticket: Obs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(actions, log_probs, values) for the observation submitted, computed now."""
-        return self.act(ticket)
-
-    def cancel(self, ticket: Obs) -> None:
-        """Nothing is held for an observation submitted and not acted on."""
+        memory = starts = None
+        if self.recurrent:
+            if self.memory is None or self.memory.shape[1] != len(obs):
+                self.memory = np.zeros((2, len(obs), self.config.lstm_hidden_size), np.float32)
+                self.starts = np.ones(len(obs), bool)
+            memory, starts = self.memory, self.starts.copy()
+            self.starts[:] = False
+        heads = self.heads(obs, memory, starts)
+        if self.recurrent:
+            self.memory = heads.memory
+        actions, log_probs = self.action_spec.sample(heads.out, heads.log_std, self.rng, greedy, obs.mask)
+        return actions, log_probs, heads.values
 
     def heads(self, obs: Obs | np.ndarray, memory: np.ndarray | None = None,
               starts: np.ndarray | None = None) -> Heads:
@@ -221,37 +201,13 @@ class Agent:
         log_std = getattr(model, "log_std", None)
         return Heads(out, None if log_std is None else log_std.detach().double().cpu().numpy(), values, after)
 
-    def value(self, obs: Obs | np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        """V(obs); ``rows``: which envs these observations belong to (a recurrent policy reads their memory)."""
+    def value(self, obs: Obs | np.ndarray) -> np.ndarray:
+        """V(obs) of a feed-forward policy (tests compare the paths with it)."""
         obs = self.as_obs(obs)
         if self.fast:
             self._ready()
             return self._mlp(self.value_layers, obs.vector)[:, 0].astype(np.float32)
-        import torch
-
-        with torch.inference_mode():
-            if not self.recurrent:
-                return self.model.value(obs.map(torch.as_tensor)).numpy()
-            (h, c), starts = self.memory_state(len(obs) if rows is None else len(self.starts))
-            index = np.arange(len(obs)) if rows is None else np.asarray(rows)
-            pick = torch.as_tensor(index)
-            _, value, _ = self.model.step(obs.map(torch.as_tensor), (h[:, pick], c[:, pick]),
-                                          torch.as_tensor(starts[index]))
-            return value.numpy()
-
-    def memory_state(self, rows: int) -> tuple[Memory, np.ndarray]:
-        """The recurrent memory of ``rows`` envs and which of them start an episode next (zeros, all starting,
-        until the first step)."""
-        if self.memory is None or self.memory[0].shape[1] != rows:
-            self.memory, self.starts = self.model.initial_memory(rows), np.ones(rows, bool)
-        return self.memory, self.starts
-
-    def memory_at_start(self, rows: int) -> np.ndarray | None:
-        """A recurrent policy's memory of ``rows`` envs now, (2, rows, hidden): what a segment starts from."""
-        if not self.recurrent:
-            return None
-        (h, c), _ = self.memory_state(rows)
-        return np.stack([h[0].numpy(), c[0].numpy()])
+        return self.heads(obs).values
 
     def end_episodes(self, done: np.ndarray) -> None:
         """The envs in ``done`` start new episodes: their memory is zeroed before their next observation."""

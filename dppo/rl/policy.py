@@ -1,9 +1,8 @@
-"""The policy an actor samples with: local (:class:`dppo.rl.agent.Agent`) or a :class:`BackendPolicy`, whose forward
-passes a backend computes: a worker thread of the actor (:mod:`dppo.rl.worker_thread`) or the inference service.
-
-Every policy draws the actions in the actor with the actor's own random stream, so a seeded run draws the same
-actions wherever the forward pass ran; a recurrent policy's memory stays with the actor and travels with each
-request. A backend is thus stateless but for its weights, and knows nothing of envs, agents, faults or halves:
+"""The one policy every actor samples with, :class:`BackendPolicy`: a backend computes its forward passes (on the
+actor's thread or a worker thread of it, :mod:`dppo.rl.worker_thread`, or in the inference service) and it draws
+every action in the actor with the actor's own random stream (numpy), for every model kind, so a seeded run draws the
+same actions wherever the forward pass ran; a recurrent policy's memory stays here and travels with each request.
+A backend is thus stateless but for its weights, and knows nothing of envs, agents, faults or halves:
 ``submit(request) -> ticket``, ``result(ticket)``, ``cancel(ticket)``; the Sampler holds the tickets.
 """
 
@@ -19,33 +18,6 @@ import numpy as np
 from dppo.config import ModelConfig
 from dppo.rl.agent import Heads, Weights
 from dppo.rl.spaces import Obs, check_spaces
-
-
-class Policy(Protocol):
-    """What the Sampler needs from a policy: act, value, episode starts and a recurrent policy's memory."""
-
-    version: int  # the weights' version this policy acts with (stamped on segments)
-    recurrent: bool
-    starts: np.ndarray  # (E,) bool: rows whose next observation starts an episode (memory zeroed then)
-
-    def load(self, weights: Weights, version: int) -> None: ...
-
-    def submit(self, obs: Obs, rows: slice) -> Any:
-        """Ask for the actions of the envs in ``rows`` (their next, normalized observation); returns a ticket."""
-
-    def result(self, ticket: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(actions, log_probs, values) for what the ticket asked."""
-
-    def cancel(self, ticket: Any) -> None: ...
-
-    def act(self, obs: Obs, greedy: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
-
-    def value(self, obs: Obs, rows: np.ndarray | None = None) -> np.ndarray:
-        """V(obs); ``rows``: which envs these observations belong to (a recurrent policy reads their memory)."""
-
-    def memory_at_start(self, rows: int) -> np.ndarray | None: ...
-
-    def end_episodes(self, done: np.ndarray) -> None: ...
 
 
 class InferenceLost(RuntimeError):

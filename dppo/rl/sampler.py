@@ -27,10 +27,11 @@ from dppo.errors import UsageError
 from dppo.rl.actions import NoLegalAction
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.normalizer import RunningStats
-from dppo.rl.policy import InferenceLost, Policy
+from dppo.rl.policy import BackendPolicy, InferenceLost
 from dppo.rl.segment import Segment
 from dppo.rl.spaces import Obs
 from dppo.rl.transforms import EpisodeStats, LearningReward, LifeLoss, ObsNormalizer, scrub_nonfinite
+from dppo.rl.worker_thread import in_actor_policy
 
 
 def agent_cut(info: dict[str, Any], width: int) -> np.ndarray:
@@ -44,14 +45,6 @@ def actor_seed(run_seed: int, actor: int, spawn: int = 0) -> int:
     """The seed of an actor's envs and action sampling: distinct per actor slot and per spawn of the run (a
     replacement does not replay its predecessor's episodes)."""
     return run_seed + 10_000 * actor + 7_919 * spawn
-
-
-def group_count(config: Config) -> int:
-    """How many groups a Sampler steps its env copies in, for every mode: two halves with run.actor_halves=2 or with
-    the inference service when the copies split evenly; else one."""
-    if config.run.inference == "server":
-        return 2 if config.env.num_envs % 2 == 0 else 1
-    return config.run.actor_halves
 
 
 @contextlib.contextmanager
@@ -68,35 +61,36 @@ def env_faults_named(config: Config) -> Iterator[None]:
 class Sampler:
     """Env + policy + transforms of one actor, and the one owner of its per-step path (plain Python: no Ray).
 
-    Its env copies are grouped once (:func:`group_count`): two halves are two vector envs of E/2 copies, seeded as
-    one of E would be, stepped in turn so one steps while the policy's backend computes the other's actions. It
+    Its env copies are grouped once (``config.placement.groups``): two halves are two vector envs of E/2 copies, seeded
+    as one of E would be, stepped in turn so one steps while the policy's backend computes the other's actions. It
     holds the tickets of the requests in flight and cancels them when a segment is abandoned. Its rows are the
     columns its vector envs report (one per agent of a multi-agent copy). Env faults cost a step, not the segment: a
     copy that raises is recreated alone by its vector env, one that raises out of ``step`` is made afresh
     (:meth:`_step`).
 
-    ``policy``: what acts (default: a local Agent seeded like the actor); ``make_envs``: what makes each half's
-    vector env (self-play's opponents come with it: :mod:`dppo.rl.opponents`); ``policy_name``: the policy map's
-    policy it acts for. A joint sampler (:mod:`dppo.rl.joint`) steps one env for several samplers via :meth:`steps`.
+    ``policy``: what acts (default: the actor's own networks on its thread, seeded like the actor); ``make_envs``:
+    what makes each half's vector env (self-play's opponents come with it: :mod:`dppo.rl.opponents`);
+    ``policy_name``: the policy map's policy it acts for. A joint sampler (:mod:`dppo.rl.joint`) steps one env for
+    several samplers via :meth:`steps`.
     """
 
     def __init__(self, config: Config, actor_id: int = 0, seed: int | None = None,
-                 policy: Policy | None = None, make_envs: Callable[[Config], VectorEnv] = make_vector_env,
+                 policy: BackendPolicy | None = None, make_envs: Callable[[Config], VectorEnv] = make_vector_env,
                  policy_name: str = DEFAULT_POLICY) -> None:
         self.config = config
         self.actor_id = actor_id
         self.make_envs, self.policy_name = make_envs, policy_name
         self.seed = actor_seed(config.run.seed, actor_id) if seed is None else seed
         self.env_resets = 0
-        copies, groups = config.env.num_envs, group_count(config)
+        copies, groups = config.env.num_envs, config.placement.groups
         self.copies = [range(h * copies // groups, (h + 1) * copies // groups) for h in range(groups)]
         self.rows: list[slice] = []  # each half's columns, set when its vector env is made
         self.half_envs = self._start_envs()
         self.failures_in_row = [0] * groups  # each half's steps in a row that raised out of its vector env
         self.in_flight: dict[int, Any] = {}  # half -> the policy's ticket for its next actions
         envs, env = self.half_envs[0], config.env
-        self.policy: Policy = policy or Agent(envs.single_observation_space, envs.single_action_space, config.model,
-                                              seed=self.seed)
+        self.policy: BackendPolicy = policy or in_actor_policy(envs.single_observation_space, envs.single_action_space,
+                                                        config.model, self.seed, self.num_columns)
         self.obs_spec, self.action_spec = self.policy.obs_spec, self.policy.action_spec
         self.normalize_obs = ObsNormalizer(env.normalize_obs, env.obs_clip, self.obs_spec.vector_dim)
         self.learning_reward = LearningReward(env.clip_reward, env.normalize_reward, self.num_columns,
@@ -110,9 +104,10 @@ class Sampler:
 
     @property
     def agent(self) -> Agent:
-        """The local policy (tests and tools read its model)."""
-        assert isinstance(self.policy, Agent), "this sampler's policy is remote"
-        return self.policy
+        """The networks of a policy in this process (tests and tools read its model)."""
+        agent = getattr(self.policy.backend, "agent", None)
+        assert isinstance(agent, Agent), "this sampler's policy is computed elsewhere"
+        return agent
 
     @property
     def envs(self) -> VectorEnv:
@@ -199,10 +194,24 @@ class Sampler:
         return result
 
     def _recreate_half(self, h: int, line: str, details: str) -> tuple:
+        """Half h's vector env made afresh and reset, each failed try on another fresh one with its own seed
+        (faults.env_retries more, then an EnvFailure naming the last exception's file:line); the step that raised
+        cuts every copy's episode."""
         with contextlib.suppress(Exception):
             self.half_envs[h].close()
-        self.env_resets += 1
-        self.half_envs[h], obs, info = self._start_half(h)
+        retries = self.config.faults.env_retries
+        for attempt in range(retries + 1):
+            self.env_resets += 1
+            try:
+                self.half_envs[h], obs, info = self._start_half(h)
+                break
+            except (EnvFailure, UsageError):
+                raise
+            except Exception as err:
+                if attempt == retries:
+                    raise EnvFailure(f"env {self.config.env.name} raised in step ({line}), and its vector env made "
+                                     f"afresh could not reset in {retries + 1} tries: {describe(err)}",
+                                     traceback.format_exc()) from err
         cut = np.ones(self.rows[h].stop - self.rows[h].start, bool)  # every copy's episode
         info = {**info, **failure_info(cut, line, details), "final_obs": self.half_obs[h], "_final_obs": cut}
         return obs, np.zeros(len(cut)), np.zeros(len(cut), bool), cut, info

@@ -1,7 +1,9 @@
-"""A backend in the actor's own process: one worker thread computes the forward passes, so one half of the actor's
-envs steps while the other's pass runs (EnvPool's and Cleanba's pattern; ale-py's vector env and torch's kernels
-release the GIL). Everything but the forward pass is the :class:`~dppo.rl.policy.BackendPolicy`'s, so a seeded run
-is reproducible: the worker computes the requests in the order they were submitted.
+"""The backends in the actor's own process: :class:`InActor` computes a forward pass on the actor's thread when its
+result is asked (one group of envs: the plain step loop); :class:`WorkerThread` computes them on one worker thread,
+so one half of the actor's envs steps while the other's pass runs (EnvPool's and Cleanba's pattern; ale-py's vector
+env and torch's kernels release the GIL). Everything but the forward pass is the
+:class:`~dppo.rl.policy.BackendPolicy`'s (the actions drawn with the actor's seeded stream, a recurrent policy's
+memory), so a seeded run draws the same actions whichever backend computed them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,25 @@ import gymnasium as gym
 from dppo.config import ModelConfig
 from dppo.rl.agent import Agent, Weights
 from dppo.rl.policy import BackendPolicy, Reply, Request
+
+
+class InActor:
+    """A Backend on the actor's own thread: a request is its own ticket, computed when its result is asked."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def submit(self, request: Request) -> Request:
+        return request
+
+    def result(self, ticket: Request) -> Reply:
+        return Reply(ticket.version, self.agent.heads(ticket.obs, ticket.memory, ticket.starts))
+
+    def cancel(self, ticket: Request) -> None:
+        """Nothing was computed for a request not asked for."""
+
+    def load(self, weights: Weights, version: int) -> None:
+        self.agent.load(weights, version)
 
 
 class WorkerThread:
@@ -46,7 +67,14 @@ class WorkerThread:
 
 def worker_thread_policy(obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int,
                          num_envs: int, device: str = "cpu") -> BackendPolicy:
-    """The actor's own networks on ``device`` (cuda with a GPU share, else cpu), computed on a worker thread; the
-    networks seeded like the Agent they stand for, and loaded with every broadcast."""
+    """The actor's own networks on ``device`` (cuda with a GPU share, else cpu), computed on a worker thread (two
+    halves, or a GPU share); the networks seeded like the actor's, and loaded with every broadcast."""
     worker = WorkerThread(Agent(obs_space, action_space, config, seed=seed, device=device))
     return BackendPolicy(obs_space, action_space, config, seed, num_envs, worker, on_load=worker.load)
+
+
+def in_actor_policy(obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int,
+                    num_envs: int) -> BackendPolicy:
+    """The actor's own networks on its CPU, computed on its thread: the plain step loop's policy."""
+    backend = InActor(Agent(obs_space, action_space, config, seed=seed))
+    return BackendPolicy(obs_space, action_space, config, seed, num_envs, backend, on_load=backend.load)

@@ -21,10 +21,11 @@ import torch
 from dppo.config import Config
 from dppo.distributed.actor_pool import ActorPool, Gathered, Round, Stop
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, SnapshotRefs, broadcast_arg
+from dppo.distributed.deadlines import Hangs
 from dppo.distributed.evaluation import FINISH_WAIT_S, EvalResult, Evaluation, EvaluationStopped
-from dppo.distributed.inference import ServiceSupervisor, lost_service
+from dppo.distributed.inference import ServiceHung, ServiceSupervisor, lost_service
 from dppo.distributed.inference_choice import choose_inference, resolve_inference
-from dppo.distributed.learner_group import LearnerDied, LearnerGroup
+from dppo.distributed.learner_group import LearnerDied, LearnerGroup, LearnerHung
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.make import check_self_play, is_self_play, policy_spaces, with_agents
 from dppo.errors import RunFailure
@@ -77,11 +78,12 @@ class Coordinator:
         self.store = CheckpointStore(self.run_dir.checkpoints, config.run.keep_checkpoints)
         self.reporter = Reporter(config, self.run_dir)
         self.signals = StopSignals()
-        self.pool = ActorPool(config, self.reporter, lambda: self.signals.received is not None)
+        self.hangs = Hangs(config.faults, self.reporter)  # every wait's deadline; a hung process said and replaced
+        self.pool = ActorPool(config, self.reporter, lambda: self.signals.received is not None, hangs=self.hangs)
         self.learners: dict[str, LearnerGroup] = {}  # each policy's
         self.inference: ServiceSupervisor | None = None  # the policy-inference service (run.inference=server)
         self.snapshot_refs = SnapshotRefs()  # self-play: each snapshot in the object store once
-        self.evaluation = Evaluation(config)
+        self.evaluation = Evaluation(config, hangs=self.hangs)
         faults = config.faults
         self.learner_restarts = RestartBudget("learner", faults.max_learner_restarts, faults.restart_window_s)
         self.startup_s: dict[str, float] = {}  # start-up phases (set by `dppo train`), into summary.json
@@ -90,12 +92,14 @@ class Coordinator:
     def start(self) -> None:
         """Start the learners and the actors; every actor has made its envs when this returns, so an env that
         cannot be made anywhere is bad input before anything is written."""
-        self.learners = {name: LearnerGroup(self.config, *self.spaces[name], model, self.trainer_states[name])
-                         for name, model in self.models.items()}
+        self.learners = {name: LearnerGroup(self.config, *self.spaces[name], model, self.trainer_states[name],
+                                            self.hangs) for name, model in self.models.items()}
         if self.config.run.inference == "server":  # beside the learner, on its device (one policy)
             (name, learners), = self.learners.items()
-            self.inference = ServiceSupervisor(self.config, *self.spaces[name], learners.device, self.reporter.message)
+            self.inference = ServiceSupervisor(self.config, *self.spaces[name], learners.device, self.reporter.message,
+                                               hangs=self.hangs)
             self.inference.start()
+            self.pool.upstream = self.inference.check  # actors that wait on a hung service are not the ones hung
         self.pool.start()
 
     # ---- the loop ------------------------------------------------------------------------------------
@@ -178,10 +182,13 @@ class Coordinator:
         return broadcasts if len(broadcasts) > 1 else next(iter(broadcasts.values()))
 
     def _gather(self, round_: Round) -> Gathered:
-        """The round's segments; a round the inference service's loss failed goes again to its replacement."""
+        """The round's segments; a round the inference service's loss or hang failed goes again to its replacement."""
         while True:
             try:
                 return self.pool.gather(round_)
+            except ServiceHung:
+                assert self.inference is not None
+                round_ = self.pool.dispatch(self.inference.again(round_.broadcast))
             except RunFailure as err:
                 lost = None if self.inference is None else lost_service(err)
                 if lost is None:
@@ -206,9 +213,10 @@ class Coordinator:
             try:
                 return learners.update(segments, refs, self.state.lr_clock, self.state.counters.policy_version + 1)
             except LearnerDied as err:
-                self.learner_restarts.spend(err)
-                whose = f" of policy {name}" if len(self.learners) > 1 else ""
-                self.reporter.message(f"{err}; restarting the {self.config.run.learners} learners{whose}")
+                if not isinstance(err, LearnerHung):  # a hang was said and spent from the hangs' budget already
+                    self.learner_restarts.spend(err)
+                    whose = f" of policy {name}" if len(self.learners) > 1 else ""
+                    self.reporter.message(f"{err}; restarting the {self.config.run.learners} learners{whose}")
                 intact = self.store.newest_intact()
                 learners.restart(policy_entry(intact[1], name)["trainer"] if intact else learners.fallback_state()[1])
                 self.reporter.learner_restarted()
@@ -233,6 +241,7 @@ class Coordinator:
                   "wait": max(0.0, timer.seconds["gather"] - sampling["sample"]), "update": timer.seconds["update"],
                   "env": sampling["env"], "inference": sampling["inference"]}
         record = progress_record(self.state, gathered.segments, steps, stats, phases, timer.elapsed())
+        record["hangs"] = self.reporter.faults.hangs
         if self.state.league is not None:
             games = [s.match_results for s in gathered.segments if s.match_results is not None]
             record.update(self.state.league.record(np.concatenate(games) if games else np.zeros((0, 2))))
@@ -288,10 +297,13 @@ class Coordinator:
         for name, learners in self.learners.items():
             try:
                 models[name], trainers[name] = learners.state()
-            except LearnerDied:
+            except LearnerDied as err:
                 self.reporter.message("learner 0 is gone: the checkpoint keeps the optimizer state the learners last "
                                       "loaded")
                 models[name], trainers[name] = learners.fallback_state()
+                if isinstance(err, LearnerHung):  # killed: the next update needs a group
+                    learners.restart(trainers[name])
+                    self.reporter.learner_restarted()
         path = self.store.save(compose(self.state, models, trainers, self.record), iteration)
         self.reporter.checkpoint_written(path)
 

@@ -129,10 +129,13 @@ class Metrics(Exporter):
             "dppo_actors_pending", "Replacements of lost actors waiting for the cluster to place and start them.",
             registry=r)
         self.actor_losses = Counter(
-            "dppo_actor_losses", "Actors lost, by cause: node (their node went away) or crash (the process died).",
-            ["cause"], registry=r)
-        for cause in ("node", "crash"):  # a fixed set: both series exist (at 0) from the start
+            "dppo_actor_losses", "Actors lost, by cause: node (their node went away), crash (the process died) or "
+            "hang (it missed its deadline and was killed).", ["cause"], registry=r)
+        for cause in ("node", "crash", "hang"):  # a fixed set: every series exists (at 0) from the start
             self.actor_losses.labels(cause=cause)
+        self.hangs = Counter(
+            "dppo_hangs", "Processes that missed their deadline (faults.hang_timeout_s, or 10x the median of their "
+            "call), killed and replaced: actors, learners, the inference service, the evaluation actor.", registry=r)
         self.actor_restarts = Counter(
             "dppo_actor_restarts", "Actors replaced after a failure.", ["actor"], registry=r
         )

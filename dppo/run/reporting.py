@@ -32,6 +32,7 @@ class FaultCounts:
     learner_restarts: int = 0
     segments_dropped: int = 0
     updates_skipped: int = 0
+    hangs: int = 0  # processes past their deadline, killed and replaced (dppo.distributed.deadlines)
 
 
 @dataclass
@@ -177,7 +178,7 @@ class Reporter:
         self.faults.actor_restarts += 1
         if cause == "crash":
             self.faults.actor_crashes += 1
-        elif node is None or node not in self.lost_nodes:
+        elif cause == "node" and (node is None or node not in self.lost_nodes):
             self.lost_nodes.add(node)
             self.faults.node_losses += 1
 
@@ -185,6 +186,13 @@ class Reporter:
         self.actors.alive = alive
         self.metrics.actors_alive.set(alive)
         self.metrics.actors_pending.set(pending)
+
+    def hung(self, process: str, line: str) -> None:
+        """A process of kind ``process`` (actor, learner, inference, evaluation) missed its deadline: ``line`` says
+        who, doing what, for how long; it is being replaced."""
+        self.output.message(line)
+        self.metrics.hangs.inc()
+        self.faults.hangs += 1
 
     def segment_dropped(self, reason: str) -> None:
         self.metrics.segments_dropped.labels(reason=reason).inc()

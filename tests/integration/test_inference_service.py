@@ -24,11 +24,12 @@ from conftest import train_small as train
 import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import load_config
 from dppo.distributed.inference import start_service
-from dppo.distributed.inference_client import RayCallClient, ServedBroadcast, service_client
+from dppo.distributed.inference_client import RayCallClient, ServedBroadcast, ServiceBackend
 from dppo.rl.agent import Agent, export_weights
 from dppo.rl.build import build_model
 from dppo.rl.policy import BackendPolicy, Request
 from dppo.transport.client import ShmClient
+from dppo.transport.protocol import Layout
 
 SHM = Path("/dev/shm")
 
@@ -57,8 +58,10 @@ def test_served_greedy_actions_are_the_in_actor_ones_by_ray_calls_and_shared_mem
             remote = BackendPolicy(env.observation_space, env.action_space, config.model, seed=0, num_envs=16)
             # this process is on the service's node: shared memory, unless the broadcast names no endpoint
             broadcast = ServedBroadcast({}, 3, None, None, service=service, endpoint=named)
-            remote.backend, remote.version = service_client(broadcast, remote), 3
-            assert isinstance(remote.backend, transport)
+            remote.backend, remote.version = ServiceBackend(Layout(remote.obs_spec, remote.action_spec, config.model,
+                                                                   16)), 3
+            remote.backend.follow(broadcast)
+            assert isinstance(remote.backend.client, transport)
             envs = [gym.make(env_id) for _ in range(16)]
             obs = local.obs_spec.encode_many([e.reset(seed=i)[0] for i, e in enumerate(envs)])
             for _ in range(4):  # a recurrent policy's memory carried from step to step
@@ -67,10 +70,10 @@ def test_served_greedy_actions_are_the_in_actor_ones_by_ray_calls_and_shared_mem
                 np.testing.assert_array_equal(actions, want_actions)
                 np.testing.assert_allclose(values, want_values, atol=1e-6)
                 obs = local.obs_spec.encode_many([e.step(a)[0] for e, a in zip(envs, actions.tolist(), strict=True)])
-        assert len(list(SHM.glob(f"dppo_*_{endpoint.token}_*"))) == 1 and not remote.backend.closed
+        assert len(list(SHM.glob(f"dppo_*_{endpoint.token}_*"))) == 1 and not remote.backend.client.closed
         ray.get(service.close.remote())  # what the driver asks before it kills the service
         assert not list(SHM.glob(f"dppo_*_{endpoint.token}_*"))
-        remote.backend.close()
+        remote.backend.client.close()
     finally:
         ray.kill(service)
 

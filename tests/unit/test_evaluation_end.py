@@ -10,11 +10,12 @@ from dppo.config import load_config
 from dppo.distributed.evaluation import FINISH_WAIT_S, Evaluation
 
 
-def evaluation(seconds: float, every: int = 2) -> tuple[Evaluation, FakeRayCalls]:
+def evaluation(seconds: float, every: int = 2, hang_timeout_s: float | None = None) -> tuple[Evaluation, FakeRayCalls]:
     """An evaluation whose calls take ``seconds`` of fake time and return the weights they were given, as returns."""
     calls = FakeRayCalls(lambda index, spawn: Script(calls=lambda n: Call(seconds)),
                          sample=lambda index, seed, broadcast: [float(broadcast)])
-    return Evaluation(load_config(overrides={"run.eval_every": every}), calls), calls
+    config = load_config(overrides={"run.eval_every": every, "faults.hang_timeout_s": hang_timeout_s})
+    return Evaluation(config, calls), calls
 
 
 def test_the_end_waits_for_the_evaluation_in_flight_then_evaluates_the_final_weights() -> None:
@@ -36,7 +37,7 @@ def test_a_stop_signal_or_the_bound_ends_the_wait_and_leaves_what_did_not_finish
     stopped.submit(2, iteration=2, env_steps=200)
     assert stopped.finish(3, iteration=3, env_steps=300, stopped=lambda: True) == []
     assert stopped.in_flight is not None  # the caller says it did not finish
-    stuck, calls = evaluation(10 * FINISH_WAIT_S)
+    stuck, calls = evaluation(10 * FINISH_WAIT_S, hang_timeout_s=100 * FINISH_WAIT_S)  # slow, not hung
     stuck.submit(2, iteration=2, env_steps=200)
     assert stuck.finish(3, iteration=3, env_steps=300, stopped=lambda: False) == []
     assert stuck.in_flight is not None and calls.now() <= FINISH_WAIT_S + 1  # the final weights not queued behind it

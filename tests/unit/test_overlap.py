@@ -23,7 +23,6 @@ from dppo.distributed.actor import actor_sampler, gpu_shortage
 from dppo.envs.make import make_vector_env
 from dppo.rl.agent import export_weights
 from dppo.rl.build import build_model
-from dppo.rl.policy import BackendPolicy
 from dppo.rl.sampler import Sampler
 from dppo.rl.segment import Segment
 from dppo.rl.worker_thread import WorkerThread, worker_thread_policy
@@ -164,7 +163,8 @@ def test_with_two_halves_only_the_half_that_raised_is_made_afresh() -> None:
 
 def test_the_actor_makes_the_overlapped_policy_only_when_asked() -> None:
     config = load_config(overrides={"env.num_envs": 4, "ppo.num_minibatches": 1})
-    assert not isinstance(actor_sampler(config, 0, SEED).policy, BackendPolicy)  # the Agent by default
+    plain = actor_sampler(config, 0, SEED)  # by default the forward pass on the actor's thread, one group
+    assert not isinstance(plain.policy.backend, WorkerThread) and len(plain.half_envs) == 1
     halved = config.model_copy(update={"run": config.run.model_copy(update={"actor_halves": 2})})
     sampler = actor_sampler(halved, 0, SEED)
     assert isinstance(sampler.policy.backend, WorkerThread) and len(sampler.half_envs) == 2
