@@ -752,7 +752,9 @@ def test_a_spot_reclaim_costs_the_actors_of_one_pod_and_the_run_goes_on(helm_bin
     actors, _nodes = job_actors(emulated, "spot")
     sampling = {a["pid"] for a in actors if a["class_name"] == "Actor" and a["state"] == "ALIVE"}
     # a pod running exactly one of the run's actors (its PID 1, as a pod's container has it)
-    pod = next(p for p in local.procs[1:5] if len(sampling.intersection(descendants(p.pid))) == 1)
+    pods = {p.pid: len(sampling.intersection(descendants(p.pid))) for p in local.procs[1:5]}
+    pod = next((p for p in local.procs[1:5] if pods[p.pid] == 1), None)
+    assert pod is not None, (pods, actors)
     os.kill(pod.pid, signal.SIGTERM)  # the reclaim notice
     with contextlib.suppress(subprocess.TimeoutExpired):
         pod.wait(timeout=grace)

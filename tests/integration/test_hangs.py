@@ -2,7 +2,7 @@
 service, or one learner of two stopped with SIGSTOP and never resumed; the run says so within its deadline
 (faults.hang_timeout_s, set low here), kills and replaces the process, finishes with exit 0 and counts the hang in
 progress.jsonl and summary.json; nothing stopped is left behind. Real processes, real signals, the session's
-cluster (its Ray workers are this test process's descendants, so the victims are this run's)."""
+cluster (the victims found by the run's job: conftest.run_workers, never another test's)."""
 
 from __future__ import annotations
 
@@ -17,18 +17,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import run_workers
 
 TIMEOUT_S = 6  # faults.hang_timeout_s: well above an iteration of these small runs, well under a test's patience
-
-
-def ray_processes(title: str) -> list[psutil.Process]:
-    """This session cluster's processes of Ray actor class ``title`` (process title ``ray::<Class>...``)."""
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if " ".join(proc.cmdline()).startswith(f"ray::{title}"):
-                found.append(proc)
-    return found
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -72,7 +63,7 @@ def test_a_stopped_process_is_said_hung_replaced_and_the_run_finishes(ray_addres
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < end, "the run made no progress"
             for title in list(waiting) if len(records(run_dir)) >= 2 else []:
-                for victim in ray_processes(title)[:1]:
+                for victim in run_workers(proc.pid, f"ray::{title}")[:1]:
                     victim.send_signal(signal.SIGSTOP)
                     stopped.append(victim)
                     waiting.remove(title)
