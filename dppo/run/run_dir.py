@@ -87,8 +87,9 @@ class RunDir:
                              "this user); pass a --run-dir you can write to")
 
     def holds_run(self) -> bool:
-        """A run has written iterations here."""
-        return self.progress.exists()
+        """A run has written iterations or a checkpoint here (one killed between its first checkpoint and its first
+        progress line holds a run too: its --resume continues it)."""
+        return self.progress.exists() or (self.checkpoints.is_dir() and any(self.checkpoints.iterdir()))
 
     def write_config(self, config_yaml: str) -> None:
         atomic_write(self.config, config_yaml.encode())

@@ -70,6 +70,7 @@ CASES = [
     (["train", "--set", "faults.min_actors=3"], "faults.min_actors 3 exceeds run.actors 2"),
     (["train", "--set", "run.torch_threads=2", "--set", "run.actor_threads=1"], "keep only run.actor_threads"),
     (["train", "--run-dir", "used-run"], "already holds a run"),
+    (["train", "--run-dir", "cartpole-run"], "already holds a run"),  # a checkpoint, no progress line yet
     (["train", "--resume", "--run-dir", "cartpole-run", "--env", "Pendulum-v1"], "is for env 'CartPole-v1'"),
     (["train", "--resume", "--run-dir", "cartpole-run", "--set", "model.hidden_sizes=[8]"], "model settings"),
     (["eval", "--checkpoint", "missing.pt"], "not found"),
