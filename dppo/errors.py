@@ -32,3 +32,23 @@ def first_line(err: BaseException | str) -> str:
     text = _ESCAPES.sub("", str(err))
     line = next((part.strip() for part in text.splitlines() if part.strip()), "")
     return line or (type(err).__name__ if isinstance(err, BaseException) else "")
+
+
+class StopRun(Exception):
+    """Raised by a callback (``run.callbacks``, ``dppo.train(callbacks=...)``) to end the run: it stops after this
+    iteration with a final checkpoint, exit 0, and ``reason`` as summary.json's reason."""
+
+    def __init__(self, reason: str = "callback") -> None:
+        super().__init__(reason)
+        self.reason = str(reason) or "callback"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped ``dppo.train``: the run ended as `dppo train` ends on SIGINT (the round in progress,
+    then a final checkpoint, nothing left running). A KeyboardInterrupt, so a script or a notebook stops as Ctrl-C
+    stops it; ``result`` holds the run's ``dppo.TrainResult`` (None when the stop came before training started,
+    which writes nothing)."""
+
+    def __init__(self, message: str, result: object = None) -> None:
+        super().__init__(message)
+        self.result = result

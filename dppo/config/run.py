@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from dppo.config.base import Section
 
@@ -94,6 +94,24 @@ class RunConfig(Section):
     target_on: Literal["training", "evaluation"] = "training"
     """What target_return is judged on: the last 100 training episodes, or the last evaluation's mean return
     (needs eval_every)."""
+    callbacks: list[str] = Field(default_factory=list)
+    """module.path:function items, called in the driver after each iteration with its figures (one
+    dppo.IterationInfo: the progress record, the run dir, the checkpoint written). One that raises dppo.StopRun(reason)
+    (or returns False) ends the run after that iteration with a final checkpoint, exit 0 and its reason in
+    summary.json; one that raises anything else fails the run (exit 1) after a checkpoint. The module must be
+    importable in the driver (docs/python-api.md)."""
+
+    @field_validator("callbacks", mode="before")
+    @classmethod
+    def _callback_format(cls, value: Any) -> Any:
+        value = [value] if isinstance(value, str) else value  # --set run.callbacks=mod:fn names one
+        for ref in value if isinstance(value, list) else []:
+            if not isinstance(ref, str):
+                continue  # pydantic names it
+            module, sep, name = ref.partition(":")
+            if not sep or not module.strip() or not name.strip() or ":" in name:
+                raise ValueError(f"{ref!r} is not module.path:function; write e.g. mypackage.callbacks:stop_early")
+        return value
 
 
 class MetricsConfig(Section):

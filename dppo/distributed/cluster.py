@@ -195,3 +195,14 @@ def kill_children() -> None:
     for process in psutil.Process().children(recursive=True):  # SIGKILL lands at once; no need to wait
         with contextlib.suppress(psutil.Error):
             process.kill()
+
+
+def kill_ray_children() -> None:
+    """SIGKILL the descendants of this process that are a local Ray's (GCS, raylet, its agents and workers), and no
+    other: a program that called dppo.train may have children of its own."""
+    import psutil
+
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if any("ray" in part for part in process.cmdline()[:3]) or "raylet" in process.name():
+                process.kill()

@@ -33,6 +33,7 @@ from dppo.rl.build import build_model
 from dppo.rl.ppo import TrainStats
 from dppo.rl.sampler import EnvFailure
 from dppo.rl.segment import Segment
+from dppo.run.callbacks import Callback, Callbacks, resolve_callbacks
 from dppo.run.checkpoint import CheckpointStore, compose, compose_best, policy_entry
 from dppo.run.league import League
 from dppo.run.logs import counted
@@ -48,11 +49,14 @@ class Coordinator:
     """The driver of a run: owns the run's state, files and sinks, and drives the actors and the learners."""
 
     def __init__(self, config: Config, run_dir: Path, resume: dict[str, Any] | None = None,
-                 on_iteration: Callable[[dict[str, Any], Path | None], None] | None = None) -> None:
+                 on_iteration: Callable[[dict[str, Any], Path | None], None] | None = None,
+                 callbacks: list[Callback] | None = None) -> None:
         """``on_iteration``: called with each progress record and the checkpoint written that iteration, if any
-        (a sweep's trial reports both to Ray Tune)."""
+        (a sweep's trial reports both to Ray Tune); ``callbacks``: the user's, after run.callbacks' (dppo.train)."""
         config = self.config = with_agents(config)  # many agents: the batch counts each copy's agents
         self.on_iteration = on_iteration
+        self.callbacks = Callbacks(resolve_callbacks(config, callbacks), config)
+        self.stop_asked: str | None = None  # a callback's stop reason
         self.record_extra: dict[str, Any] = {}  # keys added to every progress record (a sweep's hyperparameters)
         torch.set_num_threads(config.run.learner_threads)  # before the model: its orthogonal init uses them
         torch.manual_seed(config.run.seed)  # the initial weights
@@ -128,8 +132,10 @@ class Coordinator:
                         self._checkpoint()
                 record["checkpoint_s"] = phases["checkpoint"] = timer.seconds["checkpoint"]
                 self.reporter.iteration(record, gathered.segments, new_returns, phases)
+                checkpoint = self.store.newest_path(self.state.counters.iteration)
                 if self.on_iteration is not None:
-                    self.on_iteration(record, self.store.newest_path(self.state.counters.iteration))
+                    self.on_iteration(record, checkpoint)
+                self.stop_asked = self.callbacks.after(record, self.run_dir.path, checkpoint)
         except Stop:
             reason = "signal"
         except (RunFailure, EnvFailure, LearnerDied) as err:
@@ -167,7 +173,8 @@ class Coordinator:
         self.started.start -= self.state.counters.wall_s  # a resumed run's clock continues
 
     def _stop_reason(self) -> str | None:
-        return self.state.stop_reason() or ("signal" if self.signals.received is not None else None)
+        return (self.state.stop_reason() or self.stop_asked
+                or ("signal" if self.signals.received is not None else None))
 
     def _broadcast(self, round_: bool = True) -> Broadcast | PolicyBroadcasts:
         """This round's weights and normalizer statistics: the one policy's, or each policy's by name (``round_``
