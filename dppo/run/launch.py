@@ -171,10 +171,11 @@ def check_free(run_dir: Path, held: dict[str, Any] | None) -> None:
                          "for it to end (dppo status shows it) or pass another --run-dir")
 
 
-def start_line(config: Config, source: str, resumed: bool) -> str:
+def start_line(config: Config, source: str, resumed: bool, ray_up: bool = False) -> str:
     """The run's first line, printed before Ray starts (seconds of silence otherwise): what trains, from which
     config, on how many processes, where. A setting left ``auto`` is said as configured, decided at start-up
-    (:func:`ready_line` says what it became)."""
+    (:func:`ready_line` says what it became). ``ray_up``: this process is connected to Ray already (dppo.train after
+    ray.init), which the run uses."""
     from dppo.run.logs import counted
 
     run = config.run
@@ -184,7 +185,7 @@ def start_line(config: Config, source: str, resumed: bool) -> str:
     address = run.address or os.environ.get("RAY_ADDRESS")
     return (f"{'resuming' if resumed else 'training'} {config.env.name} from {source}: {counted(run.actors, 'actor')} "
             f"x {env_copies(config)}, {device}, {inference}, run dir {run.run_dir}; "
-            + ("using the Ray this process initialised" if ray_initialized() else
+            + ("using the Ray this process initialised" if ray_up else
                f"joining Ray at {address}" if address else "starting a local Ray"))
 
 
@@ -344,7 +345,7 @@ def launch(request: TrainRequest, signals: StopSignals) -> Outcome:
             clock.mark("config")
             done = finished_before(config, resume_state) if resume_state is not None else None
             if done is None:
-                say(start_line(config, source, resume_state is not None))
+                say(start_line(config, source, resume_state is not None, ray_initialized()))
                 coordinator = start(config, run_dir, resume_state, clock, signals, request.callbacks)
                 say(ready_line(coordinator, clock))
     except BaseException as err:  # nothing written yet: the run dir as it was found, its lock let go
