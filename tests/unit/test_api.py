@@ -208,7 +208,7 @@ def test_a_multi_agent_policy_takes_and_answers_a_dict_by_agent(tmp_path: Path, 
     policy = dppo.load(saved(config, tmp_path), seed=0)
     from crowd import parallel_env
 
-    monkeypatch.delitem(sys.modules, "crowd")  # another test's crowd.py is another module
+    del sys.modules["crowd"]  # another test's crowd.py is another module
     env = parallel_env()
     obs, _ = env.reset(seed=0)
     for _ in range(3):
