@@ -6,10 +6,10 @@ cheap: torch and Ray load when a run or a policy needs them.
 
 from typing import Any
 
-from dppo.errors import Interrupted, RunFailure, StopRun, UsageError
+from dppo.errors import RunFailure, StopRun, UsageError
 
 __version__ = "0.1.0"
-__all__ = ["Interrupted", "IterationInfo", "RunFailure", "StopRun", "TrainResult", "TrainedPolicy", "UsageError",
+__all__ = ["IterationInfo", "RunFailure", "StopRun", "TrainResult", "TrainedPolicy", "UsageError",
            "load", "train"]
 
 _LAZY = {"train": "dppo.api", "load": "dppo.api", "TrainResult": "dppo.api", "IterationInfo": "dppo.run.callbacks",

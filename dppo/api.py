@@ -6,9 +6,10 @@ process initialised already (``ray.init`` before ``dppo.train``) is used and lef
 RAY_ADDRESS) is joined and left at the end; else a local Ray is started and stopped.
 
 Ctrl-C (SIGINT) ends the run as it ends ``dppo train``: the round in progress, then a final checkpoint and
-summary.json (reason ``signal``), with nothing left running; then :class:`~dppo.errors.Interrupted` is raised, a
-KeyboardInterrupt (what a script or a notebook expects of Ctrl-C), whose ``result`` holds the run's result. A stop
-before training started writes nothing and raises it with ``result`` None. SIGTERM ends the run alike and raises
+summary.json (reason ``signal``), with nothing left running; then KeyboardInterrupt is raised (what a script or a
+notebook expects of Ctrl-C: uncaught, it ends the process by SIGINT, status 130 in a shell, as `dppo train` exits),
+its ``result`` attribute holding the run's result. A stop before training started writes nothing and raises it with
+``result`` None. SIGTERM ends the run alike and raises
 SystemExit(143), as the command exits.
 """
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dppo.errors import Interrupted, UsageError
+from dppo.errors import UsageError
 from dppo.run.launch import TRAIN_FLAGS, TrainRequest
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def train(config: str | os.PathLike[str] | Mapping[str, Any] | Config | None = N
     ``callbacks``: functions called after each iteration with a :class:`dppo.IterationInfo` (after run.callbacks');
     one may end the run by raising :class:`dppo.StopRun` or returning False. ``resume``/``auto_resume``: as
     ``--resume``/``--auto-resume``. Raises UsageError (bad input, nothing written), RunFailure (the run failed,
-    after a checkpoint) or :class:`Interrupted` (Ctrl-C; see the module's docstring).
+    after a checkpoint) or KeyboardInterrupt (Ctrl-C; see the module's docstring).
     """
     request = train_request(config, callbacks, overrides, resume, auto_resume, flags)
     from dppo.run.launch import launch, ray_initialized
@@ -103,13 +104,15 @@ def train(config: str | os.PathLike[str] | Mapping[str, Any] | Config | None = N
 
 
 def stop_exception(signum: int, result: TrainResult | None) -> BaseException:
-    """What a stop signal raises once the run has ended: SIGINT a KeyboardInterrupt holding the result, SIGTERM
-    SystemExit(143), the command's exit code."""
-    if signum == signal.SIGINT:
-        return Interrupted("the run was stopped by SIGINT" + ("" if result is None else
-                                                               f" after {result.summary['iterations']} iterations; "
-                                                               f"the final checkpoint is in {result.run_dir}"), result)
-    return SystemExit(128 + signum)
+    """What a stop signal raises once the run has ended: SIGINT a KeyboardInterrupt whose ``result`` is the run's
+    (itself, not a subclass: Python ends by SIGINT only on that), SIGTERM SystemExit(143), the command's exit code."""
+    if signum != signal.SIGINT:
+        return SystemExit(128 + signum)
+    said = "" if result is None else (f" after {result.summary['iterations']} iterations; the final checkpoint is in "
+                                      f"{result.run_dir}")
+    stop = KeyboardInterrupt(f"the run was stopped by SIGINT{said}")
+    stop.result = result  # type: ignore[attr-defined]
+    return stop
 
 
 def leave_ray(ours: bool, stopped: bool = False) -> None:
@@ -137,15 +140,20 @@ def train_request(config: Any, callbacks: Sequence[Any] | None, overrides: Mappi
     if overrides is not None and not isinstance(overrides, Mapping):
         raise UsageError(f"overrides={overrides!r}: pass a dict of dotted config keys, e.g. "
                          "overrides={'ppo.learning_rate': 3e-4}")
-    given = {TRAIN_FLAGS[name]: value for name, value in flags.items()}
+    given = {TRAIN_FLAGS[name]: plain(value) for name, value in flags.items()}
     for key, value in (overrides or {}).items():
         if not isinstance(key, str) or not key:
             raise UsageError(f"overrides: key {key!r} is not a config key; write e.g. {{'ppo.learning_rate': 3e-4}}")
         if key in given:
             raise UsageError(f"{FLAG_OF[key]}= and overrides[{key!r}] both set {key}; keep one")
-        given[key] = value
+        given[key] = plain(value)
     return TrainRequest(*config_source(config), overrides=given, resume=resume, auto_resume=auto_resume,
                         callbacks=list(callbacks or []))
+
+
+def plain(value: Any) -> Any:
+    """A path given as a Path is its string, as a config holds it."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
 def config_source(config: Any) -> tuple[str | None, dict[str, Any] | None]:

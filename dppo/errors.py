@@ -42,13 +42,3 @@ class StopRun(Exception):
         super().__init__(reason)
         self.reason = str(reason) or "callback"
 
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) stopped ``dppo.train``: the run ended as `dppo train` ends on SIGINT (the round in progress,
-    then a final checkpoint, nothing left running). A KeyboardInterrupt, so a script or a notebook stops as Ctrl-C
-    stops it; ``result`` holds the run's ``dppo.TrainResult`` (None when the stop came before training started,
-    which writes nothing)."""
-
-    def __init__(self, message: str, result: object = None) -> None:
-        super().__init__(message)
-        self.result = result
