@@ -217,3 +217,33 @@ def test_a_multi_agent_policy_takes_and_answers_a_dict_by_agent(tmp_path: Path, 
         obs, *_ = env.step(actions)  # the env asserts that no masked action was taken
     with pytest.raises(dppo.UsageError, match="takes a dict of observations by agent"):
         policy.act(np.zeros(3))
+
+
+def test_the_docs_python_blocks_compile_and_the_callback_example_stops_where_it_says(tmp_path: Path) -> None:
+    """The README's and docs/python-api.md's Python is valid; the page's callback raises StopRun at 450 and not
+    before, and its YAML names the callback as run.callbacks takes it (the train-and-act example runs in
+    tests/integration/test_python_api.py)."""
+    import re
+
+    import yaml
+    from conftest import REPO
+
+    pages = {name: (REPO / name).read_text() for name in ("README.md", "docs/python-api.md")}
+    blocks = {name: re.findall(r"```python\n(.*?)```", text, re.S) for name, text in pages.items()}
+    assert blocks["README.md"] and len(blocks["docs/python-api.md"]) >= 4
+    for name, found in blocks.items():
+        for block in found:
+            compile(block, name, "exec")
+    (example,) = [b for b in blocks["docs/python-api.md"] if "def stop_when_steady" in b]
+    namespace: dict = {"dppo": dppo}
+    exec(example.split("\nresult = ")[0], namespace)  # the function, not its training run
+    config = load_config()
+    for mean, stops in ((None, False), (449.9, False), (450.0, True)):
+        info = dppo.IterationInfo({"iteration": 1, "env_steps": 1, "episode_return_mean": mean}, tmp_path, None, config)
+        if stops:
+            with pytest.raises(dppo.StopRun, match="steady at 450"):
+                namespace["stop_when_steady"](info)
+        else:
+            namespace["stop_when_steady"](info)
+    (listed,) = re.findall(r"```yaml\n(run:\n  callbacks:.*?)```", pages["docs/python-api.md"], re.S)
+    assert load_config(base=yaml.safe_load(listed)).run.callbacks == ["mypkg.callbacks:stop_when_steady"]
