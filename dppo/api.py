@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from dppo.run.callbacks import IterationInfo
     from dppo.run.trained_policy import TrainedPolicy
 
+START_WAIT_S = 60.0  # a stop while a local Ray starts: how long its start may take to end before it is killed
 FLAG_OF = {key: flag for flag, key in TRAIN_FLAGS.items()}  # config key -> dppo.train's argument
 
 
@@ -91,7 +92,7 @@ def train(config: str | os.PathLike[str] | Mapping[str, Any] | Config | None = N
     try:
         outcome = launch(request, signals)
     except Stopped as stop:
-        leave_ray(ours, stopped=True)
+        leave_ray(ours, stopped=not (request.overrides.get("run.address") or os.environ.get("RAY_ADDRESS")))
         raise stop_exception(stop.signum, None) from None
     finally:
         for sig, handler in saved.items():
@@ -116,17 +117,21 @@ def stop_exception(signum: int, result: TrainResult | None) -> BaseException:
 
 
 def leave_ray(ours: bool, stopped: bool = False) -> None:
-    """Leave the Ray this call started or joined (a local one's processes stop with it); ``stopped``: a stop cut the
-    start short, so a local Ray may still be coming up in its thread: its processes are ended too."""
+    """Leave the Ray this call started or joined (a local one's processes stop with it); ``stopped``: a stop cut a
+    local Ray's start short, so it may still be coming up in its thread: its processes are ended too."""
     ray = sys.modules.get("ray")
     if not ours or ray is None:
         return
+    if stopped:
+        from dppo.distributed.cluster import wait_for_start
+
+        wait_for_start(START_WAIT_S)
     if ray.is_initialized():
         ray.shutdown()
     if stopped:
         from dppo.distributed.cluster import kill_ray_children
 
-        kill_ray_children()
+        kill_ray_children()  # what a start that did not finish in time left
 
 
 def train_request(config: Any, callbacks: Sequence[Any] | None, overrides: Mapping[str, Any] | None, resume: bool,

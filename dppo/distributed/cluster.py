@@ -28,6 +28,7 @@ from dppo.config import Config
 from dppo.errors import RunFailure, UsageError, first_line
 
 LOCAL_TRIES = 2  # starts of a local Ray before the run fails
+STARTING: Future[None] | None = None  # the last connect_ray_beside's outcome (wait_for_start)
 STARTUP_TIMED_OUT = "timed out during startup"  # Ray's words for a raylet that did not register in time
 # Ray's raylet and GCS run on the jemalloc Ray ships (its LD_PRELOAD). With jemalloc's defaults (four arenas per
 # CPU, a cache per thread) freed memory stayed with the allocator for the first half hour of a run: a raylet's
@@ -102,7 +103,9 @@ def connect_ray_beside(config: Config) -> Future[None]:
     """:func:`connect_ray` in a thread of its own, which then lives as long as the process: the processes of a
     local Ray are bound to the thread that started them (Ray sets ``PR_SET_PDEATHSIG``, which Linux fires when
     that *thread* ends), so it must not end before the run does. The future holds connect_ray's outcome."""
+    global STARTING
     started: Future[None] = Future()
+    STARTING = started
 
     def start() -> None:
         try:
@@ -115,6 +118,14 @@ def connect_ray_beside(config: Config) -> Future[None]:
 
     threading.Thread(target=start, name="ray-start", daemon=True).start()
     return started
+
+
+def wait_for_start(timeout: float) -> None:
+    """Wait (up to ``timeout`` s) for the last :func:`connect_ray_beside` to end, however it ends: a stop that cut the
+    wait for it short leaves it starting Ray's processes, which must be stopped once they are all there."""
+    if STARTING is not None:
+        with contextlib.suppress(BaseException):
+            STARTING.exception(timeout)
 
 
 def is_gcs_address(address: str) -> bool:
@@ -202,7 +213,15 @@ def kill_ray_children() -> None:
     other: a program that called dppo.train may have children of its own."""
     import psutil
 
+    killed = []
     for process in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if any("ray" in part for part in process.cmdline()[:3]) or "raylet" in process.name():
+            if any(mark in " ".join(process.cmdline()[:3]) for mark in RAY_PROCESS_MARKS):
                 process.kill()
+                killed.append(process)
+    psutil.wait_procs(killed, timeout=5)  # reaped: the program goes on, and keeps no zombies
+
+
+# What a local Ray's processes run: its binaries, its Python modules, the workers' titles.
+RAY_PROCESS_MARKS = ("gcs_server", "raylet", "ray::", "/ray/_private/", "/ray/dashboard/", "/ray/autoscaler/",
+                     "/ray/core/src/")
