@@ -9,8 +9,7 @@ Ctrl-C (SIGINT) ends the run as it ends ``dppo train``: the round in progress, t
 summary.json (reason ``signal``), with nothing left running; then KeyboardInterrupt is raised (what a script or a
 notebook expects of Ctrl-C: uncaught, it ends the process by SIGINT, status 130 in a shell, as `dppo train` exits),
 its ``result`` attribute holding the run's result. A stop before training started writes nothing and raises it with
-``result`` None. SIGTERM ends the run alike and raises
-SystemExit(143), as the command exits.
+``result`` None. SIGTERM ends the run alike and raises SystemExit(143), as the command exits.
 """
 
 from __future__ import annotations
