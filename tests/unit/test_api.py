@@ -138,11 +138,11 @@ def saved(config, tmp_path: Path) -> Path:
     from dppo.run.state import RunState
 
     torch.manual_seed(0)
-    (name, spaces), = policy_spaces(config).items()
-    model = build_model(*spaces, config.model)
-    state = RunState(config, model.obs_spec.vector_dim)
+    models = {name: build_model(*spaces, config.model) for name, spaces in policy_spaces(config).items()}
+    state = RunState(config, {name: model.obs_spec.vector_dim for name, model in models.items()})
     path = tmp_path / "ckpt-00000001.pt"
-    path.write_bytes(encode(compose(state, {name: model.state_dict()}, {name: None}, None)))
+    path.write_bytes(encode(compose(state, {name: m.state_dict() for name, m in models.items()},
+                                    dict.fromkeys(models), None)))
     return path
 
 
@@ -199,13 +199,16 @@ def test_a_recurrent_policy_keeps_its_memory_until_reset(tmp_path: Path) -> None
     assert part.agent.memory is None
 
 
-def test_a_multi_agent_policy_takes_and_answers_a_dict_by_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                                                 ) -> None:
+@pytest.mark.parametrize("policy_map", [[], ["policies={first: [a0], rest: ['a[12]']}"]], ids=["shared", "map"])
+def test_a_multi_agent_policy_takes_and_answers_a_dict_by_agent(policy_map: list[str], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """One policy for every agent, or a policy map's: each agent acts by its policy, within its action mask."""
     (tmp_path / "crowd.py").write_text(textwrap.dedent(CROWD))
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    config = with_agents(load_config(overrides={"env.id": "crowd"}, sets=["env.multiagent=true"]))
+    config = with_agents(load_config(overrides={"env.id": "crowd"}, sets=["env.multiagent=true", *policy_map]))
     policy = dppo.load(saved(config, tmp_path), seed=0)
+    assert sorted(policy.policies) == (["first", "rest"] if policy_map else ["default"])
     from crowd import parallel_env
 
     del sys.modules["crowd"]  # another test's crowd.py is another module
