@@ -70,8 +70,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.set_defaults(func=cmd_train)
 
 
-
-
 def request_of(args: argparse.Namespace) -> TrainRequest:
     """The run the command line asks for: each flag given as its config key, then the --set items."""
     from dppo.run.launch import TrainRequest

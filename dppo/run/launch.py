@@ -57,7 +57,7 @@ class Outcome:
     signal: int | None
 
 
-# Flags of `dppo train` that set a config key (dest -> dotted key).
+# Flags of `dppo train` that set a config key (dest -> dotted key); dppo.train takes them by the same names.
 TRAIN_FLAGS = {
     "env": "env.id", "actors": "run.actors", "envs_per_actor": "env.num_envs",
     "segment_length": "ppo.segment_length", "total_steps": "run.total_steps", "target_return": "run.target_return",
