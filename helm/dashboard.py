@@ -304,8 +304,8 @@ def env_info_panels() -> list[tuple[int, int, Panel]]:
     return [
         (24, 8, timeseries_panel(
             f"{ENV_INFO_PREFIX}info entries by key", "Each metrics.info_keys entry of the env's info, averaged over "
-            "the episodes that ended in the last iteration (the value at each episode's end; dppo_env_info, label key). "
-            "A gap: no episode that ended carried the key.",
+            "the episodes that ended in the last iteration (the value at each episode's end; dppo_env_info, label "
+            "key). A gap: no episode that ended carried the key.",
             [target(by_run("dppo_env_info"), "{{run}} {{key}}")])),
     ]
 
