@@ -56,8 +56,9 @@ def export(policy: DeterministicPolicy, output: Path, fmt: str) -> None:
         if own is None or isinstance(err, UsageError):
             raise
         other = "torchscript (-o policy.pt)" if fmt == "onnx" else "onnx (-o policy.onnx)"
+        why = first_line(err).split(" Next steps")[0]  # torch.onnx's first line ends by announcing more lines
         raise UsageError(f"model.entry_point {own!r} does not export as {fmt}: {type(err).__name__}: "
-                         f"{first_line(err)}; make its forward traceable (tensor ops only, no Python control flow on "
+                         f"{why}; make its forward traceable (tensor ops only, no Python control flow on "
                          f"values) or try --format {other}") from None
     finally:
         tmp.unlink(missing_ok=True)

@@ -59,6 +59,16 @@ class Raises(Base):
         return self.layer(x[:, :3])
 
 
+class NumpyInside(Base):
+    """Leaves torch for numpy in its forward: it runs, and no exporter can follow it."""
+
+    def forward(self, x):
+        import numpy as np
+
+        out = self.layer(x / (float(np.abs(x.detach().numpy()).max()) + 1.0))
+        return out, out[:, 0]
+
+
 def not_a_module(observation_space, action_space, config):
     return "a string"
 
@@ -157,3 +167,17 @@ def test_dppo_train_refuses_before_anything_is_written(bad_nets: Path, capsys: p
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err and "Traceback" not in err, err
     assert sorted(p.name for p in bad_nets.iterdir() if p.name != "__pycache__") == before
+
+
+def test_a_network_that_does_not_trace_is_one_line_at_export_and_nothing_written(bad_nets: Path) -> None:
+    from dppo.commands.export import export
+    from dppo.errors import UsageError
+
+    env = gym.make("CartPole-v1")
+    model = build_model(env.observation_space, env.action_space, ModelConfig(entry_point="badnets:NumpyInside"))
+    with pytest.raises(UsageError) as raised:
+        export(DeterministicPolicy(model, None, 10.0), bad_nets / "policy.onnx", "onnx")
+    line = str(raised.value)
+    assert line.startswith("model.entry_point 'badnets:NumpyInside' does not export as onnx: ") and "\n" not in line
+    assert line.endswith("or try --format torchscript (-o policy.pt)"), line
+    assert not any(p.suffix == ".onnx" or p.name.startswith(".") for p in bad_nets.iterdir())
