@@ -91,3 +91,16 @@ def test_ended_info_collects_per_segment() -> None:
     assert list(collected.take()["x"]) == [1.0]
     collected.start()
     assert collected.take() == {}
+
+
+def test_a_key_that_is_not_a_number_stops_the_check_at_start_and_the_sampler() -> None:
+    """InfoCartPole's label is a string: named by the env check before anything is written, and by an actor's
+    sampler where it first shows at an episode's end."""
+    from dppo.envs.checks import check_env
+
+    config = load_config(overrides={"env.id": "dppo/InfoCartPole-v0", "env.num_envs": 2, "ppo.segment_length": 64,
+                                    "ppo.minibatch_size": 64, "metrics.info_keys": ["success", "label"]})
+    with pytest.raises(UsageError, match=r"info\['label'\] is str 'cart'"):
+        check_env(config)
+    with pytest.raises(UsageError, match=r"info\['label'\] is str 'cart'"):
+        Sampler(config).sample()
