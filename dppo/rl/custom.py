@@ -72,7 +72,7 @@ class OwnActorCritic(ActorCritic):
 
     def features(self, obs: Obs | torch.Tensor) -> torch.Tensor:
         out, value = self.net(*self.inputs(self.as_obs(obs)))
-        return torch.cat([out, value.reshape(-1, 1)], -1)
+        return torch.cat([out.float(), value.reshape(-1, 1).float()], -1)  # what the distributions expect
 
     def distribution(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> ActionDist:
         return ActionDist(self.action_spec, self.policy_head(features), getattr(self, "log_std", None), mask)

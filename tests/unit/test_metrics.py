@@ -142,7 +142,10 @@ def test_a_sweep_keeps_the_series_of_live_trials_only() -> None:
         return {s.labels.get("trial") for f in metrics.registry.collect() for s in f.samples} - {None}
 
     metrics.on_trial_start(0, [first], first)
-    metrics.on_trial_result(0, [first], first, {"iteration": 1, "episode_return_mean": 10.0, "env_steps_delta": 64})
+    metrics.on_trial_result(0, [first], first, {"iteration": 1, "episode_return_mean": 10.0, "env_steps_delta": 64,
+                                                "info/success": 0.5, "info/cost": None})
+    assert metrics.registry.get_sample_value("dppo_env_info", {"trial": "t_00000", "key": "success"}) == 0.5
+    assert metrics.registry.get_sample_value("dppo_env_info", {"trial": "t_00000", "key": "cost"}) is None
     metrics.on_trial_complete(0, [first], first)
     assert trial_labels() == {"t_00000"}  # the final values stay until the next start
     assert metrics.registry.get_sample_value("dppo_sweep_trials", {"state": "TERMINATED"}) == 1
