@@ -59,7 +59,7 @@ class OwnActorCritic(ActorCritic):
         self.value_head: nn.Module = Columns(out_dim, out_dim + 1)
         if self.action_spec.kind == "gaussian":
             self.log_std = nn.Parameter(torch.full((out_dim,), float(config.init_log_std)))
-        check_outputs(self, config.entry_point or "")
+        check_outputs(self, self.entry_point)
 
     def inputs(self, obs: Obs) -> tuple[torch.Tensor, ...]:
         """What the network's forward takes: the image, the vector, or both in that order."""
