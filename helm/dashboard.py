@@ -49,6 +49,8 @@ SWEEP_PREFIX = "Sweep: "  # the sweep row's panel titles (they have data for a `
 SELFPLAY_ROW = "Self-play"
 SELFPLAY_PREFIX = "Self-play: "  # the self-play row's panel titles (data for a two-player game only)
 POLICIES_ROW = "Policies"
+ENV_INFO_ROW = "Env info"
+ENV_INFO_PREFIX = "Env info: "  # the env-info row's panel titles (data for a run with metrics.info_keys only)
 POLICIES_PREFIX = "Policies: "  # the policies row's panel titles (data for a run of several policies only)
 
 Panel = timeseries.Panel | stat.Panel | heatmap.Panel
@@ -290,9 +292,22 @@ def sections() -> list[tuple[str, list[tuple[int, int, Panel]]]]:
             [target(f"sum by (run) ({by_run('dppo_hangs_total')}) or on(run) {zero_per_run()}", "{{run}}")],
             decimals=0, minimum=0)),
     ]
-    return [("Overview", overview), ("Learning", learning), ("Throughput", throughput),
-            ("Iteration phases", phases), ("PPO diagnostics", ppo), ("Actors and checkpoints", health),
+    return [("Overview", overview), ("Learning", learning), (ENV_INFO_ROW, env_info_panels()),
+            ("Throughput", throughput), ("Iteration phases", phases), ("PPO diagnostics", ppo),
+            ("Actors and checkpoints", health),
             (POLICIES_ROW, policies_panels()), (SELFPLAY_ROW, selfplay_panels()), (SWEEP_ROW, sweep_panels())]
+
+
+def env_info_panels() -> list[tuple[int, int, Panel]]:
+    """The env's own figures (metrics.info_keys: a success flag, a distance, a cost), one curve per run and key;
+    empty for a run that names none."""
+    return [
+        (24, 8, timeseries_panel(
+            f"{ENV_INFO_PREFIX}info entries by key", "Each metrics.info_keys entry of the env's info, averaged over "
+            "the episodes that ended in the last iteration (the value at each episode's end; dppo_env_info, label "
+            "key). A gap: no episode that ended carried the key.",
+            [target(by_run("dppo_env_info"), "{{run}} {{key}}")])),
+    ]
 
 
 def policies_panels() -> list[tuple[int, int, Panel]]:

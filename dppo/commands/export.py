@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dppo.cli_args import fail, import_from_cwd
-from dppo.errors import UsageError
+from dppo.errors import UsageError, first_line
 from dppo.run.run_dir import new_temp_file
 
 if TYPE_CHECKING:
@@ -51,6 +51,15 @@ def export(policy: DeterministicPolicy, output: Path, fmt: str) -> None:
                                       dynamic_shapes={"inputs": tuple({0: batch} for _ in names)}, dynamo=True,
                                       external_data=False)
         os.replace(tmp, output)
+    except Exception as err:
+        own = getattr(policy.model, "entry_point", None)  # a network of one's own (dppo.rl.custom)
+        if own is None or isinstance(err, UsageError):
+            raise
+        other = "torchscript (-o policy.pt)" if fmt == "onnx" else "onnx (-o policy.onnx)"
+        why = first_line(err).split(" Next steps")[0]  # torch.onnx's first line ends by announcing more lines
+        raise UsageError(f"model.entry_point {own!r} does not export as {fmt}: {type(err).__name__}: "
+                         f"{why}; make its forward traceable (tensor ops only, no Python control flow on "
+                         f"values) or try --format {other}") from None
     finally:
         tmp.unlink(missing_ok=True)
 

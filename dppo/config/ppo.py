@@ -38,6 +38,15 @@ class ModelConfig(Section):
     encoder: Literal["auto", "nature", "small", "flatten"] = "auto"
     """Image encoder: nature (NatureCNN, images of 36 x 36 and more: Atari), small (2 x 2 convolutions, for grids
     such as MiniGrid's 7 x 7 view), flatten (the pixels into the MLP); auto picks nature or small by size."""
+    entry_point: str | None = None
+    """module.path:name of a network of one's own instead of the built-in one: a torch nn.Module class (or a function
+    returning one) called as name(observation_space, action_space, model_config); its forward takes the observation
+    as dppo encodes it (a float tensor (B, D): Dict/Tuple leaves flattened, discrete ones one-hot, normalized with
+    env.normalize_obs; an image space's uint8 tensor (B, H, W, C); both: forward(image, vector)) and returns
+    (action-head output (B, out_dim), value (B,)): logits (Discrete n, MultiDiscrete sum of nvec, MultiBinary n) or
+    the Gaussian's mean (Box). Checked at start on a dummy batch. hidden_sizes, activation and encoder are the
+    built-in network's and unused; feed-forward only (not with recurrent: lstm or value_only_key). The module must
+    be importable in the driver and every Ray worker, as an env's code (run.runtime_env on a cluster)."""
 
     @field_validator("hidden_sizes")
     @classmethod
@@ -45,6 +54,14 @@ class ModelConfig(Section):
         if not sizes or any(s < 1 for s in sizes):
             raise ValueError("needs at least one layer and every width >= 1, e.g. [64, 64]")
         return sizes
+
+    @field_validator("entry_point")
+    @classmethod
+    def _entry_point_format(cls, value: str | None) -> str | None:
+        if value is not None and (value.count(":") != 1 or value.startswith(":") or value.endswith(":")
+                                  or not value.strip()):
+            raise ValueError(f"{value!r} is not module.path:name; write e.g. mypackage.nets:MyNet")
+        return value
 
 
 class PPOConfig(Section):

@@ -70,6 +70,21 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _own_network(self) -> Config:
+        """A network of one's own (model.entry_point) is feed-forward and sees the whole observation."""
+        if self.model.entry_point is None:
+            return self
+        if self.model.recurrent == "lstm":
+            raise ValueError(f"model.entry_point {self.model.entry_point!r} is a feed-forward network of one's own and "
+                             "model.recurrent: lstm adds the built-in LSTM; set model.recurrent: none (a recurrent "
+                             "network of one's own is not supported)")
+        if self.model.value_only_key is not None:
+            raise ValueError(f"model.value_only_key {self.model.value_only_key!r} (a centralized critic) splits the "
+                             f"built-in network's input, and model.entry_point {self.model.entry_point!r} gets the "
+                             "whole observation; drop one (set env.global_state: false)")
+        return self
+
+    @model_validator(mode="after")
     def _one_batch_rule(self) -> Config:
         if self.ppo.minibatch_size is not None and self.ppo.num_minibatches is not None:
             raise ValueError(f"ppo.minibatch_size {self.ppo.minibatch_size} and ppo.num_minibatches "

@@ -121,6 +121,21 @@ class MetricsConfig(Section):
     """Address the metrics server binds to."""
     linger_s: float = Field(0.0, ge=0)
     """Keep serving metrics this long after training ends so the final values get scraped."""
+    info_keys: list[str] = Field(default_factory=list)
+    """Entries of the env's info to report, e.g. [success, distance]: each iteration, a key's mean over the episodes
+    that ended in it (the value in each episode's final step's info, as Stable-Baselines3's Monitor info_keywords) goes
+    to progress.jsonl (info/KEY), TensorBoard, Prometheus (dppo_env_info{key=...}) and the dashboard; an iteration
+    where no ended episode carried the key has no value. Values must be numbers or booleans."""
+
+    @field_validator("info_keys")
+    @classmethod
+    def _plain_keys(cls, keys: list[str]) -> list[str]:
+        for key in keys:
+            if not key.strip() or "/" in key:
+                raise ValueError(f"{key!r} is not an info key; name the env's info entries, e.g. [success, distance]")
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"{keys} names a key twice; name each once")
+        return keys
 
 
 class FaultConfig(Section):

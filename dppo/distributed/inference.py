@@ -31,6 +31,7 @@ from dppo.distributed.inference_client import ServedBroadcast
 from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.ray_calls import RayCalls, per_round
 from dppo.distributed.restarts import RestartBudget
+from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import RunFailure, first_line
 from dppo.rl.agent import Agent, Heads, Weights
 from dppo.rl.policy import InferenceLost, Reply, Request
@@ -142,8 +143,9 @@ class InferenceService:
     pass once ``expected`` requests are in, or BATCH_WAIT_S after its first."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, device: str,
-                 expected: int, threads: int) -> None:
+                 expected: int, threads: int, import_paths: list[str] | None = None) -> None:
         torch.set_num_threads(threads)
+        add_import_paths(import_paths or [])  # a network of one's own (model.entry_point) is imported here
         self.passes = ForwardPasses(obs_space, action_space, config, device)
         self.expected = expected
         self.waiting: list[tuple[Request, Answer]] = []  # the batch being gathered
@@ -224,7 +226,8 @@ def start_service(config: Config, obs_space: gym.Space, action_space: gym.Space,
     (the actors keep theirs)."""
     gpus = 0.5 if device.startswith("cuda") else 0
     return ray.remote(InferenceService).options(num_cpus=0, num_gpus=gpus, max_restarts=0).remote(
-        obs_space, action_space, config.model, device, config.run.actors, config.run.learner_threads)
+        obs_space, action_space, config.model, device, config.run.actors, config.run.learner_threads,
+        driver_import_paths())
 
 
 def lost_service(err: BaseException) -> InferenceLost | None:

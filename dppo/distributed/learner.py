@@ -16,6 +16,7 @@ import torch
 
 from dppo.config import Config
 from dppo.distributed.ray_calls import per_round
+from dppo.envs.user_code import add_import_paths
 from dppo.rl.agent import Weights, export_weights
 from dppo.rl.build import build_model
 from dppo.rl.model import ActorCritic
@@ -44,8 +45,9 @@ class Learner:
     """One replica: model, Trainer, and its rank. ``model`` is the driver's own (L = 1); else one is built."""
 
     def __init__(self, config: Config, obs_space: Any, action_space: Any, rank: int = 0, world: int = 1,
-                 device: str = "cpu", model: ActorCritic | None = None) -> None:
+                 device: str = "cpu", model: ActorCritic | None = None, import_paths: list[str] | None = None) -> None:
         torch.set_num_threads(config.run.learner_threads)
+        add_import_paths(import_paths or [])  # a network of one's own (model.entry_point) is imported here
         self.config, self.rank, self.world = config, rank, world
         self.device = torch.device(device)
         self.model = model if model is not None else build_model(obs_space, action_space, config.model)

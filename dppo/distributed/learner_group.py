@@ -23,6 +23,7 @@ from dppo.distributed.deadlines import Hangs, Hung, SayHangs
 from dppo.distributed.learner import Learner, RemoteLearner
 from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.ray_calls import RayCalls
+from dppo.envs.user_code import driver_import_paths
 from dppo.errors import UsageError, first_line
 from dppo.rl.agent import Weights
 from dppo.rl.model import ActorCritic
@@ -97,7 +98,8 @@ class LearnerGroup:
         placement = ({"num_cpus": 0, "resources": {resource: 1}} if resource
                      else {"num_cpus": self.config.run.learner_cpus})
         return RemoteLearner.options(num_gpus=gpus, **placement).remote(
-            self.config, self.obs_space, self.action_space, rank, self.config.run.learners, self.device)
+            self.config, self.obs_space, self.action_space, rank, self.config.run.learners, self.device,
+            import_paths=driver_import_paths())
 
     def _start(self) -> None:
         """The L learners started and joined (each start-up call within faults.actor_start_timeout_s and the

@@ -17,6 +17,7 @@ TOY_ENVS = {
     "dppo/MaskedGrid-v0": ("MaskedGrid", {}, 50),
     "dppo/CueCorridor-v0": ("CueCorridor", {}, 100),
     "dppo/Frames-v0": ("FramesEnv", {}, 200),
+    "dppo/InfoCartPole-v0": ("InfoCartPole", {}, 500),
 }
 
 for _env_id, (_cls, _kwargs, _limit) in TOY_ENVS.items():

@@ -122,10 +122,21 @@ def check_one_env(config: Config) -> tuple[gym.Space, gym.Space, Any]:
                 raise EnvLoadError(f"env {name!r}: {old}" if old else f"env {name!r}: {call} returned {problem}; "
                                    f"fix the env ({API})")
             first = result[0] if first is None else first
+            check_info(result[-1], config)
         return space, env.action_space, first
     finally:
         with contextlib.suppress(Exception):
             env.close()
+
+
+def check_info(info: Any, config: Config) -> None:
+    """metrics.info_keys that reset() or step() already set hold numbers or booleans (one line naming the key)."""
+    from dppo.rl.env_info import numeric
+
+    if isinstance(info, dict):
+        for key in config.metrics.info_keys:
+            if key in info:
+                numeric(key, info[key], config.env.name)
 
 
 def check_mapped_env(config: Config) -> dict[str, tuple[gym.Space, gym.Space, Any]]:

@@ -14,6 +14,9 @@
   (an illegal move ends the episode), for action masking.
 - ``dppo/Frames-v0``: Atari-sized observations (84 x 84 x 4 uint8 frames, Discrete(4)) made for almost nothing, for
   benchmarks of what the frames cost to move (``dppo bench driver``); reward 1 per step.
+- ``dppo/InfoCartPole-v0``: CartPole-v1 whose info carries figures of its own, for ``metrics.info_keys``: ``distance``
+  (the cart's distance from the centre) every step, ``success`` (the pole stood ``success_steps`` steps) only where
+  the pole falls, and ``label`` (a string: not a figure) every step.
 - ``dppo/CueCorridor-v0``: a cue shown once, then a choice several steps later that must name it: a task only a
   policy with memory (``model.recurrent: lstm``) solves.
 """
@@ -26,6 +29,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 
 class FramesEnv(gym.Env):
@@ -202,6 +206,26 @@ class MaskedGrid(gym.Env):
         self.position = target
         done = target == (self.SIZE - 1, self.SIZE - 1)
         return self._obs(), 1.0 if done else -0.01, done, False, {}
+
+
+class InfoCartPole(CartPoleEnv):
+    """CartPole with figures of its own in its info (see the module docstring)."""
+
+    def __init__(self, success_steps: int = 30) -> None:
+        super().__init__()
+        self.success_steps, self.t = success_steps, 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        self.t = 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, _ = super().step(action)
+        self.t += 1
+        info: dict[str, Any] = {"distance": abs(float(obs[0])), "label": "cart"}
+        if terminated:
+            info["success"] = self.t >= self.success_steps
+        return obs, reward, terminated, truncated, info
 
 
 class CueCorridor(gym.Env):

@@ -78,7 +78,7 @@ class Agent:
         self.obs_spec, self.action_spec = check_spaces(obs_space, action_space, config)
         self.discrete = self.action_spec.discrete
         self.recurrent = config.recurrent == "lstm"
-        self.fast = not self.obs_spec.has_image and not self.recurrent
+        self.fast = not self.obs_spec.has_image and not self.recurrent and config.entry_point is None
         self.memory: np.ndarray | None = None  # act()'s recurrent memory (2, B, hidden), one row per env
         self.starts = np.ones(0, bool)  # rows whose next observation starts an episode (memory zeroed then)
         self.relu = config.activation == "relu"

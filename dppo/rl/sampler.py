@@ -26,6 +26,7 @@ from dppo.envs.make import make_vector_env
 from dppo.errors import UsageError
 from dppo.rl.actions import NoLegalAction
 from dppo.rl.agent import Agent, Weights
+from dppo.rl.env_info import EndedInfo
 from dppo.rl.normalizer import RunningStats
 from dppo.rl.policy import BackendPolicy, InferenceLost
 from dppo.rl.segment import Segment
@@ -96,6 +97,7 @@ class Sampler:
         self.learning_reward = LearningReward(env.clip_reward, env.normalize_reward, self.num_columns,
                                               config.ppo.gamma, env.reward_clip)
         self.episodes = EpisodeStats(self.num_columns)
+        self.env_info = EndedInfo(config.metrics.info_keys, env.name)
 
     @property
     def num_columns(self) -> int:
@@ -272,6 +274,7 @@ class Sampler:
         for transform in (self.normalize_obs, self.learning_reward):
             transform.start(steps, num_envs)
         self.episodes.start()
+        self.env_info.start()
         initial = self.policy.memory_at_start(num_envs)  # a recurrent policy's segment carries where it started
         memory = None if initial is None else {"initial_memory": initial, "starts": np.empty((steps, num_envs), bool)}
         clock = time.perf_counter
@@ -337,7 +340,7 @@ class Sampler:
             obs_stats=self.normalize_obs.summary(None if padded is None else padded[1:]),
             return_stats=self.learning_reward.summary(None if padded is None else padded[:-1]),
             nonfinite=nonfinite, **(memory or {}),
-            active=padded, env_failures=self.episodes.take_failures(),
+            active=padded, env_failures=self.episodes.take_failures(), env_info=self.env_info.take(),
         )
 
     def _submit(self, h: int, obs: Obs, memory: dict[str, np.ndarray] | None, t: int) -> None:
@@ -365,6 +368,11 @@ class Sampler:
         if done.any():
             self.episodes.end_episodes(done, failed, failures)
             self.learning_reward.end_episodes(done)
+            start = 0
+            for part in stepped:  # each half's info: the ended episodes' own figures (an env failure's cut excluded)
+                width = len(part[1])
+                self.env_info.add(part[3], (done & ~failed)[start:start + width])
+                start += width
         return nonfinite
 
     def close(self) -> None:

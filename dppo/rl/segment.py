@@ -64,6 +64,8 @@ class Segment:
     # and its column saw padding, a step the losses skip. None: every step live (every single-agent segment)
     active: np.ndarray | None = None
     env_failures: EnvFailures = field(default_factory=EnvFailures)  # env copies that raised and were recreated
+    # metrics.info_keys: each key's value in the last info of every episode that ended here (dppo.rl.env_info)
+    env_info: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def num_steps(self) -> int:
@@ -71,7 +73,7 @@ class Segment:
 
     def summary(self) -> SegmentSummary:
         """What the driver reads of this segment (counters, episode windows, normalizer statistics, timings, faults,
-        self-play results), without the T x E arrays."""
+        self-play results, the env's info figures), without the T x E arrays."""
         return SegmentSummary(**{f.name: getattr(self, f.name) for f in fields(SegmentSummary)})
 
 
@@ -95,4 +97,5 @@ class SegmentSummary:
     match_results: np.ndarray | None
     policy_name: str
     env_failures: EnvFailures
+    env_info: dict[str, np.ndarray]
 

@@ -127,6 +127,10 @@ def prepare(request: TrainRequest) -> tuple[Config, Path, dict[str, Any] | None,
     for obs_space, action_space, first in check_env(config).values():  # the env can be made, reset and stepped
         obs_spec, action_spec = check_spaces(obs_space, action_space, config.model)  # its spaces are supported
         check_first_observation(obs_spec, action_spec, first, config.env.name)
+        if config.model.entry_point:  # a network of one's own answers a dummy batch rightly (dppo.rl.custom)
+            from dppo.rl.build import build_model
+
+            build_model(obs_space, action_space, config.model)
     run_dir = resolve_run_dir(run_dir_arg or config.run.run_dir, config.env.name)
     files = RunDir(run_dir)
     if not request.auto_resume:  # a retried job waits for the attempt before it to let go (RunLock.acquire)

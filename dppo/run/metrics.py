@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from dppo.errors import UsageError
 
+INFO_PREFIX = "info/"  # progress keys of the env's own figures (metrics.info_keys) -> dppo_env_info{key=...}
 PHASES = ("sample", "wait", "update", "sync", "checkpoint", "env", "inference")  # env, inference: parts of sample
 RETURN_BUCKETS = (-1000, -500, -250, -100, -50, 0, 50, 100, 200, 300, 400, 475, 500, 1000, 2000, 5000)
 PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -169,6 +170,10 @@ class Metrics(Exporter):
         )
         self.checkpoints = Counter("dppo_checkpoints_written", "Checkpoints written.", registry=r)
         self.checkpoint_bytes = Gauge("dppo_checkpoint_size_bytes", "Size of the last checkpoint.", registry=r)
+        self.env_info = Gauge("dppo_env_info", "The env's own figures (metrics.info_keys): a key's mean over the "
+                              "episodes that ended in the last iteration (no series while none carried it).", ["key"],
+                              registry=r)
+        self.info_series: set[str] = set()  # the keys whose dppo_env_info series exists now
         self.run_info = Gauge("dppo_run_info", "Constant 1, labelled with the run's env id and name.",
                               ["env", "run"], registry=r)
         self.run_info.labels(env=env_id, run=run_name).set(1)
@@ -196,9 +201,21 @@ class Metrics(Exporter):
             if value is not None:
                 gauge.set(value)
         for key, value in record.items():
+            if key.startswith(INFO_PREFIX):
+                self.set_env_info(key.removeprefix(INFO_PREFIX), value)
+                continue
             policy, _, inner = key.rpartition("/")
             if policy and inner in self.per_policy and value is not None:
                 self.per_policy[inner].labels(policy=policy).set(value)
+
+    def set_env_info(self, key: str, value: float | None) -> None:
+        """An iteration where no ended episode carried the key has no value: its series goes (not 0, not stale)."""
+        if value is not None:
+            self.env_info.labels(key=key).set(value)
+            self.info_series.add(key)
+        elif key in self.info_series:
+            self.env_info.remove(key)
+            self.info_series.discard(key)
 
     def init_actors(self, count: int) -> None:
         """Create each actor's labelled series at 0, so increase() sees the first restart."""

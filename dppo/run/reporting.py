@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dppo.config import Config
+from dppo.rl.env_info import iteration_means
 from dppo.rl.ppo import TrainStats
 from dppo.rl.segment import Segment
 from dppo.run.logs import IterationLog, counted, format_return
@@ -78,7 +79,8 @@ def policy_diagnostics(state: RunState, stats: dict[str, TrainStats]) -> dict[st
 def progress_record(state: RunState, segments: list[Segment], steps: int, stats: dict[str, TrainStats],
                     phases: dict[str, float], iteration_s: float) -> dict[str, Any]:
     """One line of progress.jsonl: counters, episode means, throughput, each policy's diagnostics
-    (:func:`policy_diagnostics`), per-phase seconds (``phases``: the coordinator's sync, sample, wait, update and, of
+    (:func:`policy_diagnostics`), the env's info figures (``info/KEY``: :func:`dppo.rl.env_info.iteration_means`, all
+    policies' agents together), per-phase seconds (``phases``: the coordinator's sync, sample, wait, update and, of
     sample, env and inference; see :func:`sampling_phases`)."""
     c = state.counters
     return {
@@ -90,6 +92,7 @@ def progress_record(state: RunState, segments: list[Segment], steps: int, stats:
         "policy_lag": max(c.policy_version - 1 - s.policy_version for s in segments),
         "env_failures": c.env_failures,
         **policy_diagnostics(state, stats),
+        **iteration_means(state.config.metrics.info_keys, [s.env_info for s in segments]),
         **{f"{k}_s": v for k, v in phases.items()},
     }
 

@@ -18,6 +18,8 @@ LOSSES = {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", 
 def tag(key: str) -> str:
     """progress.jsonl key -> TensorBoard tag; a policy's key (``POLICY/key``, a run of several policies) goes to its
     place under its run-wide key's group: ``losses/POLICY/policy_loss``."""
+    if key.startswith("info/"):  # the env's own figures (metrics.info_keys): a group of their own
+        return key
     name, sep, inner = key.rpartition("/")
     if sep:
         group, _, rest = tag(inner).partition("/")

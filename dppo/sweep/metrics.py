@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from ray import tune
 
-from dppo.run.metrics import DIAGNOSTIC_GAUGES, Exporter
+from dppo.run.metrics import DIAGNOSTIC_GAUGES, INFO_PREFIX, Exporter
 
 STATES = ("PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR")
 _LIVE: dict[str, TrialMetrics] = {}  # this driver process's instance per sweep name
@@ -35,6 +35,9 @@ class TrialMetrics(tune.Callback, Exporter):
         self.registry = r = CollectorRegistry()
         self.diagnostics = {key: Gauge(name, help_text, ["trial"], registry=r)
                             for key, (name, help_text) in DIAGNOSTIC_GAUGES.items()}
+        self.env_info = Gauge("dppo_env_info", "The env's own figures (metrics.info_keys) of each trial: a key's mean "
+                              "over the episodes that ended in its last iteration.", ["trial", "key"], registry=r)
+        self._info_series: set[tuple[str, str]] = set()  # (trial, key) of the dppo_env_info series that exist
         self.env_steps = Counter("dppo_env_steps", "Env steps collected by each trial's actors.", ["trial"],
                                  registry=r)
         self.trials = Gauge("dppo_sweep_trials", "Trials of the sweep by Tune state.", ["state"], registry=r)
@@ -67,6 +70,9 @@ class TrialMetrics(tune.Callback, Exporter):
         for trial in self._ended & self._live:
             for metric in (*self.diagnostics.values(), self.env_steps):
                 metric.remove(trial)
+            for series in [s for s in self._info_series if s[0] == trial]:
+                self.env_info.remove(*series)
+                self._info_series.discard(series)
         self._live -= self._ended
         self._ended.clear()
 
@@ -85,6 +91,15 @@ class TrialMetrics(tune.Callback, Exporter):
             value = result.get(key)
             if isinstance(value, int | float) and value != float("-inf"):
                 gauge.labels(trial=label).set(value)
+        for key, value in result.items():
+            if isinstance(key, str) and key.startswith(INFO_PREFIX):  # no value: no series (as a run's own)
+                series = (label, key.removeprefix(INFO_PREFIX))
+                if isinstance(value, int | float):
+                    self.env_info.labels(*series).set(value)
+                    self._info_series.add(series)
+                elif series in self._info_series:
+                    self.env_info.remove(*series)
+                    self._info_series.discard(series)
         self.env_steps.labels(trial=label).inc(max(0, result.get("env_steps_delta", 0)))
         self._count_states(trials)
 

@@ -32,6 +32,7 @@ DASHBOARD = json.loads((REPO / "helm" / "dppo" / "dashboards" / "dppo.json").rea
 SWEEP_PREFIX = "Sweep: "  # the sweep row's panel titles (helm/dashboard.py)
 SELFPLAY_PREFIX = "Self-play: "  # the self-play row's (data for a two-player game only)
 POLICIES_PREFIX = "Policies: "  # the policies row's (data for a run of several policies only)
+ENV_INFO_PREFIX = "Env info: "  # the env-info row's (data for a run with metrics.info_keys only)
 
 
 class Prometheus(BenchPrometheus):
@@ -78,11 +79,12 @@ class Prometheus(BenchPrometheus):
         result = self.api("query", query=f"count_over_time(dppo_iteration[{window}s])")
         return int(float(result[0]["value"][1])) if result else 0
 
-ALL_ROWS = ("run", "selfplay", "policies")  # the rows a single run can fill (the sweep row: a sweep's)
+ALL_ROWS = ("run", "selfplay", "policies", "envinfo")  # the rows a single run can fill (the sweep row: a sweep's)
 
 
 def row_of(title: str) -> str:
-    prefixes = {SWEEP_PREFIX: "sweep", SELFPLAY_PREFIX: "selfplay", POLICIES_PREFIX: "policies"}
+    prefixes = {SWEEP_PREFIX: "sweep", SELFPLAY_PREFIX: "selfplay", POLICIES_PREFIX: "policies",
+                ENV_INFO_PREFIX: "envinfo"}
     return next((row for prefix, row in prefixes.items() if title.startswith(prefix)), "run")
 
 
@@ -149,6 +151,7 @@ def test_every_panel_has_data_for_the_metrics_module(prometheus_bin: str, tmp_pa
                       "learning_rate": 2.5e-4, "grad_norm": 0.4, "policy_version": iteration,
                       "selfplay_win_rate": 0.5, "selfplay_draw_rate": 0.3, "selfplay_loss_rate": 0.2,
                       "selfplay_elo": 1000.0 + iteration, "selfplay_pool_size": 1 + iteration // 10,
+                      "info/success": rng.uniform(0, 1),
                       **{f"{policy}/{key}": rng.uniform(0.01, 1) for policy in ("red", "blue")
                          for key in ("episode_return_mean", "episode_length_mean", "eval_return_mean", "policy_loss",
                                      "value_loss", "entropy", "approx_kl", "clip_fraction", "explained_variance",

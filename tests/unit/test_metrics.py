@@ -19,7 +19,8 @@ from dppo.run.metrics import Metrics
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 NAME = re.compile(r"^dppo_[a-z][a-z0-9]*(_[a-z0-9]+)*$")
-ALLOWED_LABELS = {"phase", "actor", "reason", "env", "run", "learner", "cause", "policy"}  # learner: rank < 64
+# learner: rank < 64; key: an entry of metrics.info_keys (the env's info keys the user named, a handful)
+ALLOWED_LABELS = {"phase", "actor", "reason", "env", "run", "learner", "cause", "policy", "key"}
 # Non-base units and spellings that hide the unit; Prometheus wants seconds and bytes.
 FORBIDDEN_SUFFIXES = ("_ms", "_millis", "_milliseconds", "_microseconds", "_us", "_ns", "_minutes", "_hours",
                       "_days", "_s", "_secs", "_sec", "_kb", "_mb", "_gb", "_kilobytes", "_megabytes", "_percent")
@@ -59,7 +60,7 @@ def test_names_follow_the_prometheus_naming_rules(name: str) -> None:
         assert "_seconds" in name, f"{name}: a duration or timestamp is named ..._seconds"
     if re.search(r"\bsize\b|\bbytes\b", help_text):
         assert name.endswith("_bytes"), f"{name}: a size is named ..._bytes"
-    if name.endswith("_info"):
+    if name.endswith("_info") and name != "dppo_env_info":  # the name for the env's figures (not constant)
         assert family.type == "gauge"
         assert all(s.value == 1 for s in family.samples)
 
@@ -75,7 +76,7 @@ def test_exposed_series_names_follow_the_type() -> None:
     metrics.learner_update_seconds.labels(learner="0").observe(0.1)
     metrics.learner_allreduce_seconds.labels(learner="0").observe(0.0)
     metrics.record_iteration({"env_steps_delta": 1, "iteration_s": 1.0, "adversary/episode_return_mean": 1.0,
-                              **{f"adversary/{key}": 0.5 for key in metrics.per_policy}}, [], {})
+                              **{f"adversary/{key}": 0.5 for key in metrics.per_policy}, "info/success": 0.5}, [], {})
     suffixes = {"counter": {"_total", "_created"}, "gauge": {""},
                 "histogram": {"_bucket", "_sum", "_count", "_created"}}
     for family in metrics.registry.collect():
@@ -141,7 +142,10 @@ def test_a_sweep_keeps_the_series_of_live_trials_only() -> None:
         return {s.labels.get("trial") for f in metrics.registry.collect() for s in f.samples} - {None}
 
     metrics.on_trial_start(0, [first], first)
-    metrics.on_trial_result(0, [first], first, {"iteration": 1, "episode_return_mean": 10.0, "env_steps_delta": 64})
+    metrics.on_trial_result(0, [first], first, {"iteration": 1, "episode_return_mean": 10.0, "env_steps_delta": 64,
+                                                "info/success": 0.5, "info/cost": None})
+    assert metrics.registry.get_sample_value("dppo_env_info", {"trial": "t_00000", "key": "success"}) == 0.5
+    assert metrics.registry.get_sample_value("dppo_env_info", {"trial": "t_00000", "key": "cost"}) is None
     metrics.on_trial_complete(0, [first], first)
     assert trial_labels() == {"t_00000"}  # the final values stay until the next start
     assert metrics.registry.get_sample_value("dppo_sweep_trials", {"state": "TERMINATED"}) == 1
