@@ -67,6 +67,14 @@ WORKDIR /home/ray
 RUN pip install --no-cache-dir "ray[default]=={RAY_VERSION}"
 """
 
+# What a build must not leave in an image: wheels outside site-packages (virtualenv's seed wheels, a dependency of
+# ray[default], live in site-packages; the stand-in base has Debian's ensurepip wheels), the wheel stage's build tree,
+# pip's cache. The wheel's bind mount may leave its empty mount point /tmp/wheels behind (buildah): what matters is
+# that nothing is in it.
+LEFTOVERS = ("find / -xdev \\( -name '*.whl' -o -path /tmp/src -o -path /tmp/build -o -path '/tmp/wheels/*' -o -path"
+             " '*/.cache/pip' \\) -print 2>/dev/null | grep -v '/site-packages/' || true")
+
+
 def missing_tools() -> list[str]:
     return [t for t in TOOLS if shutil.which(t) is None]
 
@@ -133,6 +141,18 @@ def run(*args: str, timeout: float = 1200, env: dict[str, str] | None = None,
     out = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, check=False)
     assert out.returncode == 0, f"{' '.join(args)} -> {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
     return out
+
+
+def base_leftovers(env: dict[str, str]) -> set[str]:
+    """What LEFTOVERS finds in the base itself, read in buildah's store: the base is not handed to the daemon (its
+    layers travel inside the image's archive; a second archive of them cost half a minute)."""
+    container = run("buildah", "from", "--pull-never", BASE, env=env).stdout.strip()
+    try:
+        found = run("buildah", "run", "--isolation", "chroot", "--user", "0", container, "--", "bash", "-c",
+                    LEFTOVERS, env=env)
+        return set(found.stdout.split())
+    finally:
+        subprocess.run(["buildah", "rm", container], capture_output=True, timeout=120, check=False, env=env)
 
 
 def buildah_label(image: str, key: str, env: dict[str, str]) -> str | None:
@@ -245,10 +265,30 @@ class DockerImage:
     name: str
     base: str
     root: Path
+    base_leftovers: set[str]
     timings: dict[str, float] = field(default_factory=dict)
 
     def docker(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return run("docker", *args, env=self.env, timeout=timeout)
+
+
+def hand_over(env: dict[str, str], docker_env: dict[str, str]) -> None:
+    """The image from buildah's store into the daemon, streamed through a pipe: `docker load` reads the archive as
+    `buildah push` writes it (no 2.5 GB file written, then read). `buildah push ... docker-daemon:` itself breaks off
+    with Debian's dockerd 20.10 ("read/write on closed pipe")."""
+    pipe = DOCKER_ROOT / "image.pipe"
+    os.mkfifo(pipe)
+    with open(DOCKER_ROOT / "load.log", "w+") as log:
+        load = subprocess.Popen(["docker", "load", "-i", str(pipe)], env=docker_env, stdout=log,
+                                stderr=subprocess.STDOUT)
+        try:
+            run("buildah", "push", IMAGE, f"docker-archive:{pipe}:{IMAGE}", timeout=900, env=env)
+            assert load.wait(timeout=900) == 0, log.seek(0) or log.read()[-3000:]
+        finally:
+            if load.poll() is None:
+                load.kill()
+                load.wait(timeout=60)
+    pipe.unlink()
 
 
 @contextlib.contextmanager
@@ -266,6 +306,7 @@ def built_and_loaded(env: dict[str, str], timings: dict[str, float]) -> Iterator
     """`make image` with buildah's ``env``, then the base and the image handed to a private dockerd."""
     with tempfile.TemporaryDirectory(prefix="image-build-", dir=STORE / "tmp") as work:
         base = ensure_base(Path(work), timings, env)
+        in_base = base_leftovers(env)
         index = torch_index(Path(work) / "index")
         with serve(index) as port:
             start = time.monotonic()
@@ -277,12 +318,8 @@ def built_and_loaded(env: dict[str, str], timings: dict[str, float]) -> Iterator
             # `buildah push ... docker-daemon:` breaks off with Debian's dockerd 20.10 ("read/write on
             # closed pipe"); an archive and `docker load` work.
             start = time.monotonic()
-            for name in (BASE, IMAGE):
-                archive = DOCKER_ROOT / "image.tar"
-                run("buildah", "push", name, f"docker-archive:{archive}:{name}", timeout=900, env=env)
-                run("docker", "load", "-i", str(archive), env=docker_env, timeout=900)
-                archive.unlink()
+            hand_over(env, docker_env)
             timings["hand to dockerd"] = time.monotonic() - start
-            yield DockerImage(docker_env, IMAGE, base, DOCKER_ROOT, timings)
+            yield DockerImage(docker_env, IMAGE, base, DOCKER_ROOT, in_base, timings)
     finally:
         subprocess.run(["buildah", "rmi", IMAGE], capture_output=True, timeout=300, check=False, env=env)

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 import yaml
-from image_build import BASE, RAY_VERSION, TORCH_VERSION, DockerImage
+from image_build import LEFTOVERS, RAY_VERSION, TORCH_VERSION, DockerImage
 from test_chart_emulation import container_env, flags, free_ports, group_resource_flags, http_status, render
 
 pytestmark = pytest.mark.slow
@@ -45,16 +45,10 @@ def test_image_builds_and_trains(tmp_path: Path, docker_image: DockerImage) -> N
     user = docker_image.docker("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip()
     assert user == "1000:100"
 
-    # No wheel or build tree that the build added (virtualenv's seed wheels, a dependency of
-    # ray[default], live in site-packages; the stand-in base has Debian's ensurepip wheels). The wheel's
-    # bind mount may leave its empty mount point /tmp/wheels behind (buildah): what matters is that nothing is in it.
-    def leftovers(name: str) -> set[str]:
-        return set(docker_image.docker(
-            "run", "--rm", "--network", "host", "--user", "0", "--entrypoint", "bash", name, "-c",
-            "find / -xdev \\( -name '*.whl' -o -path /tmp/src -o -path /tmp/build -o -path '/tmp/wheels/*' -o -path"
-            " '*/.cache/pip' \\) -print 2>/dev/null | grep -v '/site-packages/' || true").stdout.split())
-
-    assert leftovers(image) - leftovers(BASE) == set()
+    # No wheel or build tree that the build added (image_build.LEFTOVERS says what), beside what the base holds.
+    added = set(docker_image.docker("run", "--rm", "--network", "host", "--user", "0", "--entrypoint", "bash", image,
+                                    "-c", LEFTOVERS).stdout.split())
+    assert added - docker_image.base_leftovers == set()
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
