@@ -85,7 +85,8 @@ def test_a_stop_during_start_up_ends_with_its_code_and_line(tmp_path: Path, ray_
                                                             sig: int) -> None:
     proc, out, err = stop_at(point, sig, tmp_path, ray_address)
     name = signal.Signals(sig).name
-    assert proc.returncode == 128 + sig, err
-    assert "Traceback" not in out + err and "SystemError" not in err, err
-    assert err.strip().splitlines()[-1] == f"dppo: stopped by {name} before training started: nothing written", err
-    assert not (tmp_path / "run").exists()  # nothing written: not even the run dir's lock
+    said = f"stdout:\n{out}\nstderr:\n{err}\nrun dir: {sorted(p.name for p in (tmp_path / 'run').glob('*'))}"
+    assert proc.returncode == 128 + sig, said
+    assert "Traceback" not in out + err and "SystemError" not in err, said
+    assert err.strip().splitlines()[-1] == f"dppo: stopped by {name} before training started: nothing written", said
+    assert not (tmp_path / "run").exists(), said  # nothing written: not even the run dir's lock
