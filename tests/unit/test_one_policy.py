@@ -5,8 +5,9 @@ the same, bit for bit, for an MLP, an LSTM, a CNN, a Dict observation with an ac
 PettingZoo env (each agent a column; its faults raise only inside a Ray actor, so never here). No Ray: the service's
 forward passes are its plain class, run when a result is asked for. The torch networks (LSTM, CNN) compute in
 float32, so this holds where torch's CPU kernels give a row the same result in a batch of all 8 envs and of a half
-(4): true here; with 4 envs against halves of 2 an LSTM's values differ in their last bits (the MLP computes in
-float64 numpy, batch-invariant by design)."""
+(4): true here; with 4 envs against halves of 2 an LSTM's values differ in their last bits, and so do the CNN's
+below 4 rows (Breakout with 2 envs: a seeded run's losses differ from the 7th digit, its actions do not). The MLP
+computes in float64 numpy, batch-invariant by design."""
 
 from __future__ import annotations
 
