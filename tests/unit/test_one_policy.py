@@ -1,17 +1,18 @@
 """One Policy class (issue 62): whichever backend computes the forward pass (the actor's thread with one group of
 envs, a worker thread with two halves, the inference service's batched passes), the actor draws every action with
 numpy from its own seeded stream and keeps a recurrent policy's memory itself, so a seeded sampler's segments are
-the same, bit for bit, for an MLP, an LSTM, a CNN and a Dict observation with an action mask. No Ray: the service's
+the same, bit for bit, for an MLP, an LSTM, a CNN, a Dict observation with an action mask and a two-agent
+PettingZoo env (each agent a column; its faults raise only inside a Ray actor, so never here). No Ray: the service's
 forward passes are its plain class, run when a result is asked for. The torch networks (LSTM, CNN) compute in
 float32, so this holds where torch's CPU kernels give a row the same result in a batch of all 8 envs and of a half
-(4): true here; with 4 envs against halves of 2 an LSTM's values differ in their last bits (the MLP computes in
-float64 numpy, batch-invariant by design)."""
+(4): true here; with 4 envs against halves of 2 an LSTM's values differ in their last bits, and so do the CNN's
+below 4 rows (Breakout with 2 envs: a seeded run's losses differ from the 7th digit, its actions do not). The MLP
+computes in float64 numpy, batch-invariant by design."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -20,6 +21,7 @@ import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import Config, load_config
 from dppo.distributed.actor import actor_sampler
 from dppo.distributed.inference import ForwardPasses
+from dppo.envs.make import env_spaces, with_agents
 from dppo.rl.agent import export_weights
 from dppo.rl.build import build_model
 from dppo.rl.policy import BackendPolicy, Reply, Request
@@ -52,19 +54,18 @@ def placed(base: Config, **run: object) -> Config:
 def samplers(overrides: dict) -> list[Sampler]:
     """The same seeded sampler with its policy on the actor's thread, on a worker thread in two halves, and in the
     service (two halves), every one holding the same weights."""
-    config = load_config(overrides={"env.num_envs": 8, "ppo.segment_length": 16, "ppo.minibatch_size": 32,
-                                    **overrides, "run.seed": 1})
-    env = gym.make(config.env.id, **config.env.kwargs)
+    config = with_agents(load_config(overrides={"env.num_envs": 8, "ppo.segment_length": 16,
+                                                "ppo.minibatch_size": 32, **overrides, "run.seed": 1}))
+    obs_space, action_space = env_spaces(config)  # of one agent, for a multi-agent env
     torch.manual_seed(3)
-    weights = export_weights(build_model(env.observation_space, env.action_space, config.model))
+    weights = export_weights(build_model(obs_space, action_space, config.model))
     actor = actor_sampler(placed(config, inference="actor"), 0, SEED)
     halves = actor_sampler(placed(config, inference="actor", actor_halves=2), 0, SEED)
     for sampler in (actor, halves):
         sampler.set_weights(weights, 0)
-    passes = ForwardPasses(env.observation_space, env.action_space, config.model)
+    passes = ForwardPasses(obs_space, action_space, config.model)
     passes.load(weights, 0)
-    policy = BackendPolicy(env.observation_space, env.action_space, config.model, SEED, config.env.num_envs,
-                           Served(passes))
+    policy = BackendPolicy(obs_space, action_space, config.model, SEED, config.columns, Served(passes))
     service = Sampler(placed(config, inference="server"), seed=SEED, policy=policy)
     service.set_weights({}, 0)
     assert isinstance(actor.policy.backend, InActor) and isinstance(halves.policy.backend, WorkerThread)
@@ -78,7 +79,8 @@ def samplers(overrides: dict) -> list[Sampler]:
     {"env.id": "dppo/CueCorridor-v0", "model.recurrent": "lstm", "model.lstm_hidden_size": 16},
     {"env.id": "dppo/Frames-v0"},  # pixels: the CNN
     {"env.id": "dppo/MaskedGrid-v0"},  # a Dict observation with an action mask
-], ids=["mlp", "lstm-cartpole", "lstm-cue", "cnn", "dict-mask"])
+    {"env.id": None, "env.entry_point": "dppo.envs.flaky:flaky_pair", "env.multiagent": True},  # two agents
+], ids=["mlp", "lstm-cartpole", "lstm-cue", "cnn", "dict-mask", "two-agent"])
 def test_every_placement_samples_the_same_segments(overrides: dict) -> None:
     first, *others = samplers(overrides)
     for _ in range(2):  # env state, episodes and a recurrent memory carry across segments
