@@ -37,8 +37,14 @@ def stop_of(err: BaseException, signals: StopSignals) -> int | None:
     when no stop was asked for. The stop may surface as another error than :class:`Stopped`: Ray's Cython calls
     (``ray.wait`` while the actors start) turn an exception raised in a signal handler into ``SystemError:
     <cyfunction CoreWorker.wait ...> returned a result with an exception set``, and a local Ray's processes, sent
-    the same Ctrl-C, fail the calls on them. Whatever surfaced, the stop is what happened."""
-    return err.signum if isinstance(err, Stopped) else signals.received
+    the same Ctrl-C, fail the calls on them. A KeyboardInterrupt is a SIGINT too, whether or not the handler saw it
+    (one surfaced without it in a CI run while the actors started: exit 130 with no line). Whatever surfaced, the stop
+    is what happened."""
+    if isinstance(err, Stopped):
+        return err.signum
+    if signals.received is None and isinstance(err, KeyboardInterrupt):
+        return signal.SIGINT
+    return signals.received
 
 
 class StopSignals:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dppo.run.signals import Stopped, StopSignals
+from dppo.run.signals import Stopped, StopSignals, stop_of
 
 
 @pytest.fixture
@@ -43,3 +43,15 @@ def test_a_signal_that_came_before_interrupting_raises_on_entry(signals: StopSig
     os.kill(os.getpid(), signal.SIGINT)
     with pytest.raises(Stopped), signals.interrupting():
         pytest.fail("entered although a stop was asked for")
+
+
+def test_the_stop_behind_an_error_is_the_signal_a_keyboard_interrupt_included() -> None:
+    """What start-up's cleanup asks: Stopped names its signal; a KeyboardInterrupt is a SIGINT even when the handler
+    never saw one (it surfaced so once in CI); any other error is a stop only when a signal was recorded."""
+    quiet, stopped = StopSignals(), StopSignals()
+    stopped.received = signal.SIGTERM
+    assert stop_of(Stopped(signal.SIGTERM), quiet) == signal.SIGTERM
+    assert stop_of(KeyboardInterrupt(), quiet) == signal.SIGINT
+    assert stop_of(KeyboardInterrupt(), stopped) == signal.SIGTERM  # the first signal counts
+    assert stop_of(SystemError("returned a result with an exception set"), stopped) == signal.SIGTERM
+    assert stop_of(RuntimeError("a real error"), quiet) is None
