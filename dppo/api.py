@@ -57,8 +57,7 @@ class TrainResult:
         files = RunDir(run_dir)
         checkpoints = CheckpointStore(files.checkpoints, 1).list()
         best = files.checkpoints / BEST
-        progress = [json.loads(line) for line in files.progress.read_text().splitlines() if line.strip()] \
-            if files.progress.is_file() else []
+        progress = files.read_progress() if files.progress.is_file() else []
         return cls(files.path, summary, summary["reason"], bool(summary["solved"]),
                    checkpoints[-1] if checkpoints else None, best if best.is_file() else None, progress)
 

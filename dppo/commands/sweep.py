@@ -53,11 +53,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     base = with_agents(sweep.trial_config({}))
     spaces = check_env(base)  # the env can be made, reset and stepped, before any trial starts
-    if base.model.entry_point:  # a network of one's own answers a dummy batch rightly (dppo.rl.custom)
-        from dppo.rl.build import build_model
+    from dppo.rl.build import check_own_network
 
-        for obs_space, action_space, _ in spaces.values():
-            build_model(obs_space, action_space, base.model)
+    check_own_network(base.model, spaces.values())
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     from dppo.distributed.cluster import connect_ray
     from dppo.sweep.capacity import concurrency_note, trial_needs

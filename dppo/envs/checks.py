@@ -15,6 +15,7 @@ gymnasium's wrappers with an unpack error that does not say why; it is named as 
 from __future__ import annotations
 
 import contextlib
+import numbers
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ from dppo.envs.api import API, PARALLEL_API, old_api, parallel_problem, result_p
 from dppo.envs.make import make_env, make_parallel_envs, make_pettingzoo_env
 from dppo.envs.multiagent import AgentTurns
 from dppo.envs.user_code import EnvLoadError
-from dppo.errors import OneLineWarning, first_line
+from dppo.errors import OneLineWarning, UsageError, first_line
 
 if TYPE_CHECKING:
     from dppo.config import Config, EnvConfig
@@ -131,12 +132,22 @@ def check_one_env(config: Config) -> tuple[gym.Space, gym.Space, Any]:
 
 def check_info(info: Any, config: Config) -> None:
     """metrics.info_keys that reset() or step() already set hold numbers or booleans (one line naming the key)."""
-    from dppo.rl.env_info import numeric
-
     if isinstance(info, dict):
         for key in config.metrics.info_keys:
             if key in info:
-                numeric(key, info[key], config.env.name)
+                info_number(key, info[key], config.env.name)
+
+
+def info_number(key: str, value: Any, env_name: str) -> float:
+    """An info entry of metrics.info_keys as a float, or one line naming the key: only numbers and booleans average
+    (dppo.rl.env_info averages them)."""
+    if isinstance(value, np.ndarray) and value.size == 1:
+        value = value.reshape(()).item()
+    if isinstance(value, (bool, np.bool_, numbers.Real)):
+        return float(value)
+    raise UsageError(f"env {env_name!r} info[{key!r}] is {type(value).__name__} {str(value)[:60]!r}, and "
+                     "metrics.info_keys averages numbers and booleans; drop the key from metrics.info_keys or make "
+                     "the env put a number there")
 
 
 def check_mapped_env(config: Config) -> dict[str, tuple[gym.Space, gym.Space, Any]]:

@@ -9,24 +9,12 @@ mask of the copies that set it. A vector env without ``final_info`` reports the 
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from dppo.errors import UsageError
-
-
-def numeric(key: str, value: Any, env_name: str) -> float:
-    """``value`` as a float, or one line naming the key: only numbers and booleans average."""
-    if isinstance(value, np.ndarray) and value.size == 1:
-        value = value.reshape(()).item()
-    if isinstance(value, (bool, np.bool_, numbers.Real)):
-        return float(value)
-    raise UsageError(f"env {env_name!r} info[{key!r}] is {type(value).__name__} {str(value)[:60]!r}, and "
-                     "metrics.info_keys averages numbers and booleans; drop the key from metrics.info_keys or make "
-                     "the env put a number there")
+from dppo.envs.checks import info_number
 
 
 def ended_values(info: dict[str, Any], ended: np.ndarray, key: str, env_name: str) -> list[float]:
@@ -37,7 +25,7 @@ def ended_values(info: dict[str, Any], ended: np.ndarray, key: str, env_name: st
         return []
     values = source[key]
     mask = np.asarray(source.get(f"_{key}", np.ones(len(ended), bool)), bool)
-    return [numeric(key, values[i], env_name) for i in np.flatnonzero(ended & mask)]
+    return [info_number(key, values[i], env_name) for i in np.flatnonzero(ended & mask)]
 
 
 class EndedInfo:

@@ -124,13 +124,13 @@ def prepare(request: TrainRequest) -> tuple[Config, Path, dict[str, Any] | None,
     config = with_agents(config)  # many agents: each env copy's agents are columns of the batch
     from dppo.rl.spaces import check_first_observation, check_spaces
 
-    for obs_space, action_space, first in check_env(config).values():  # the env can be made, reset and stepped
+    checked = check_env(config)  # the env can be made, reset and stepped
+    for obs_space, action_space, first in checked.values():
         obs_spec, action_spec = check_spaces(obs_space, action_space, config.model)  # its spaces are supported
         check_first_observation(obs_spec, action_spec, first, config.env.name)
-        if config.model.entry_point:  # a network of one's own answers a dummy batch rightly (dppo.rl.custom)
-            from dppo.rl.build import build_model
+    from dppo.rl.build import check_own_network
 
-            build_model(obs_space, action_space, config.model)
+    check_own_network(config.model, checked.values())
     run_dir = resolve_run_dir(run_dir_arg or config.run.run_dir, config.env.name)
     files = RunDir(run_dir)
     if not request.auto_resume:  # a retried job waits for the attempt before it to let go (RunLock.acquire)

@@ -173,7 +173,6 @@ class Metrics(Exporter):
         self.env_info = Gauge("dppo_env_info", "The env's own figures (metrics.info_keys): a key's mean over the "
                               "episodes that ended in the last iteration (no series while none carried it).", ["key"],
                               registry=r)
-        self.info_series: set[str] = set()  # the keys whose dppo_env_info series exists now
         self.run_info = Gauge("dppo_run_info", "Constant 1, labelled with the run's env id and name.",
                               ["env", "run"], registry=r)
         self.run_info.labels(env=env_id, run=run_name).set(1)
@@ -209,13 +208,12 @@ class Metrics(Exporter):
                 self.per_policy[inner].labels(policy=policy).set(value)
 
     def set_env_info(self, key: str, value: float | None) -> None:
-        """An iteration where no ended episode carried the key has no value: its series goes (not 0, not stale)."""
+        """An iteration where no ended episode carried the key has no value: its series goes (not 0, not stale;
+        removing a series that is not there does nothing)."""
         if value is not None:
             self.env_info.labels(key=key).set(value)
-            self.info_series.add(key)
-        elif key in self.info_series:
+        else:
             self.env_info.remove(key)
-            self.info_series.discard(key)
 
     def init_actors(self, count: int) -> None:
         """Create each actor's labelled series at 0, so increase() sees the first restart."""

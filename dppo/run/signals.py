@@ -38,8 +38,7 @@ def stop_of(err: BaseException, signals: StopSignals) -> int | None:
     (``ray.wait`` while the actors start) turn an exception raised in a signal handler into ``SystemError:
     <cyfunction CoreWorker.wait ...> returned a result with an exception set``, and a local Ray's processes, sent
     the same Ctrl-C, fail the calls on them. A KeyboardInterrupt is a SIGINT too, whether or not the handler saw it
-    (one surfaced without it in a CI run while the actors started: exit 130 with no line). Whatever surfaced, the stop
-    is what happened."""
+    (a library may raise one for a call a SIGINT cut short). Whatever surfaced, the stop is what happened."""
     if isinstance(err, Stopped):
         return err.signum
     if signals.received is None and isinstance(err, KeyboardInterrupt):

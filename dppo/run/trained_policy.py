@@ -19,6 +19,7 @@ import numpy as np
 from dppo.config import Config, validate
 from dppo.errors import UsageError
 from dppo.rl.agent import Agent, export_weights
+from dppo.rl.spaces import stack
 from dppo.rl.transforms import ObsNormalizer
 from dppo.run.trained import TrainedModel, trained_model, trained_policies
 
@@ -91,7 +92,7 @@ class TrainedPolicy:
         for name, agents in self._by_policy(list(obs)).items():
             batch = [obs[agent] for agent in agents]
             space = self.policies[name].agent.obs_space
-            chosen = self.policies[name].act(stacked(batch, space), deterministic)
+            chosen = self.policies[name].act(stack(batch, space), deterministic)
             actions.update({agent: chosen[row] for row, agent in enumerate(agents)})
         return {agent: actions[agent] for agent in obs}
 
@@ -147,11 +148,3 @@ def batch_rows(obs: Any, space: gym.Space) -> int | None:
                      f"observation space (one observation of shape {shape}) nor a batch of them (shape (B, "
                      f"{', '.join(map(str, shape))}))")
 
-
-def stacked(items: list[Any], space: gym.Space) -> Any:
-    """Single observations of ``space`` as one batch (Dict and Tuple observations part by part)."""
-    if isinstance(space, gym.spaces.Dict):
-        return {key: stacked([item[key] for item in items], sub) for key, sub in space.spaces.items()}
-    if isinstance(space, gym.spaces.Tuple):
-        return tuple(stacked([item[i] for item in items], sub) for i, sub in enumerate(space.spaces))
-    return np.stack([np.asarray(item) for item in items])

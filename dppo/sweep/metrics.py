@@ -97,7 +97,7 @@ class TrialMetrics(tune.Callback, Exporter):
                 if isinstance(value, int | float):
                     self.env_info.labels(*series).set(value)
                     self._info_series.add(series)
-                elif series in self._info_series:
+                else:  # removing a series that is not there does nothing
                     self.env_info.remove(*series)
                     self._info_series.discard(series)
         self.env_steps.labels(trial=label).inc(max(0, result.get("env_steps_delta", 0)))

@@ -283,7 +283,9 @@ def hand_over(env: dict[str, str], docker_env: dict[str, str]) -> None:
                                 stderr=subprocess.STDOUT)
         try:
             run("buildah", "push", IMAGE, f"docker-archive:{pipe}:{IMAGE}", timeout=900, env=env)
-            assert load.wait(timeout=900) == 0, log.seek(0) or log.read()[-3000:]
+            if load.wait(timeout=900) != 0:
+                log.seek(0)
+                raise AssertionError(f"docker load -> {load.returncode}\n{log.read()[-3000:]}")
         finally:
             if load.poll() is None:
                 load.kill()

@@ -47,7 +47,7 @@ def test_a_signal_that_came_before_interrupting_raises_on_entry(signals: StopSig
 
 def test_the_stop_behind_an_error_is_the_signal_a_keyboard_interrupt_included() -> None:
     """What start-up's cleanup asks: Stopped names its signal; a KeyboardInterrupt is a SIGINT even when the handler
-    never saw one (it surfaced so once in CI); any other error is a stop only when a signal was recorded."""
+    never saw one; any other error is a stop only when a signal was recorded."""
     quiet, stopped = StopSignals(), StopSignals()
     stopped.received = signal.SIGTERM
     assert stop_of(Stopped(signal.SIGTERM), quiet) == signal.SIGTERM
