@@ -19,10 +19,11 @@ import contextlib
 import logging
 import math
 import os
+import sys
 import threading
 from collections.abc import Iterator, MutableMapping
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TextIO
 
 from dppo.config import Config
 from dppo.errors import RunFailure, UsageError, first_line
@@ -136,15 +137,47 @@ def is_gcs_address(address: str) -> bool:
 
 @contextlib.contextmanager
 def stderr_silenced() -> Iterator[None]:
-    """Ray's C++ client logs each refused attempt to file descriptor 2; the user gets our one line instead."""
+    """Ray's C++ client logs each refused attempt to file descriptor 2; the user gets our one line instead. The
+    check runs in the thread that starts Ray (connect_ray_beside) while the main thread may be writing a line of
+    its own (a stop's, then an exit): Python's sys.stderr, where it writes to fd 2, is pointed meanwhile at where
+    fd 2 went before, so only the C++ logs go to /dev/null."""
+    python_stderr = sys.stderr
+    redirect = writes_to_fd2(python_stderr)
+    if redirect:
+        python_stderr.flush()
+        sys.stderr = original_stderr()  # made (if new) before fd 2 is silenced
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     try:
         yield
     finally:
+        if redirect:
+            sys.stderr.flush()
+            sys.stderr = python_stderr
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+ORIGINAL_STDERR: TextIO | None = None  # a copy of fd 2 as the process got it, never closed (a thread may hold it)
+
+
+def original_stderr() -> TextIO:
+    """A text stream on a duplicate of fd 2 made the first time this is called (before any silencing), kept open
+    for the process's life: a line written to it while another thread silences fd 2 is not lost."""
+    global ORIGINAL_STDERR
+    if ORIGINAL_STDERR is None:
+        ORIGINAL_STDERR = os.fdopen(os.dup(2), "w", buffering=1, encoding=sys.stderr.encoding or "utf-8",
+                                    errors="backslashreplace")
+    return ORIGINAL_STDERR
+
+
+def writes_to_fd2(stream: TextIO) -> bool:
+    """Whether ``stream`` writes to file descriptor 2 (not a notebook's stream or a test's capture of it)."""
+    try:
+        return stream.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def gcs_refusal(address: str) -> str | None:

@@ -55,3 +55,33 @@ def test_the_stop_behind_an_error_is_the_signal_a_keyboard_interrupt_included() 
     assert stop_of(KeyboardInterrupt(), stopped) == signal.SIGTERM  # the first signal counts
     assert stop_of(SystemError("returned a result with an exception set"), stopped) == signal.SIGTERM
     assert stop_of(RuntimeError("a real error"), quiet) is None
+
+
+SILENCED_IN_A_THREAD = """
+import os, sys, threading
+from dppo.distributed.cluster import stderr_silenced
+
+inside, done = threading.Event(), threading.Event()
+
+def silence():
+    with stderr_silenced():
+        inside.set()
+        os.write(2, b"a C++ log line\\n")
+        done.wait(30)
+
+threading.Thread(target=silence, daemon=True).start()
+inside.wait(30)
+print("dppo: stopped by SIGINT before training started: nothing written", file=sys.stderr, flush=True)
+os._exit(130)  # as the command exits, while the other thread still silences fd 2
+"""
+
+
+def test_a_line_written_while_another_thread_silences_fd_2_is_heard_and_the_c_logs_are_not() -> None:
+    """The thread that starts Ray silences fd 2 while it asks the GCS (Ray's C++ logs); a stop's line written by the
+    main thread meanwhile reaches stderr (dppo.distributed.cluster.stderr_silenced)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SILENCED_IN_A_THREAD], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.splitlines() == ["dppo: stopped by SIGINT before training started: nothing written"]
