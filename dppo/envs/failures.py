@@ -14,9 +14,10 @@ with a fresh copy each time, is an :class:`EnvFailure`: an env that never gets t
 first, seeded reset is left alone: an env that cannot start is bad input, named as such where the actor starts.)
 
 dppo's own vector envs recreate a copy alone the same way (PettingZoo's Parallel copies: :mod:`dppo.envs.columns`;
-self-play games: :mod:`dppo.envs.selfplay`), reporting the failure with :func:`failure_info`. A vector env that
-cannot isolate a copy (ale-py's) raises out of its ``step``: the sampler makes it afresh mid-segment and cuts each of
-its episodes as a failure (:meth:`dppo.rl.sampler.Sampler._step`), so the segment is kept.
+self-play games: :mod:`dppo.envs.selfplay`). A vector env that cannot isolate a copy (ale-py's) raises out of its
+``step``: the sampler makes it afresh mid-segment and cuts each of its episodes as a failure (:func:`failure_info`,
+:meth:`dppo.rl.sampler.Sampler._step`), so the segment is kept. A copy or a whole vector env, each is made afresh by
+one function, :func:`fresh_copy`: its reset retried on another fresh one, each with its own seed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import gymnasium as gym
 import numpy as np
 
 from dppo.envs.api import old_step_error
-from dppo.errors import first_line
+from dppo.errors import UsageError, first_line
 
 RESEED_STEP = 1_000_003  # a recreated copy's seed: its first seed plus this per recreation (reproducible, apart)
 
@@ -100,26 +101,23 @@ class RecreateOnFailure(gym.Wrapper):
             result = self.env.reset(seed=seed, options=options)
             self.last_obs = result[0]
             return result
-        failure, self.failure = self.failure, None
-        for attempt in range(self.reset_tries + 1):
-            try:
-                if failure is not None:  # a fresh copy after the step that raised, or after the last reset's try
-                    self.recreated += 1
-                    self.env = self.make()
-                    if self.first_seed is not None:
-                        seed = self.first_seed + RESEED_STEP * self.recreated
-                obs, info = self.env.reset(seed=seed, options=options)
-                break
-            except Exception as err:
-                if attempt == self.reset_tries:
-                    raise EnvFailure(f"env {self.name} never got through a reset (tried {attempt + 1} times, "
-                                     f"recreating it each time): {describe(err)}", traceback.format_exc()) from err
-                failure = (describe(err), traceback.format_exc())
-                with contextlib.suppress(Exception):
-                    self.env.close()
+        failed = [] if self.failure is None else [self.failure]  # the step's failure, then each try's that raised
+        self.failure = None
+        seeds: list[int | None] = []  # each try's seed: none on the copy itself, its own on each fresh one
+
+        def make() -> gym.Env:
+            if not seeds and not failed:  # an episode's end: its reset is tried on the copy itself first
+                seeds.append(None)
+                return self.env
+            self.recreated += 1
+            seeds.append(None if self.first_seed is None else self.first_seed + RESEED_STEP * self.recreated)
+            return self.make()
+
+        self.env, (obs, info) = fresh_copy(make, lambda env: env.reset(seed=seeds[-1], options=options), self.name,
+                                           self.reset_tries, failed=failed)
         self.last_obs = obs
-        if failure is not None:
-            info = {**info, "env_failure": failure[0], "env_failure_traceback": failure[1]}
+        if failed:  # the last try that raised, else the step's
+            info = {**info, "env_failure": failed[-1][0], "env_failure_traceback": failed[-1][1]}
         return obs, info
 
 
@@ -128,10 +126,12 @@ Started = TypeVar("Started")
 
 
 def fresh_copy(make: Callable[[], Made], start: Callable[[Made], Started], name: str, tries: int,
-               broken: Any = None) -> tuple[Made, Started]:
-    """A fresh copy of an env from ``make`` (``broken``, the one it replaces, closed first) and what ``start`` of it
-    returned (its reset); a start that raises is tried again on another fresh copy, ``tries`` times, then an
-    EnvFailure: an env that never gets through a reset stops the run."""
+               broken: Any = None, cause: str | None = None,
+               failed: list[tuple[str, str]] | None = None) -> tuple[Made, Started]:
+    """The one recovery path of every env kind: a fresh copy from ``make`` (``broken``, the one it replaces, closed
+    first) and what ``start`` of it returned (its reset, each try seeded apart by the caller). A start that raises is
+    tried on another fresh copy, ``tries`` times, then one EnvFailure with the user's file:line (``cause``: the step's
+    exception that broke a whole vector env); each failed try's (line, traceback) goes to ``failed``."""
     attempts = 0
     while True:
         with contextlib.suppress(Exception):
@@ -141,10 +141,15 @@ def fresh_copy(make: Callable[[], Made], start: Callable[[Made], Started], name:
         try:
             broken = make()
             return broken, start(broken)
+        except (EnvFailure, UsageError):  # what no retry mends
+            raise
         except Exception as err:
+            if failed is not None:
+                failed.append((describe(err), traceback.format_exc()))
             if attempts > tries:
-                raise EnvFailure(f"env {name} never got through a reset (tried {attempts} times, recreating it each "
-                                 f"time): {describe(err)}", traceback.format_exc()) from err
+                what = (f"raised in step ({cause}), and its vector env made afresh could not reset in {attempts} tries"
+                        if cause else f"never got through a reset (tried {attempts} times, recreating it each time)")
+                raise EnvFailure(f"env {name} {what}: {describe(err)}", traceback.format_exc()) from err
 
 
 def failure_info(failed: np.ndarray, line: str, details: str) -> dict[str, Any]:

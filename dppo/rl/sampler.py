@@ -21,7 +21,7 @@ from dppo.config import Config
 from dppo.config.policies import DEFAULT_POLICY
 from dppo.envs.api import old_step_error
 from dppo.envs.checks import old_api_error
-from dppo.envs.failures import EnvFailure, describe, failed_envs, failure_info
+from dppo.envs.failures import EnvFailure, describe, failed_envs, failure_info, fresh_copy
 from dppo.envs.make import make_vector_env
 from dppo.errors import UsageError
 from dppo.rl.actions import NoLegalAction
@@ -125,7 +125,8 @@ class Sampler:
         half_envs, self.half_obs, self.half_active, lives, self.rows = [], [], [], [], []
         for h in range(len(self.copies)):
             try:
-                envs, obs, info = self._start_half(h)
+                envs = self._make_half(h)
+                obs, info = self._reset_half(h, envs)
             except Exception:
                 for made in half_envs:
                     with contextlib.suppress(Exception):
@@ -145,13 +146,16 @@ class Sampler:
             self.life_loss = LifeLoss(np.concatenate([np.asarray(part) for part in lives]))
         return half_envs
 
-    def _start_half(self, h: int) -> tuple[VectorEnv, Any, dict[str, Any]]:
-        """Half h's vector env, made and reset (seeded for this start of the sampler's envs)."""
+    def _make_half(self, h: int) -> VectorEnv:
+        """Half h's vector env, of its share of the copies."""
         copies, config = self.copies[h], self.config
         if len(self.copies) > 1:
             config = config.model_copy(update={"env": config.env.model_copy(update={"num_envs": len(copies)})})
-        envs = self.make_envs(config)
-        seed = self.seed + 1_000 * self.env_resets + copies.start
+        return self.make_envs(config)
+
+    def _reset_half(self, h: int, envs: VectorEnv) -> tuple[Any, dict[str, Any]]:
+        """Half h's vector env reset, seeded for this start of the sampler's envs (a failed one closed)."""
+        seed = self.seed + 1_000 * self.env_resets + self.copies[h].start
         try:
             obs, info = envs.reset(seed=seed)
         except Exception:
@@ -162,7 +166,7 @@ class Sampler:
                 raise
             raise old from None
         envs.action_space.seed(seed)
-        return envs, obs, info
+        return obs, info
 
     def restart_envs(self) -> None:
         """Every vector env afresh, differently seeded, episodes restarted (the segment they were in is lost)."""
@@ -196,24 +200,14 @@ class Sampler:
         return result
 
     def _recreate_half(self, h: int, line: str, details: str) -> tuple:
-        """Half h's vector env made afresh and reset, each failed try on another fresh one with its own seed
-        (faults.env_retries more, then an EnvFailure naming the last exception's file:line); the step that raised
-        cuts every copy's episode."""
-        with contextlib.suppress(Exception):
-            self.half_envs[h].close()
-        retries = self.config.faults.env_retries
-        for attempt in range(retries + 1):
+        """Half h's vector env made afresh (:func:`fresh_copy`: its reset retried on another, each with its own seed);
+        the step that raised cuts every copy's episode."""
+        def make() -> VectorEnv:
             self.env_resets += 1
-            try:
-                self.half_envs[h], obs, info = self._start_half(h)
-                break
-            except (EnvFailure, UsageError):
-                raise
-            except Exception as err:
-                if attempt == retries:
-                    raise EnvFailure(f"env {self.config.env.name} raised in step ({line}), and its vector env made "
-                                     f"afresh could not reset in {retries + 1} tries: {describe(err)}",
-                                     traceback.format_exc()) from err
+            return self._make_half(h)
+
+        self.half_envs[h], (obs, info) = fresh_copy(make, lambda envs: self._reset_half(h, envs), self.config.env.name,
+                                                    self.config.faults.env_retries, self.half_envs[h], cause=line)
         cut = np.ones(self.rows[h].stop - self.rows[h].start, bool)  # every copy's episode
         info = {**info, **failure_info(cut, line, details), "final_obs": self.half_obs[h], "_final_obs": cut}
         return obs, np.zeros(len(cut)), np.zeros(len(cut), bool), cut, info

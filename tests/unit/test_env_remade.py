@@ -14,7 +14,7 @@ from dppo.rl.sampler import EnvFailure, Sampler
 
 class Breaks(gym.vector.VectorWrapper):
     """The ``plan["made"]``-th vector env made: its step raises once at ``plan["step_at"]`` (the first env's), and
-    its reset raises when its number is in ``plan["bad_resets"]``."""
+    its reset raises when its number is in ``plan["bad_resets"]``; each reset's (number, seed) in ``plan["seeds"]``."""
 
     def __init__(self, env: gym.vector.VectorEnv, plan: dict) -> None:
         super().__init__(env)
@@ -22,6 +22,7 @@ class Breaks(gym.vector.VectorWrapper):
         self.number, self.plan, self.steps = plan["made"], plan, 0
 
     def reset(self, **kwargs):
+        self.plan["seeds"].append((self.number, kwargs.get("seed")))
         if self.number in self.plan["bad_resets"]:
             raise ConnectionError("the simulator did not come back")
         return self.env.reset(**kwargs)
@@ -33,22 +34,31 @@ class Breaks(gym.vector.VectorWrapper):
         return self.env.step(actions)
 
 
-def sampler(bad_resets: set[int]) -> Sampler:
+def sampler(bad_resets: set[int], **overrides: object) -> tuple[Sampler, dict]:
     config = load_config(overrides={"env.num_envs": 2, "ppo.segment_length": 12, "ppo.minibatch_size": 24,
-                                    "faults.env_retries": 2})
-    plan = {"made": 0, "step_at": 5, "bad_resets": bad_resets}
-    return Sampler(config, make_envs=lambda cfg: Breaks(make_vector_env(cfg), plan))
+                                    "faults.env_retries": 2, "run.seed": 3, **overrides})
+    plan = {"made": 0, "step_at": 5, "bad_resets": bad_resets, "seeds": []}
+    return Sampler(config, make_envs=lambda cfg: Breaks(make_vector_env(cfg), plan)), plan
 
 
 def test_a_remade_vector_env_whose_reset_fails_is_made_again_and_the_segment_goes_on() -> None:
-    remade = sampler({2, 3})  # the first two remade envs cannot reset; the third can
+    remade, _ = sampler({2, 3})  # the first two remade envs cannot reset; the third can
     segment = remade.sample()
     assert remade.env_resets == 3 and segment.truncated[4].all() and segment.env_failures.count == 2
     assert remade.sample().actions.shape == (12, 2)
 
 
 def test_past_its_retries_a_reset_that_keeps_failing_is_one_env_failure_with_its_file_and_line() -> None:
-    broken = sampler({2, 3, 4, 5})
+    broken, _ = sampler({2, 3, 4, 5})
     with pytest.raises(EnvFailure, match=r"could not reset in 3 tries: ConnectionError: the simulator did not come "
                                          r"back \(at .*test_env_remade\.py:\d+\)"):
         broken.sample()
+
+
+def test_a_half_remade_mid_segment_whose_reset_fails_once_is_retried_with_its_own_seed() -> None:
+    remade, plan = sampler({3}, **{"env.num_envs": 4, "run.actor_halves": 2, "ppo.minibatch_size": 48})
+    segment = remade.sample()  # vector envs 1 and 2: the halves; 3: half 0 remade, its reset fails; 4: its retry
+    seed = remade.seed
+    assert plan["seeds"] == [(1, seed), (2, seed + 2), (3, seed + 1_000), (4, seed + 2_000)]
+    assert segment.truncated[4, :2].all() and not segment.truncated[4, 2:].any() and segment.env_failures.count == 2
+    assert remade.sample().actions.shape == (12, 4)
