@@ -1,15 +1,20 @@
 """The one recovery path of every env kind (:func:`dppo.envs.failures.fresh_copy`, issue 62 item 5): a broken env
 closed, a fresh one started, its start retried on another fresh one with its own seed, and past the retries one
-EnvFailure naming the env, the tries and the user's file:line. A gymnasium copy (:class:`RecreateOnFailure`) goes
-through it too. The whole vector env remade mid-segment: tests/unit/test_env_remade.py."""
+EnvFailure naming the env, the tries and the user's file:line. A gymnasium copy (:class:`RecreateOnFailure`), a
+PettingZoo Parallel copy and a self-play game go through it; the whole vector env remade mid-segment:
+tests/unit/test_env_remade.py."""
 
 from __future__ import annotations
 
 import gymnasium as gym
 import pytest
 
+from dppo.config import load_config
 from dppo.envs.failures import RESEED_STEP, EnvFailure, RecreateOnFailure, fresh_copy
+from dppo.envs.flaky import FlakyPair, FlakyTurns
+from dppo.envs.make import with_agents
 from dppo.errors import UsageError
+from dppo.rl.sampler import Sampler
 
 
 class Copy:
@@ -112,3 +117,44 @@ def test_a_gymnasium_copy_whose_reset_at_an_episode_end_keeps_raising_is_one_env
                                          r".*test_fresh_copy\.py:\d+\)$"):
         copy.reset()
     assert plan["seeds"] == [(1, 7), (1, None)]  # tried on the copy itself, unseeded, then no fresh one
+
+
+def never_back(seed: int | None) -> None:
+    """A fresh copy's reset (seeded far from the start's seeds) raises: the simulator never comes back."""
+    if seed is not None and seed > 1_000_000:
+        raise ConnectionError("the simulator did not come back")
+
+
+class PairNeverBack(FlakyPair):
+    def reset(self, seed=None, options=None):
+        never_back(seed)
+        return super().reset(seed=seed, options=options)
+
+
+class TurnsNeverBack(FlakyTurns):
+    def reset(self, seed=None, options=None):
+        never_back(seed)
+        return super().reset(seed=seed, options=options)
+
+
+def pair_never_back() -> PairNeverBack:
+    return PairNeverBack(every=3, anywhere=True)
+
+
+def turns_never_back() -> TurnsNeverBack:
+    from pettingzoo.classic import tictactoe_v3
+
+    return TurnsNeverBack(tictactoe_v3.env(), every=3, anywhere=True)
+
+
+@pytest.mark.parametrize("entry_point", ["pair_never_back", "turns_never_back"])
+def test_a_multiagent_copy_never_back_is_one_env_failure_with_the_users_file_and_line(entry_point: str) -> None:
+    name = f"test_fresh_copy:{entry_point}"  # a PettingZoo Parallel copy, a self-play game
+    sampler = Sampler(with_agents(load_config(overrides={
+        "env.entry_point": name, "env.multiagent": True, "env.num_envs": 2, "ppo.segment_length": 32,
+        "ppo.num_minibatches": 1, "faults.env_retries": 2, "model.hidden_sizes": [32]})))
+    with pytest.raises(EnvFailure, match=rf"^env {name} never got through a reset \(tried 3 times, recreating it "
+                                         r"each time\): ConnectionError: the simulator did not come back \(at "
+                                         r".*test_fresh_copy\.py:\d+\)$"):
+        for _ in range(4):
+            sampler.sample()
