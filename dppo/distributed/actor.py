@@ -13,7 +13,7 @@ from dppo.config import Config
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, fetch_new_snapshots
 from dppo.distributed.inference_client import ServedBroadcast, ServiceBackend
 from dppo.distributed.ray_calls import per_round
-from dppo.envs.make import make_vector_env
+from dppo.envs.make import EnvSpec, env_spec, make_vector_env
 from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import UsageError, first_line
 from dppo.rl.agent import Agent
@@ -30,29 +30,28 @@ if TYPE_CHECKING:
     from dppo.rl.sampler import Sampler
 
 
-def actor_sampler(config: Config, actor_id: int, seed: int,
+def actor_sampler(config: Config, actor_id: int, seed: int, spec: EnvSpec,
                   make_envs: Callable[[Config], VectorEnv] = make_vector_env) -> Sampler | JointSampler:
     """The actor's sampler, built once with its policy where ``config.placement`` (resolved by the driver) puts it:
     the service's (run.inference=server), the actor's own on a worker thread, in two halves or on its GPU share
     (run.actor_halves, run.actor_gpus), or the actor's own on its thread (several policies:
-    :class:`dppo.rl.joint.JointSampler`). ``make_envs``: what makes one policy's vector env (the actor's self-play
-    games wrap :func:`dppo.envs.make.make_vector_env`)."""
+    :class:`dppo.rl.joint.JointSampler`). ``spec``: the env as the driver resolved it (the one policy's spaces);
+    ``make_envs``: what makes one policy's vector env (the actor's self-play games wrap
+    :func:`dppo.envs.make.make_vector_env`)."""
     from dppo.rl.joint import local_sampler
     from dppo.rl.sampler import Sampler
 
     placement = config.placement
     if placement.where == "actor":
         return local_sampler(config, actor_id, seed, make_envs)
-    from dppo.envs.make import env_spaces, with_agents
-
-    spaces, columns = env_spaces(config), with_agents(config).columns
+    name = config.policy_names[0]
+    spaces, columns = spec.spaces[name], spec.columns
     if placement.where == "service":
         policy = BackendPolicy(*spaces, config.model, seed, columns)
         policy.backend = ServiceBackend(Layout(policy.obs_spec, policy.action_spec, config.model, columns))
     else:
         policy = worker_thread_policy(*spaces, config.model, seed, columns, own_device(config))
-    return Sampler(config, actor_id, seed=seed, policy=policy, make_envs=make_envs,
-                   policy_name=config.policy_names[0])
+    return Sampler(config, actor_id, seed=seed, policy=policy, make_envs=make_envs, policy_name=name)
 
 
 def own_device(config: Config) -> str:
@@ -86,7 +85,9 @@ def load_broadcast(sampler: Sampler, broadcast: Broadcast, games: SelfPlayGames 
 class Actor:
     """What runs in an actor's process (tests and benchmarks use it directly, without Ray)."""
 
-    def __init__(self, config: Config, actor_id: int, seed: int, import_paths: list[str] | None = None) -> None:
+    def __init__(self, config: Config, actor_id: int, seed: int, spec: EnvSpec,
+                 import_paths: list[str] | None = None) -> None:
+        """``spec``: the env as the driver resolved it (:func:`dppo.envs.make.env_spec`)."""
         warnings.filterwarnings("ignore", module="gymnasium")
         add_import_paths(import_paths or [])
         self.actor_id = actor_id
@@ -94,7 +95,7 @@ class Actor:
         self.problem: str | None = None
         self.games = SelfPlayGames(config, seed)  # self-play's opponents and results, behind the sampler's envs
         try:
-            self.sampler = actor_sampler(config, actor_id, seed, self.games.make_envs)
+            self.sampler = actor_sampler(config, actor_id, seed, spec, self.games.make_envs)
         except Exception as err:  # the user's env cannot be imported, made or reset here
             where = f"actor {actor_id} on node {ray.util.get_node_ip_address()}"
             what = first_line(err) if isinstance(err, UsageError) else (
@@ -145,10 +146,12 @@ class Actor:
 RemoteActor = ray.remote(Actor)
 
 
-def start_actor(config: Config, actor_id: int, seed: int) -> ray.actor.ActorHandle:
-    """One actor with its CPU reservation; restarts are the actor pool's job (it resends the weights)."""
+def start_actor(config: Config, actor_id: int, seed: int, spec: EnvSpec | None = None) -> ray.actor.ActorHandle:
+    """One actor with its CPU reservation; restarts are the actor pool's job (it resends the weights). ``spec``: the
+    env as the driver resolved it once for all its actors (resolved here when not given)."""
     return RemoteActor.options(num_cpus=config.run.actor_cpus, num_gpus=config.run.actor_gpus, max_restarts=0,
-                               name=None).remote(config, actor_id, seed, driver_import_paths())
+                               name=None).remote(config, actor_id, seed, spec or env_spec(config),
+                                                 driver_import_paths())
 
 
 def own_agent(sampler: Sampler) -> Agent | None:

@@ -24,6 +24,7 @@ from dppo.distributed.actor import start_actor
 from dppo.distributed.lifecycle import ActorGroup, Slot
 from dppo.distributed.ray_calls import RayCalls
 from dppo.distributed.restarts import RestartBudget
+from dppo.envs.make import EnvSpec, env_spec
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import RunFailure, first_line
 from dppo.rl.sampler import actor_seed
@@ -50,9 +51,11 @@ class PoolEvents(Protocol):
     def hung(self, process: str, line: str) -> None: ...
 
 
-def actor_calls(config: Config) -> RayCalls:
-    """The real Ray calls for a run's sampling actors."""
-    return RayCalls(lambda index, seed: start_actor(config, index, seed))
+def actor_calls(config: Config, spec: EnvSpec | None = None) -> RayCalls:
+    """The real Ray calls for a run's sampling actors, each shipped ``spec``: the env as the driver resolved it once
+    (resolved here when not given)."""
+    spec = spec or env_spec(config)
+    return RayCalls(lambda index, seed: start_actor(config, index, seed, spec))
 
 
 class Membership:

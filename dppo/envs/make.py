@@ -18,8 +18,11 @@ game into the learner's seat against an opponent.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
@@ -38,6 +41,7 @@ from dppo.errors import UsageError
 
 if TYPE_CHECKING:
     from dppo.config import Config, EnvConfig
+    from dppo.config.env import EnvKind
 
 
 def _wrapper_class(name: str) -> Callable[..., Any]:
@@ -167,13 +171,6 @@ def _require_pettingzoo_env(env: Any, what: str) -> Any:
     return env
 
 
-def is_turn_based(env: Any) -> bool:
-    """A PettingZoo AEC env (a turn-based game, trained by self-play) rather than a Parallel one."""
-    from pettingzoo import AECEnv
-
-    return isinstance(env, AECEnv)
-
-
 def make_pettingzoo_env(cfg: EnvConfig, render_mode: str | None = None) -> Any:
     """One PettingZoo env (Parallel, or AEC for a turn-based game) as the config names it, with its wrappers
     (functions of the PettingZoo env, as SuperSuit's are)."""
@@ -199,37 +196,45 @@ def make_pettingzoo_env(cfg: EnvConfig, render_mode: str | None = None) -> Any:
     return _require_pettingzoo_env(env, what)
 
 
-def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
-    """One env as the config names it, with its wrappers (no latency wrapper: that is for benchmarks). A
-    multi-agent env is one copy with its agents in turns (:class:`AgentTurns`); a turn-based game, one game against
-    a random player (:class:`SelfPlayEnv`)."""
+@contextmanager
+def _user_code(cfg: EnvConfig) -> Iterator[None]:
+    """The user's constructor raised: their input, not our bug (one line, exit 2)."""
     try:
-        if cfg.multiagent:
-            env = make_pettingzoo_env(cfg, render_mode)
-            if is_turn_based(env):
-                return SelfPlayEnv(env, cfg.name)
-            return AgentTurns(env, cfg.name, cfg.agent_id_in_obs, cfg.global_state)
+        yield
+    except UsageError:
+        raise
+    except Exception as err:
+        raise EnvLoadError(f"making env {cfg.name!r} raised {type(err).__name__}: {err}; "
+                           "check the env's code and env.kwargs") from None
+
+
+def _gymnasium_env(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
+    with _user_code(cfg):
         if cfg.atari:
             env = make_atari_env(cfg, render_mode)
         elif cfg.entry_point:
             env = _make_entry_point(cfg, render_mode)
         else:
             env = _make_registered(cfg, render_mode)
-    except UsageError:
-        raise
-    except Exception as err:  # the user's constructor raised: their input, not our bug
-        raise EnvLoadError(f"making env {cfg.name!r} raised {type(err).__name__}: {err}; "
-                           "check the env's code and env.kwargs") from None
     for wrapper in cfg.wrappers:
-        cls = _wrapper_class(wrapper.name)
         try:
-            env = cls(env, **wrapper.kwargs)
+            env = _wrapper_class(wrapper.name)(env, **wrapper.kwargs)
         except TypeError as err:
             raise EnvLoadError(f"wrapper {wrapper.name!r} rejected kwargs {wrapper.kwargs} ({err}); fix its kwargs"
                                ) from None
         if not isinstance(env, gym.Env):
             raise EnvLoadError(f"wrapper {wrapper.name!r} returned a {type(env).__name__}, not a gymnasium.Env")
     return env
+
+
+def _agent_turns(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
+    with _user_code(cfg):
+        return AgentTurns(make_pettingzoo_env(cfg, render_mode), cfg.name, cfg.agent_id_in_obs, cfg.global_state)
+
+
+def _self_play_env(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
+    with _user_code(cfg):
+        return SelfPlayEnv(make_pettingzoo_env(cfg, render_mode), cfg.name)
 
 
 def env_factory(config: Config) -> Callable[[], gym.Env]:
@@ -248,32 +253,27 @@ def env_factory(config: Config) -> Callable[[], gym.Env]:
     return make
 
 
+def _gymnasium_vector_env(config: Config) -> VectorEnv:
+    fns = [env_factory(config)] * config.env.num_envs
+    if config.env.vectorization == "async":
+        return AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
 def make_parallel_envs(config: Config, copies: int | None = None, render_mode: str | None = None) -> ParallelEnvs:
     """env.num_envs copies of the Parallel env (or ``copies``), each agent a column of its policy's vector env."""
     env_cfg = config.env
-    first = make_pettingzoo_env(env_cfg, render_mode)
-    if is_turn_based(first):
-        raise UsageError(f"env {env_cfg.name!r} is a turn-based game, trained by self-play with one policy against "
-                         "its own snapshots; drop policies")
-    groups = policy_groups(first, config.policies, env_cfg.name)
     copies = env_cfg.num_envs if copies is None else copies
-    envs = [first, *(make_pettingzoo_env(env_cfg, render_mode) for _ in range(copies - 1))]
+    envs = [make_pettingzoo_env(env_cfg, render_mode) for _ in range(copies)]
+    groups = policy_groups(envs[0], config.policies, env_cfg.name)
     return ParallelEnvs(envs, groups, env_cfg.name, env_cfg.agent_id_in_obs, config.model.action_mask_key,
-                        env_cfg.global_state, lambda: make_pettingzoo_env(env_cfg, render_mode),
+                        env_cfg.global_state, partial(make_pettingzoo_env, env_cfg, render_mode),
                         config.faults.env_retries)
 
 
-def make_multiagent_vector_env(config: Config) -> PolicyView | SelfPlayVectorEnv:
+def _parallel_vector_env(config: Config) -> PolicyView:
     """Agents as columns of one policy's vector env (several policies' are stepped together by the joint sampler:
-    :func:`make_parallel_envs`); a turn-based game: env.num_envs games, the learner's seat in each."""
-    env_cfg = config.env
-    if not config.policies:
-        first = make_pettingzoo_env(env_cfg)
-        if is_turn_based(first):
-            games = [first, *(make_pettingzoo_env(env_cfg) for _ in range(env_cfg.num_envs - 1))]
-            return SelfPlayVectorEnv(games, env_cfg.name, make=lambda: make_pettingzoo_env(env_cfg),
-                                     reset_tries=config.faults.env_retries)
-        first.close()
+    :func:`make_parallel_envs`)."""
     joint = make_parallel_envs(config)
     if len(joint.views) > 1:
         joint.close()
@@ -281,16 +281,39 @@ def make_multiagent_vector_env(config: Config) -> PolicyView | SelfPlayVectorEnv
     return joint.views[0]
 
 
+def _self_play_vector_env(config: Config) -> SelfPlayVectorEnv:
+    """env.num_envs games, the learner's seat in each."""
+    env_cfg = config.env
+    games = [make_pettingzoo_env(env_cfg) for _ in range(env_cfg.num_envs)]
+    return SelfPlayVectorEnv(games, env_cfg.name, make=partial(make_pettingzoo_env, env_cfg),
+                             reset_tries=config.faults.env_retries)
+
+
+class Makers(NamedTuple):
+    """How one kind of env is made: one env (dppo eval, a policy's spaces) and an actor's vector env."""
+
+    env: Callable[[EnvConfig, str | None], gym.Env]
+    vector: Callable[[Config], VectorEnv]
+
+
+MAKERS: dict[EnvKind, Makers] = {
+    "gymnasium": Makers(_gymnasium_env, _gymnasium_vector_env),
+    "ale": Makers(_gymnasium_env, make_ale_vector_env),
+    "parallel": Makers(_agent_turns, _parallel_vector_env),
+    "turn_based": Makers(_self_play_env, _self_play_vector_env),
+}
+
+
+def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
+    """One env as the config names it, with its wrappers (no latency wrapper: that is for benchmarks). A
+    multi-agent env is one copy with its agents in turns (:class:`AgentTurns`); a turn-based game, one game against
+    a random player (:class:`SelfPlayEnv`)."""
+    return MAKERS[env_kind(cfg)].env(cfg, render_mode)
+
+
 def make_vector_env(config: Config) -> VectorEnv:
     """E copies of the env in one vector env, autoreset mode set explicitly to SAME_STEP."""
-    if config.env.multiagent:
-        return make_multiagent_vector_env(config)
-    if config.env.vectorization == "ale":
-        return make_ale_vector_env(config)
-    fns = [env_factory(config)] * config.env.num_envs
-    if config.env.vectorization == "async":
-        return AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
-    return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    return MAKERS[env_kind(config.env)].vector(config)
 
 
 def fixed_opponents(spec: str, cfg: EnvConfig, action_space: gym.Space, seed: int) -> Opponents:
@@ -316,16 +339,29 @@ def check_self_play(config: Config) -> None:
                          "game: set model.recurrent to none")
 
 
-def is_self_play(cfg: EnvConfig) -> bool:
-    """A two-player turn-based game, trained against snapshots of its own policy (env.kind; made once to tell where
-    it is not resolved)."""
-    if cfg.kind is not None or not cfg.multiagent:
-        return cfg.kind == "turn_based"
-    env = make_pettingzoo_env(cfg)
+def _pettingzoo_kind(env: Any) -> EnvKind:
+    """An AEC env is a turn-based game (trained by self-play), any other a Parallel env."""
+    from pettingzoo import AECEnv
+
+    return "turn_based" if isinstance(env, AECEnv) else "parallel"
+
+
+def env_kind(cfg: EnvConfig) -> EnvKind:
+    """env.kind as the driver resolved it (:func:`with_agents`); for a config not resolved (a test's), told now."""
+    if cfg.kind is not None:
+        return cfg.kind
+    if not cfg.multiagent:
+        return "ale" if cfg.vectorization == "ale" else "gymnasium"
+    first = make_pettingzoo_env(cfg)
     try:
-        return is_turn_based(env)
+        return _pettingzoo_kind(first)
     finally:
-        env.close()
+        first.close()
+
+
+def is_self_play(cfg: EnvConfig) -> bool:
+    """A two-player turn-based game, trained against snapshots of its own policy."""
+    return env_kind(cfg) == "turn_based"
 
 
 def names_pettingzoo_module(cfg: EnvConfig) -> bool:
@@ -353,15 +389,18 @@ def with_agents(config: Config) -> Config:
     if env.kind is not None:
         return config
     multiagent = env.multiagent or names_pettingzoo_module(env)
-    columns, kind = None, "ale" if env.vectorization == "ale" else "gymnasium"
-    if multiagent:
+    if not multiagent:
+        columns, kind = None, env_kind(env)
+    else:
         first = make_pettingzoo_env(env.model_copy(update={"multiagent": True}))
         try:
-            turn_based = is_turn_based(first)
-            columns = 1 if turn_based else len(first.possible_agents)
-            kind = "turn_based" if turn_based else "parallel"
+            kind = _pettingzoo_kind(first)
+            columns = 1 if kind == "turn_based" else len(first.possible_agents)
         finally:
             first.close()
+    if kind == "turn_based" and config.policies:
+        raise UsageError(f"env {env.name!r} is a turn-based game, trained by self-play with one policy against its "
+                         "own snapshots; drop policies")
     from dppo.config.load import validate
 
     data = config.model_dump(mode="json")
@@ -389,3 +428,18 @@ def policy_spaces(config: Config) -> dict[str, tuple[gym.Space, gym.Space]]:
         return {view.group.name: (view.single_observation_space, view.single_action_space) for view in joint.views}
     finally:
         joint.close()
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """The env as the driver resolved it once, shipped to every actor, which builds its policy from it unmade."""
+
+    kind: EnvKind
+    spaces: dict[str, tuple[gym.Space, gym.Space]]  # each policy's observation and action space, in map order
+    columns: int  # of one actor's vector env: env.num_envs copies x env.columns_per_copy
+
+
+def env_spec(config: Config) -> EnvSpec:
+    """``config``'s env resolved (:func:`with_agents`) into the spec that the driver ships to its actors."""
+    config = with_agents(config)
+    return EnvSpec(env_kind(config.env), policy_spaces(config), config.columns)

@@ -26,8 +26,9 @@ from dppo.distributed.evaluation import FINISH_WAIT_S, EvalResult, Evaluation, E
 from dppo.distributed.inference import ServiceHung, ServiceSupervisor, lost_service
 from dppo.distributed.inference_choice import choose_inference, resolve_inference
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup, LearnerHung
+from dppo.distributed.membership import actor_calls
 from dppo.distributed.restarts import RestartBudget
-from dppo.envs.make import check_self_play, is_self_play, policy_spaces, with_agents
+from dppo.envs.make import check_self_play, env_spec, with_agents
 from dppo.errors import RunFailure
 from dppo.rl.build import build_model
 from dppo.rl.ppo import TrainStats
@@ -61,12 +62,12 @@ class Coordinator:
         torch.set_num_threads(config.run.learner_threads)  # before the model: its orthogonal init uses them
         torch.manual_seed(config.run.seed)  # the initial weights
         np.random.seed(config.run.seed)
-        self.spaces = policy_spaces(config)  # each policy's (one without a policy map)
-        self.models = {name: build_model(*spaces, config.model) for name, spaces in self.spaces.items()}
+        self.spec = env_spec(config)  # the env's kind, each policy's spaces, columns: what every actor is shipped
+        self.models = {name: build_model(*spaces, config.model) for name, spaces in self.spec.spaces.items()}
         self.inference_reason = choose_inference(config)[1]  # how auto was decided (the ready line says it)
         config = self.config = resolve_inference(config)
         self.state = RunState(config, {name: model.obs_spec.vector_dim for name, model in self.models.items()})
-        if is_self_play(config.env):
+        if self.spec.kind == "turn_based":
             check_self_play(config)
             self.state.league = League(config.selfplay)
         self.trainer_states: dict[str, Any] = dict.fromkeys(self.models)
@@ -83,7 +84,8 @@ class Coordinator:
         self.reporter = Reporter(config, self.run_dir)
         self.signals = StopSignals()
         self.hangs = Hangs(config.faults, self.reporter)  # every wait's deadline; a hung process said and replaced
-        self.pool = ActorPool(config, self.reporter, lambda: self.signals.received is not None, hangs=self.hangs)
+        self.pool = ActorPool(config, self.reporter, lambda: self.signals.received is not None,
+                              actor_calls(config, self.spec), self.hangs)
         self.learners: dict[str, LearnerGroup] = {}  # each policy's
         self.inference: ServiceSupervisor | None = None  # the policy-inference service (run.inference=server)
         self.snapshot_refs = SnapshotRefs()  # self-play: each snapshot in the object store once
@@ -96,12 +98,12 @@ class Coordinator:
     def start(self) -> None:
         """Start the learners and the actors; every actor has made its envs when this returns, so an env that
         cannot be made anywhere is bad input before anything is written."""
-        self.learners = {name: LearnerGroup(self.config, *self.spaces[name], model, self.trainer_states[name],
+        self.learners = {name: LearnerGroup(self.config, *self.spec.spaces[name], model, self.trainer_states[name],
                                             self.hangs) for name, model in self.models.items()}
         if self.config.run.inference == "server":  # beside the learner, on its device (one policy)
             (name, learners), = self.learners.items()
-            self.inference = ServiceSupervisor(self.config, *self.spaces[name], learners.device, self.reporter.message,
-                                               hangs=self.hangs)
+            self.inference = ServiceSupervisor(self.config, *self.spec.spaces[name], learners.device,
+                                               self.reporter.message, hangs=self.hangs)
             self.inference.start()
             self.pool.upstream = self.inference.check  # actors that wait on a hung service are not the ones hung
         self.pool.start()

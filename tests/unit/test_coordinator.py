@@ -16,6 +16,7 @@ from fake_ray import Call, FakeRayCalls, Script, crash
 from dppo.config import Config, load_config
 from dppo.distributed.actor import Actor
 from dppo.distributed.actor_pool import ActorPool
+from dppo.envs.make import env_spec
 from dppo.run.coordinator import Coordinator
 
 pytestmark = pytest.mark.usefixtures("keep_signal_handlers")  # tests/conftest.py
@@ -32,9 +33,10 @@ def config(total_steps: int) -> Config:
 
 def run(cfg: Config, run_dir: Path, script) -> tuple[dict[str, Any], list[dict[str, Any]], FakeRayCalls]:
     samplers: dict[tuple[int, int], Actor] = {}
+    spec = env_spec(cfg)
 
     def sample(index: int, seed: int, broadcast: Any) -> Any:
-        actor = samplers.setdefault((index, seed), Actor(cfg, index, seed))
+        actor = samplers.setdefault((index, seed), Actor(cfg, index, seed, spec))
         return actor.sample(broadcast)
 
     calls = FakeRayCalls(script, sample)

@@ -22,7 +22,7 @@ from dppo.config import Config, ConfigError, load_config
 from dppo.distributed.actor import actor_sampler
 from dppo.envs.checks import check_env
 from dppo.envs.flaky import FlakyPair
-from dppo.envs.make import env_spaces, make_vector_env, with_agents
+from dppo.envs.make import env_spec, make_vector_env, with_agents
 from dppo.envs.user_code import EnvLoadError
 from dppo.errors import OneLineWarning
 from dppo.rl.agent import export_weights
@@ -74,14 +74,15 @@ def stack() -> Iterator[ExitStack]:
 
 def row_sampler(config: Config, stack: ExitStack) -> Sampler:
     """The actor's sampler for ``config``, its policy's weights loaded (the service's, for a served policy)."""
-    obs_space, action_space = env_spaces(config)
+    spec = env_spec(config)
+    (obs_space, action_space), = spec.spaces.values()
     torch.manual_seed(0)
     weights = export_weights(build_model(obs_space, action_space, config.model))
     games = SelfPlayGames(config, seed=11)
     make_envs = games.make_envs
     if config.env.vectorization == "ale":
         make_envs = lambda cfg: RaiseEvery(make_vector_env(cfg), every=20)  # noqa: E731
-    sampler = actor_sampler(config, 0, 11, make_envs)
+    sampler = actor_sampler(config, 0, 11, spec, make_envs)
     stack.callback(sampler.close)
     if config.run.inference == "server":
         _, endpoint, _ = stack.enter_context(running_service(obs_space, action_space, config.model, {0: weights}))

@@ -15,6 +15,7 @@ from fake_ray import FakeRayCalls, Script
 from dppo.config import load_config
 from dppo.distributed.actor import Actor
 from dppo.distributed.actor_pool import ActorPool
+from dppo.envs.make import env_spec
 from dppo.rl.sampler import Sampler
 from dppo.run.coordinator import Coordinator
 from dppo.run.reporting import sampling_phases
@@ -43,9 +44,10 @@ def test_a_runs_progress_and_metrics_say_how_much_of_sampling_was_env_stepping_a
         "run.target_return": None, "run.tensorboard": False, "run.checkpoint_every": 100, "run.seed": 3,
         "env.latency_ms": LATENCY_MS})
     samplers: dict[tuple[int, int], Actor] = {}
+    spec = env_spec(cfg)
 
     def sample(index: int, seed: int, broadcast: Any) -> Any:
-        return samplers.setdefault((index, seed), Actor(cfg, index, seed)).sample(broadcast)
+        return samplers.setdefault((index, seed), Actor(cfg, index, seed, spec)).sample(broadcast)
 
     coordinator = Coordinator(cfg, tmp_path)
     coordinator.pool = ActorPool(cfg, coordinator.reporter, coordinator.pool.should_stop,

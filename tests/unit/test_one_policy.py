@@ -21,7 +21,7 @@ import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import Config, load_config
 from dppo.distributed.actor import actor_sampler
 from dppo.distributed.inference import ForwardPasses
-from dppo.envs.make import env_spaces, with_agents
+from dppo.envs.make import env_spec, with_agents
 from dppo.rl.agent import export_weights
 from dppo.rl.build import build_model
 from dppo.rl.policy import BackendPolicy, Reply, Request
@@ -56,11 +56,12 @@ def samplers(overrides: dict) -> list[Sampler]:
     service (two halves), every one holding the same weights."""
     config = with_agents(load_config(overrides={"env.num_envs": 8, "ppo.segment_length": 16,
                                                 "ppo.minibatch_size": 32, **overrides, "run.seed": 1}))
-    obs_space, action_space = env_spaces(config)  # of one agent, for a multi-agent env
+    spec = env_spec(config)
+    (obs_space, action_space), = spec.spaces.values()  # of one agent, for a multi-agent env
     torch.manual_seed(3)
     weights = export_weights(build_model(obs_space, action_space, config.model))
-    actor = actor_sampler(placed(config, inference="actor"), 0, SEED)
-    halves = actor_sampler(placed(config, inference="actor", actor_halves=2), 0, SEED)
+    actor = actor_sampler(placed(config, inference="actor"), 0, SEED, spec)
+    halves = actor_sampler(placed(config, inference="actor", actor_halves=2), 0, SEED, spec)
     for sampler in (actor, halves):
         sampler.set_weights(weights, 0)
     passes = ForwardPasses(obs_space, action_space, config.model)

@@ -20,7 +20,7 @@ from gymnasium.vector import VectorWrapper
 import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import Config, ConfigError, load_config
 from dppo.distributed.actor import actor_sampler, gpu_shortage
-from dppo.envs.make import make_vector_env
+from dppo.envs.make import env_spec, make_vector_env
 from dppo.rl.agent import export_weights
 from dppo.rl.build import build_model
 from dppo.rl.sampler import Sampler
@@ -163,10 +163,11 @@ def test_with_two_halves_only_the_half_that_raised_is_made_afresh() -> None:
 
 def test_the_actor_makes_the_overlapped_policy_only_when_asked() -> None:
     config = load_config(overrides={"env.num_envs": 4, "ppo.num_minibatches": 1})
-    plain = actor_sampler(config, 0, SEED)  # by default the forward pass on the actor's thread, one group
+    spec = env_spec(config)
+    plain = actor_sampler(config, 0, SEED, spec)  # by default the forward pass on the actor's thread, one group
     assert not isinstance(plain.policy.backend, WorkerThread) and len(plain.half_envs) == 1
     halved = config.model_copy(update={"run": config.run.model_copy(update={"actor_halves": 2})})
-    sampler = actor_sampler(halved, 0, SEED)
+    sampler = actor_sampler(halved, 0, SEED, spec)
     assert isinstance(sampler.policy.backend, WorkerThread) and len(sampler.half_envs) == 2
     assert sampler.policy.backend.agent.device == "cpu"
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dppo.config import Config, load_config
+from dppo.envs.make import env_spec
 from dppo.rl.agent import Agent
 from dppo.rl.policy import BackendPolicy, Reply, Request
 from dppo.rl.sampler import Sampler
@@ -174,7 +175,7 @@ def test_a_segments_summary_holds_what_the_driver_reads_in_a_few_hundred_bytes()
                                  "run.learners": 2, "env.normalize_obs": True})
     env = gym.make(cfg.env.id)
     weights = export_weights(build_model(env.observation_space, env.action_space, cfg.model))
-    summary, segment = Actor(cfg, actor_id=0, seed=1).sample(Broadcast(weights, 0, None, None))
+    summary, segment = Actor(cfg, 0, 1, env_spec(cfg)).sample(Broadcast(weights, 0, None, None))
     assert summary.num_steps == segment.num_steps == 8 * 128
     for name in ("episode_returns", "episode_lengths"):
         np.testing.assert_array_equal(getattr(summary, name), getattr(segment, name))

@@ -14,7 +14,7 @@ import torch
 from pettingzoo import AECEnv
 
 from dppo.config import Config, load_config
-from dppo.envs.make import is_self_play, make_env, make_vector_env
+from dppo.envs.make import env_spec, is_self_play, make_env, make_vector_env
 from dppo.envs.minimax import Minimax, MinimaxOpponents, worst_case
 from dppo.envs.selfplay import RANDOM, SelfPlayEnv, SelfPlayVectorEnv
 from dppo.envs.user_code import EnvLoadError
@@ -334,7 +334,7 @@ def test_an_actors_segments_carry_the_results_of_its_games() -> None:
     from dppo.distributed.broadcast import Broadcast
 
     config = load_config(None, {"env.id": TICTACTOE, "env.num_envs": 8, "ppo.segment_length": 16})
-    actor = Actor(config, 0, seed=5)
+    actor = Actor(config, 0, 5, env_spec(config))
     weights = export_weights(actor.sampler.agent.model)
     segments = [actor.sample(Broadcast(weights, v, None, None, PoolView([0], [weights], [1.0]))) for v in range(3)]
     for segment in segments:
