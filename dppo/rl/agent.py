@@ -33,6 +33,20 @@ Layers = list[tuple[np.ndarray, np.ndarray]]
 _LINEAR_KEY = re.compile(r"^(policy_head|value_head)\.(\d+)\.(weight|bias)$")
 
 
+# torch's float32 CPU kernels (oneDNN's convolutions, MKL's GEMM) give a row the same result in every batch whose
+# rows are a multiple of 4, and other last bits in smaller or odd ones (measured on the development machine: 1-3,
+# 5-7 and 9-11 rows differ from the same rows in a batch of 16). The torch path pads each forward pass to a multiple
+# of ROW_BLOCK rows (copies of the last row), so an action's numbers do not depend on how many rows were asked with
+# it: the actor's one group of envs, a half, or the inference service's batch of several actors' requests.
+ROW_BLOCK = 4
+
+
+def padded(part: np.ndarray) -> np.ndarray:
+    """``part`` with copies of its last row up to a multiple of ROW_BLOCK rows."""
+    extra = -len(part) % ROW_BLOCK
+    return np.pad(part, [(0, extra)] + [(0, 0)] * (part.ndim - 1), mode="edge") if extra else part
+
+
 def export_weights(model: torch.nn.Module) -> Weights:
     """State dict as numpy arrays: zero-copy through Ray's object store."""
     return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
@@ -188,16 +202,18 @@ class Agent:
                          self._mlp(self.value_layers, obs.vector)[:, 0].astype(np.float32))
         import torch
 
-        model = self.model
+        model, rows = self.model, len(obs)
+        obs = obs.map(padded)
         with torch.inference_mode():
             features = model.features(obs.map(lambda part: torch.as_tensor(part, device=self.device)))
             after = None
             if self.recurrent:
-                h, c = (torch.as_tensor(part, device=self.device)[None] for part in memory)
-                core, (h, c) = model.unroll(features[None], torch.as_tensor(starts, device=self.device)[None], (h, c))
-                features, after = core[0], torch.cat([h, c]).cpu().numpy()
-            out = model.policy_head(model.policy_input(features)).double().cpu().numpy()
-            values = model.value_head(features).squeeze(-1).cpu().numpy()
+                h, c = (torch.as_tensor(padded(part), device=self.device)[None] for part in memory)
+                core, (h, c) = model.unroll(features[None], torch.as_tensor(padded(starts), device=self.device)[None],
+                                            (h, c))
+                features, after = core[0], torch.cat([h, c])[:, :rows].cpu().numpy()
+            out = model.policy_head(model.policy_input(features))[:rows].double().cpu().numpy()
+            values = model.value_head(features).squeeze(-1)[:rows].cpu().numpy()
         log_std = getattr(model, "log_std", None)
         return Heads(out, None if log_std is None else log_std.detach().double().cpu().numpy(), values, after)
 

@@ -56,8 +56,8 @@ def test_the_minigrid_figures_are_the_learning_checks_reading() -> None:
 
 
 def test_an_n_minute_form_of_a_test_runs_n_minutes() -> None:
-    named = [(int(m[1]), m[2]) for path in [*DOCS.glob("*.md"), REPO / "README.md"]
-             for m in re.finditer(r"the (\d+)-minute form \((tests/[\w/]+\.py)\)", path.read_text())]
+    named = [(0.5 if m[1] == "half" else int(m[1]), m[2]) for path in [*DOCS.glob("*.md"), REPO / "README.md"]
+             for m in re.finditer(r"\b(?:the|a) (\d+|half)-minute form \((tests/[\w/]+\.py)\)", path.read_text(), re.I)]
     assert named, "no N-minute form named"
     for minutes, test in named:
         given = re.findall(r'"--minutes", "([\d.]+)"', (REPO / test).read_text())

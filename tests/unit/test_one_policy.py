@@ -4,10 +4,9 @@ numpy from its own seeded stream and keeps a recurrent policy's memory itself, s
 the same, bit for bit, for an MLP, an LSTM, a CNN, a Dict observation with an action mask and a two-agent
 PettingZoo env (each agent a column; its faults raise only inside a Ray actor, so never here). No Ray: the service's
 forward passes are its plain class, run when a result is asked for. The torch networks (LSTM, CNN) compute in
-float32, so this holds where torch's CPU kernels give a row the same result in a batch of all 8 envs and of a half
-(4): true here; with 4 envs against halves of 2 an LSTM's values differ in their last bits, and so do the CNN's
-below 4 rows (Breakout with 2 envs: a seeded run's losses differ from the 7th digit, its actions do not). The MLP
-computes in float64 numpy, batch-invariant by design."""
+float32, whose CPU kernels give a row other last bits in a batch of fewer than 4 rows or an odd count; the torch
+path pads each pass to a multiple of 4 rows (dppo.rl.agent.ROW_BLOCK), so 4 envs in halves of 2 (an LSTM) and 2 envs
+in halves of 1 (a CNN) sample the same too. The MLP computes in float64 numpy, batch-invariant by design."""
 
 from __future__ import annotations
 
@@ -78,10 +77,12 @@ def samplers(overrides: dict) -> list[Sampler]:
     {"env.id": "CartPole-v1"},
     {"env.id": "CartPole-v1", "model.recurrent": "lstm", "model.lstm_hidden_size": 16},
     {"env.id": "dppo/CueCorridor-v0", "model.recurrent": "lstm", "model.lstm_hidden_size": 16},
+    {"env.id": "CartPole-v1", "model.recurrent": "lstm", "model.lstm_hidden_size": 16, "env.num_envs": 4},
     {"env.id": "dppo/Frames-v0"},  # pixels: the CNN
+    {"env.id": "dppo/Frames-v0", "env.num_envs": 2},  # passes of 1 and 2 rows, padded to 4
     {"env.id": "dppo/MaskedGrid-v0"},  # a Dict observation with an action mask
     {"env.id": None, "env.entry_point": "dppo.envs.flaky:flaky_pair", "env.multiagent": True},  # two agents
-], ids=["mlp", "lstm-cartpole", "lstm-cue", "cnn", "dict-mask", "two-agent"])
+], ids=["mlp", "lstm-cartpole", "lstm-cue", "lstm-4-envs", "cnn", "cnn-2-envs", "dict-mask", "two-agent"])
 def test_every_placement_samples_the_same_segments(overrides: dict) -> None:
     first, *others = samplers(overrides)
     for _ in range(2):  # env state, episodes and a recurrent memory carry across segments
