@@ -262,7 +262,14 @@ class SelfPlayVectorEnv(VectorEnv):
             else:
                 infos = self._add_info(infos, {"final_obs": game.observe(), "final_info": {"score": game.score}}, i)
                 self.results.append((game.opponent, game.score))
-                self._start(game, None)
+                try:
+                    self._start(game, None)
+                except Exception as err:  # the next game's reset raised: this copy alone is made afresh
+                    if self.make is None:
+                        raise
+                    infos = self._add_info(infos, {"env_failure": describe(err),
+                                                   "env_failure_traceback": traceback.format_exc()}, i)
+                    self._recreate(game)
         self._settle_new([self.games[i] for i in finished])
         return self._observe(), rewards, terminated, truncated, infos
 

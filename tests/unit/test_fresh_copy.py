@@ -158,3 +158,38 @@ def test_a_multiagent_copy_never_back_is_one_env_failure_with_the_users_file_and
                                          r".*test_fresh_copy\.py:\d+\)$"):
         for _ in range(4):
             sampler.sample()
+
+
+class TurnsResetFailsOnce(FlakyTurns):
+    """Tic-tac-toe whose first reset after a finished game (unseeded) raises, once in the process."""
+
+    raised = False
+
+    def reset(self, seed=None, options=None):
+        if seed is None and not TurnsResetFailsOnce.raised:
+            TurnsResetFailsOnce.raised = True
+            raise ConnectionError("the next game did not start")
+        return super().reset(seed=seed, options=options)
+
+
+def turns_reset_fails_once() -> TurnsResetFailsOnce:
+    from pettingzoo.classic import tictactoe_v3
+
+    return TurnsResetFailsOnce(tictactoe_v3.env(), every=10**9, anywhere=True)
+
+
+def test_a_game_whose_next_reset_raises_is_made_afresh_alone() -> None:
+    """A self-play game over, the next one's reset raises: that copy alone is made afresh (one failure counted, with
+    the user's file:line), the other games play on; not the whole vector env remade, every game cut."""
+    name = "test_fresh_copy:turns_reset_fails_once"
+    sampler = Sampler(with_agents(load_config(overrides={
+        "env.entry_point": name, "env.multiagent": True, "env.num_envs": 4, "ppo.segment_length": 32,
+        "ppo.num_minibatches": 1, "model.hidden_sizes": [32]})))
+    try:
+        failures = [sampler.sample().env_failures for _ in range(2)]
+    finally:
+        sampler.close()
+    assert TurnsResetFailsOnce.raised
+    assert sum(f.count for f in failures) == 1, [f.count for f in failures]
+    first = next(f.first for f in failures if f.count)
+    assert first.startswith("ConnectionError: the next game did not start (at ") and "test_fresh_copy.py" in first
