@@ -149,6 +149,11 @@ class FaultConfig(Section):
     actor_start_timeout_s: float = Field(60.0, ge=0)
     """At start, how long to wait for every actor to be placed and ready; after that the run starts with those
     that are (at least min_actors), says so in one line, and the others join as soon as they are ready."""
+    actor_wait_timeout_s: float | None = Field(1800.0, gt=0)
+    """How long the run waits below min_actors alive actors (at start, or for replacements mid-run) before it ends
+    with one line saying what it waited for (actors the cluster has no room for, or ones still making their envs),
+    after a checkpoint once training has started; `dppo train --auto-resume` and the chart's retry start it again.
+    null: wait as long as it takes (a cluster whose nodes may take hours to come back)."""
     restart_window_s: float = Field(600.0, gt=0)
     """Sliding window for max_actor_restarts, max_learner_restarts and max_hang_restarts."""
     max_learner_restarts: int = Field(3, ge=0)

@@ -110,17 +110,31 @@ class Membership:
         return len(self.alive) >= self.config.faults.min_actors
 
     def wait_for(self, done: Callable[[], bool], what: str) -> None:
-        """Poll pending actors until ``done()``, saying every REPORT_EVERY_S what the run waits for."""
-        said = self.calls.now()
+        """Poll pending actors until ``done()``, saying every REPORT_EVERY_S what the run waits for; below the floor
+        for faults.actor_wait_timeout_s, a RunFailure that says what it waited for (no node with room registered,
+        or actors that never finished making their envs): a run never waits forever."""
+        began = said = self.calls.now()
+        limit = self.config.faults.actor_wait_timeout_s
         self.promote(timeout=0.0)
         while not done():
             if self.should_stop():
                 raise Stop
             self.promote(timeout=POLL_S)
-            if self.calls.now() - said >= REPORT_EVERY_S and not done():
+            if done():
+                return
+            waited = self.calls.now() - began
+            if limit is not None and waited >= limit and not self.floor_met():
+                raise RunFailure(f"waited {waited:.0f} s for actors {what} (faults.actor_wait_timeout_s={limit:g}): "
+                                 f"{self.alive_line()}; give the cluster room for them, lower faults.min_actors or "
+                                 "raise faults.actor_wait_timeout_s")
+            if self.calls.now() - said >= REPORT_EVERY_S:
                 said = self.calls.now()
-                self.events.message(f"waiting for actors {what}: {len(self.alive)} of {len(self.slots)} alive "
-                                    f"(faults.min_actors={self.config.faults.min_actors}); {self.pending_detail()}")
+                self.events.message(f"waiting for actors {what}: {self.alive_line()}")
+
+    def alive_line(self) -> str:
+        """How many actors are alive against the floor, and why the pending ones are not."""
+        return (f"{len(self.alive)} of {len(self.slots)} alive (faults.min_actors={self.config.faults.min_actors}); "
+                f"{self.pending_detail()}")
 
     def pending_detail(self) -> str:
         """Why the pending actors are not alive yet, from Ray's placement of each: the cluster has no room for

@@ -157,3 +157,37 @@ def test_a_stop_while_waiting_for_the_floor_ends_the_wait() -> None:
     with pytest.raises(Stop):
         members.wait_for(members.floor_met, "to come back")
     assert members.pending == [0] and calls.time == 5.0  # one poll a second, no more
+
+
+def test_a_replacement_never_placed_ends_the_run_after_the_wait_timeout_saying_what_it_waited_for() -> None:
+    """A run never waits forever: below the floor for faults.actor_wait_timeout_s, one line that says for what."""
+    members, calls, events = membership(lambda i, n: Script(placed_s=NEVER) if n else Script(), actors=2,
+                                        min_actors=2, actor_wait_timeout_s=120)
+    members.start()
+    members.replace(1, preempted(1))
+    lost_at = calls.time
+    with pytest.raises(RunFailure) as failed:
+        members.wait_for(members.floor_met, "to come back")
+    assert calls.time == lost_at + 120 and len(waiting_lines(events)) == 11  # said every 10 s meanwhile
+    assert str(failed.value) == (
+        "waited 120 s for actors to come back (faults.actor_wait_timeout_s=120): 1 of 2 alive "
+        "(faults.min_actors=2); 1 not placed yet (the cluster has no room for it); give the cluster room for them, "
+        "lower faults.min_actors or raise faults.actor_wait_timeout_s")
+
+
+def test_at_start_an_actor_that_never_makes_its_envs_ends_the_run_and_every_actor_is_stopped() -> None:
+    members, calls, _ = membership(lambda i, n: Script(start_s=NEVER), actors=1, actor_wait_timeout_s=300)
+    with pytest.raises(RunFailure, match=r"^waited 300 s for actors to be placed and start .*1 placed, still "
+                                         r"starting \(making its envs\)"):
+        members.start()
+    assert calls.time == 300 and all(actor.killed for actor in calls.actors) and members.slots == []
+
+
+def test_without_a_wait_timeout_the_floor_is_waited_for_as_long_as_it_takes() -> None:
+    config = load_config(overrides={"run.actors": 1}, sets=["faults.actor_wait_timeout_s=null"])
+    calls = FakeRayCalls(lambda i, n: Script(placed_s=5000) if n else Script())
+    members = Membership(config, Events(), lambda: False, calls)
+    members.start()
+    members.replace(0, preempted(0))
+    members.wait_for(members.floor_met, "to come back")
+    assert members.alive == [0] and calls.time >= 5000
