@@ -5,6 +5,7 @@ tests/deploy/schemas made strict), and the schema's rejections of bad values."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import subprocess
@@ -32,6 +33,16 @@ CHART_MANAGED = {("env", "id"), ("run", "actors"), ("run", "actor_cpus"), ("run"
 
 
 def helm(helm_bin: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`helm ARGS`. A render, a lint or a client-side dry run reads only the chart and values files that no test
+    changes, so one with the same arguments is run once per session worker (the tests render the same values
+    about 100 times over)."""
+    if args[0] in ("template", "lint") or (args[0] == "install" and "--dry-run=client" in args):
+        return helm_reading(helm_bin, *args)
+    return subprocess.run([helm_bin, *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+@functools.cache
+def helm_reading(helm_bin: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm_bin, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
