@@ -7,12 +7,11 @@ Three ways to name an env, as gymnasium users already write them:
 Then the configured wrappers, in order. Every way a user's code can fail to load becomes an
 :class:`EnvLoadError` (exit 2, one line) that names what failed and how to fix it.
 
-A PettingZoo env (``env.multiagent``) is named by its module, whose ``parallel_env`` makes it
-(``mpe2.simple_spread_v3``) or, for a turn-based game, whose ``env`` makes the AEC env
-(``pettingzoo.classic.tictactoe_v3``), or by an entry point returning one; its wrappers are functions of the
-PettingZoo env (SuperSuit's). :mod:`dppo.envs.multiagent` turns a Parallel env into the vector env (agents as
-columns) and the one env that ``dppo eval`` plays (agents in turns); :mod:`dppo.envs.selfplay` turns a two-player
-game into the learner's seat against an opponent.
+A PettingZoo env (``env.multiagent``) is loaded by :mod:`dppo.envs.pettingzoo_env` (its module's
+``parallel_env``, a turn-based game's ``env``, or an entry point, with SuperSuit-style wrappers);
+:mod:`dppo.envs.multiagent` turns a Parallel env into the vector env (agents as columns) and the one env that
+``dppo eval`` plays (agents in turns); :mod:`dppo.envs.selfplay` turns a two-player game into the learner's seat
+against an opponent.
 """
 
 from __future__ import annotations
@@ -34,9 +33,10 @@ from dppo.envs.failures import RecreateOnFailure
 from dppo.envs.latency import LatencyWrapper
 from dppo.envs.minimax import MinimaxOpponents
 from dppo.envs.multiagent import AgentTurns
+from dppo.envs.pettingzoo_env import make_pettingzoo_env, names_pettingzoo_module
 from dppo.envs.policy_map import policy_groups
 from dppo.envs.selfplay import Opponents, RandomOpponents, SelfPlayEnv, SelfPlayVectorEnv
-from dppo.envs.user_code import SHIP_HINT, EnvLoadError, import_module, load_callable
+from dppo.envs.user_code import EnvLoadError, call_factory, import_module, kwargs_error, load_callable
 from dppo.errors import UsageError
 
 if TYPE_CHECKING:
@@ -71,16 +71,6 @@ def unknown_id_hint(env_id: str, module_name: str) -> str:
             "(e.g. minigrid:MiniGrid-Empty-5x5-v0), or env.entry_point")
 
 
-def kwargs_error(what: str, kwargs: dict[str, Any], render_mode: str | None, err: TypeError) -> EnvLoadError:
-    """An env constructor refused its arguments: blame render_mode when it was the one (``dppo eval --video``
-    asks for frames), else env.kwargs."""
-    if render_mode is not None and "render_mode" in str(err):
-        return EnvLoadError(f"{what} has no render_mode (its constructor does not take one: {err}), so --video "
-                            "cannot record it; give the env a render_mode argument that supports 'rgb_array', or "
-                            "evaluate without --video")
-    return EnvLoadError(f"{what} rejected env.kwargs {kwargs} ({err}); fix env.kwargs")
-
-
 def _make_registered(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
     env_id = cfg.id or ""
     if env_id.startswith("ALE/"):
@@ -105,14 +95,6 @@ def _make_registered(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
         raise kwargs_error(f"env {cfg.id!r}", cfg.kwargs, render_mode, err) from None
 
 
-def call_factory(factory: Any, what: str, kwargs: dict[str, Any], render_mode: str | None) -> Any:
-    """``factory(**kwargs)`` with the render mode; kwargs it does not take are one line naming ``what``."""
-    try:
-        return factory(**(kwargs if render_mode is None else {**kwargs, "render_mode": render_mode}))
-    except TypeError as err:
-        raise kwargs_error(what, kwargs, render_mode, err) from None
-
-
 def _make_entry_point(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
     factory = load_callable(cfg.entry_point or "", "env entry point")
     env = call_factory(factory, f"env entry point {cfg.entry_point!r}", cfg.kwargs, render_mode)
@@ -123,77 +105,6 @@ def _make_entry_point(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
     if cfg.max_episode_steps is not None:
         env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)
     return env
-
-
-# What to install when a PettingZoo env's module cannot be imported, by its top-level package
-PETTINGZOO_PACKAGES = {"mpe2": "pip install mpe2", "pettingzoo": "pip install 'dppo[multiagent]'"}
-
-
-def _pettingzoo_install_hint(module_name: str) -> str:
-    parts = module_name.split(".")
-    if parts[0] == "pettingzoo" and len(parts) > 2 and importlib.util.find_spec("pettingzoo") is not None:
-        return f"pip install 'pettingzoo[{parts[1]}]'"  # the family's own dependencies (butterfly: pygame, pymunk)
-    if parts[0] in PETTINGZOO_PACKAGES:
-        return PETTINGZOO_PACKAGES[parts[0]]
-    return f"install the package that provides it; {SHIP_HINT}"
-
-
-def _pettingzoo_factory(cfg: EnvConfig) -> Callable[..., Any]:
-    """The function that makes the env: the entry point, else the module's parallel_env, else (a turn-based game)
-    its env()."""
-    if cfg.entry_point:
-        return load_callable(cfg.entry_point, "env entry point")
-    module_name = cfg.id or ""
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise EnvLoadError(f"cannot import the PettingZoo env module {module_name!r} ({err}); "
-                           f"{_pettingzoo_install_hint(module_name)}") from None
-    except Exception as err:  # the module raised while importing
-        raise EnvLoadError(f"importing module {module_name!r} raised {type(err).__name__}: {err}") from None
-    factory = getattr(module, "parallel_env", None) or getattr(module, "env", None)
-    if not callable(factory):
-        raise EnvLoadError(f"module {module_name!r} has neither parallel_env() nor env(); a PettingZoo env module "
-                           "makes its Parallel env with parallel_env(**kwargs) or its turn-based (AEC) game with "
-                           "env(**kwargs): name such a module, or a function with env.entry_point: "
-                           "module.path:function")
-    return factory
-
-
-def _require_pettingzoo_env(env: Any, what: str) -> Any:
-    try:
-        from pettingzoo import AECEnv, ParallelEnv
-    except ImportError:
-        raise EnvLoadError(f"{what} needs PettingZoo (env.multiagent): pip install 'dppo[multiagent]'") from None
-    if not isinstance(env, (ParallelEnv, AECEnv)):
-        raise EnvLoadError(f"{what} returned a {type(env).__name__}, not a PettingZoo ParallelEnv or AECEnv; return "
-                           "one, or set env.multiagent to false for a gymnasium env")
-    return env
-
-
-def make_pettingzoo_env(cfg: EnvConfig, render_mode: str | None = None) -> Any:
-    """One PettingZoo env (Parallel, or AEC for a turn-based game) as the config names it, with its wrappers
-    (functions of the PettingZoo env, as SuperSuit's are)."""
-    factory = _pettingzoo_factory(cfg)
-    try:
-        env = call_factory(factory, f"env {cfg.name!r}", cfg.kwargs, render_mode)
-    except EnvLoadError:
-        raise
-    except Exception as err:  # the user's constructor raised: their input, not our bug
-        raise EnvLoadError(f"making env {cfg.name!r} raised {type(err).__name__}: {err}; "
-                           "check the env's code and env.kwargs") from None
-    what = f"env {cfg.name!r}"
-    for wrapper in cfg.wrappers:
-        if ":" not in wrapper.name:
-            raise EnvLoadError(f"wrapper {wrapper.name!r}: a PettingZoo env's wrappers are functions of the "
-                               "PettingZoo env, written module.path:function (e.g. supersuit:color_reduction_v0)")
-        try:
-            env = load_callable(wrapper.name, "wrapper")(env, **wrapper.kwargs)
-        except TypeError as err:
-            raise EnvLoadError(f"wrapper {wrapper.name!r} rejected kwargs {wrapper.kwargs} ({err}); fix its kwargs"
-                               ) from None
-        what = f"wrapper {wrapper.name!r}"
-    return _require_pettingzoo_env(env, what)
 
 
 @contextmanager
@@ -362,21 +273,6 @@ def env_kind(cfg: EnvConfig) -> EnvKind:
 def is_self_play(cfg: EnvConfig) -> bool:
     """A two-player turn-based game, trained against snapshots of its own policy."""
     return env_kind(cfg) == "turn_based"
-
-
-def names_pettingzoo_module(cfg: EnvConfig) -> bool:
-    """env.id names an importable module (no gymnasium id) that has parallel_env() or, for a turn-based game, env():
-    a PettingZoo env of one's own, named as ``--env mymodule`` without env.multiagent."""
-    env_id = cfg.id
-    if cfg.multiagent or cfg.entry_point or not env_id or ":" in env_id or env_id in gym.registry:
-        return False
-    try:
-        if importlib.util.find_spec(env_id) is None:
-            return False
-    except (ImportError, ValueError):  # not a module name, or its parent package is missing
-        return False
-    module = import_module(env_id, f"env {env_id!r}")
-    return any(callable(getattr(module, name, None)) for name in ("parallel_env", "env"))
 
 
 def with_agents(config: Config) -> Config:

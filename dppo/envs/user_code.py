@@ -58,3 +58,21 @@ def load_callable(ref: str, purpose: str) -> Callable[..., Any]:
         raise EnvLoadError(f"{purpose} {ref!r} is a {type(obj).__name__}, not a class or function; "
                            "name an Env subclass or a function that returns an Env")
     return obj
+
+
+def kwargs_error(what: str, kwargs: dict[str, Any], render_mode: str | None, err: TypeError) -> EnvLoadError:
+    """An env constructor refused its arguments: blame render_mode when it was the one (``dppo eval --video``
+    asks for frames), else env.kwargs."""
+    if render_mode is not None and "render_mode" in str(err):
+        return EnvLoadError(f"{what} has no render_mode (its constructor does not take one: {err}), so --video "
+                            "cannot record it; give the env a render_mode argument that supports 'rgb_array', or "
+                            "evaluate without --video")
+    return EnvLoadError(f"{what} rejected env.kwargs {kwargs} ({err}); fix env.kwargs")
+
+
+def call_factory(factory: Any, what: str, kwargs: dict[str, Any], render_mode: str | None) -> Any:
+    """``factory(**kwargs)`` with the render mode; kwargs it does not take are one line naming ``what``."""
+    try:
+        return factory(**(kwargs if render_mode is None else {**kwargs, "render_mode": render_mode}))
+    except TypeError as err:
+        raise kwargs_error(what, kwargs, render_mode, err) from None
