@@ -28,7 +28,6 @@ import pytest
 SLOW_ENV = '''
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
