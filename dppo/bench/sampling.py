@@ -111,7 +111,7 @@ def _served(config: Config, env: Any, inference: str) -> Iterator[Callable | Non
     import torch
 
     from dppo.distributed.broadcast import Broadcast
-    from dppo.distributed.inference import ServiceSupervisor
+    from dppo.distributed.service_supervisor import ServiceSupervisor
     from dppo.rl.agent import export_weights
 
     service = ServiceSupervisor(config, env.observation_space, env.action_space,
@@ -167,7 +167,7 @@ def bench_sampling(actor_counts: list[int], env_id: str = "CartPole-v1", envs_pe
     with ray_session(address, max(actor_counts)):
         import ray
 
-        from dppo.distributed.actor import gpu_shortage
+        from dppo.distributed.actor_pool import gpu_shortage
 
         if actor_gpus and (short := gpu_shortage(actor_gpus, ray.nodes())):
             raise UsageError(f"--actor-gpus {actor_gpus:g}: {short.split('; ')[0]}; run it where a node has one "

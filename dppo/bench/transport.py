@@ -69,7 +69,7 @@ def bench_transport(client_counts: list[int], requests: int = 2000, rows: int = 
     import ray
 
     from dppo.config import load_config
-    from dppo.distributed.inference import start_service
+    from dppo.distributed.service_supervisor import start_service
     from dppo.rl.agent import export_weights
     from dppo.rl.build import build_model
 

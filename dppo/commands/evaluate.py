@@ -45,7 +45,7 @@ def evaluate_policies(checkpoint: dict[str, Any], episodes: int, seed: int, vide
     from dppo.config import validate
     from dppo.envs.make import make_parallel_envs
     from dppo.rl.agent import export_weights
-    from dppo.rl.joint import JointPlayers
+    from dppo.rl.episodes import JointPlayers
     from dppo.run.trained import trained_policies
 
     config = validate(checkpoint["config"], warn=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 DEFAULT_POLICY = "default"  # the one policy of a run without a policy map (a single-agent env's too)
+POLICY_SEED_OFFSET = 3_001  # each policy's action stream, apart from the others' (the env's is the actor's)
 POLICY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")  # in metric labels, file names and checkpoint keys
 POLICIES_EXAMPLE = "policies: {adversary: ['adversary_*'], agent: ['agent_*']}"
 

@@ -20,7 +20,7 @@ from dppo.rl.agent import Agent
 from dppo.rl.opponents import SelfPlayGames
 from dppo.rl.policy import BackendPolicy
 from dppo.rl.segment import Segment, SegmentSummary
-from dppo.rl.worker_thread import worker_thread_policy
+from dppo.rl.worker_thread import own_policy
 from dppo.transport.protocol import Layout
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def actor_sampler(config: Config, actor_id: int, seed: int, spec: EnvSpec,
         policy = BackendPolicy(*spaces, config.model, seed, columns)
         policy.backend = ServiceBackend(Layout(policy.obs_spec, policy.action_spec, config.model, columns))
     else:
-        policy = worker_thread_policy(*spaces, config.model, seed, columns, own_device(config))
+        policy = own_policy(*spaces, config.model, seed, columns, on_worker=True, device=own_device(config))
     return Sampler(config, actor_id, seed=seed, policy=policy, make_envs=make_envs, policy_name=name)
 
 
@@ -158,14 +158,3 @@ def own_agent(sampler: Sampler) -> Agent | None:
     """The networks a sampler acts with in this process (None: the inference service's)."""
     agent = getattr(getattr(sampler.policy, "backend", None), "agent", None)
     return agent if isinstance(agent, Agent) else None
-
-
-def gpu_shortage(share: float, nodes: list[dict]) -> str | None:
-    """One line when no alive node of the cluster (``ray.nodes()``) holds an actor's GPU ``share``, else None."""
-    most = max((node["Resources"].get("GPU", 0.0) for node in nodes if node["Alive"]), default=0.0)
-    if share <= most:
-        return None
-    return (f"run.actor_gpus={share:g} asks Ray for a GPU share per actor, and no node of the Ray cluster has "
-            f"{share:g} GPU{'' if share <= 1 else 's'} (the most on one node: {most:g}); set run.actor_gpus=0 "
-            "(the actors' policy on their CPUs) or start the run where a node has one (on an autoscaling cluster, "
-            "once a GPU node is up)")

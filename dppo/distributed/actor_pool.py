@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import ray
 
 from dppo.config import Config
-from dppo.distributed.actor import gpu_shortage, summaries_only
+from dppo.distributed.actor import summaries_only
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts
 from dppo.distributed.deadlines import Hangs, Hung
 from dppo.distributed.membership import POLL_S, Membership, PoolEvents, Stop
@@ -216,3 +216,14 @@ class ActorPool:
 
     def shutdown(self) -> None:
         self.membership.shutdown()
+
+
+def gpu_shortage(share: float, nodes: list[dict]) -> str | None:
+    """One line when no alive node of the cluster (``ray.nodes()``) holds an actor's GPU ``share``, else None."""
+    most = max((node["Resources"].get("GPU", 0.0) for node in nodes if node["Alive"]), default=0.0)
+    if share <= most:
+        return None
+    return (f"run.actor_gpus={share:g} asks Ray for a GPU share per actor, and no node of the Ray cluster has "
+            f"{share:g} GPU{'' if share <= 1 else 's'} (the most on one node: {most:g}); set run.actor_gpus=0 "
+            "(the actors' policy on their CPUs) or start the run where a node has one (on an autoscaling cluster, "
+            "once a GPU node is up)")

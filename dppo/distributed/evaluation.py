@@ -58,7 +58,7 @@ class Evaluator:
         seed = config.run.seed + EVAL_SEED_OFFSET
         if len(config.policy_names) > 1:  # a policy map: every policy plays its agents in one env copy
             from dppo.envs.make import make_parallel_envs
-            from dppo.rl.joint import JointPlayers
+            from dppo.rl.episodes import JointPlayers
 
             self.players = JointPlayers(make_parallel_envs(config, copies=1), config, seed)
             return

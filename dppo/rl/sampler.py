@@ -32,7 +32,7 @@ from dppo.rl.policy import BackendPolicy, InferenceLost
 from dppo.rl.segment import Segment
 from dppo.rl.spaces import Obs
 from dppo.rl.transforms import EpisodeStats, LearningReward, LifeLoss, ObsNormalizer, scrub_nonfinite
-from dppo.rl.worker_thread import in_actor_policy
+from dppo.rl.worker_thread import own_policy
 
 
 def agent_cut(info: dict[str, Any], width: int) -> np.ndarray:
@@ -90,8 +90,8 @@ class Sampler:
         self.failures_in_row = [0] * groups  # each half's steps in a row that raised out of its vector env
         self.in_flight: dict[int, Any] = {}  # half -> the policy's ticket for its next actions
         envs, env = self.half_envs[0], config.env
-        self.policy: BackendPolicy = policy or in_actor_policy(envs.single_observation_space, envs.single_action_space,
-                                                        config.model, self.seed, self.num_columns)
+        self.policy: BackendPolicy = policy or own_policy(envs.single_observation_space, envs.single_action_space,
+                                                          config.model, self.seed, self.num_columns)
         self.obs_spec, self.action_spec = self.policy.obs_spec, self.policy.action_spec
         self.normalize_obs = ObsNormalizer(env.normalize_obs, env.obs_clip, self.obs_spec.vector_dim)
         self.learning_reward = LearningReward(env.clip_reward, env.normalize_reward, self.num_columns,

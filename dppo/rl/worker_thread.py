@@ -17,6 +17,11 @@ from dppo.rl.agent import Agent, Weights
 from dppo.rl.policy import BackendPolicy, Reply, Request
 
 
+def forward(agent: Agent, request: Request) -> Reply:
+    """``agent``'s forward pass of ``request``: what both backends here compute."""
+    return Reply(request.version, agent.heads(request.obs, request.memory, request.starts))
+
+
 class InActor:
     """A Backend on the actor's own thread: a request is its own ticket, computed when its result is asked."""
 
@@ -27,7 +32,7 @@ class InActor:
         return request
 
     def result(self, ticket: Request) -> Reply:
-        return Reply(ticket.version, self.agent.heads(ticket.obs, ticket.memory, ticket.starts))
+        return forward(self.agent, ticket)
 
     def cancel(self, ticket: Request) -> None:
         """Nothing was computed for a request not asked for."""
@@ -45,10 +50,7 @@ class WorkerThread:
 
     def submit(self, request: Request) -> Future[Reply]:
         """Start the forward pass of ``request``; the Sampler leaves its observation untouched until its result."""
-        return self.worker.submit(self._forward, request)
-
-    def _forward(self, request: Request) -> Reply:
-        return Reply(request.version, self.agent.heads(request.obs, request.memory, request.starts))
+        return self.worker.submit(forward, self.agent, request)
 
     def result(self, ticket: Future[Reply]) -> Reply:
         return ticket.result()
@@ -65,16 +67,9 @@ class WorkerThread:
         self.worker.shutdown(wait=True, cancel_futures=True)
 
 
-def worker_thread_policy(obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int,
-                         num_envs: int, device: str = "cpu") -> BackendPolicy:
-    """The actor's own networks on ``device`` (cuda with a GPU share, else cpu), computed on a worker thread (two
-    halves, or a GPU share); the networks seeded like the actor's, and loaded with every broadcast."""
-    worker = WorkerThread(Agent(obs_space, action_space, config, seed=seed, device=device))
-    return BackendPolicy(obs_space, action_space, config, seed, num_envs, worker, on_load=worker.load)
-
-
-def in_actor_policy(obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int,
-                    num_envs: int) -> BackendPolicy:
-    """The actor's own networks on its CPU, computed on its thread: the plain step loop's policy."""
-    backend = InActor(Agent(obs_space, action_space, config, seed=seed))
+def own_policy(obs_space: gym.Space, action_space: gym.Space, config: ModelConfig, seed: int, num_envs: int,
+               on_worker: bool = False, device: str = "cpu") -> BackendPolicy:
+    """The actor's own networks, seeded like the actor and loaded with every broadcast: computed on its thread (the
+    plain step loop) or, ``on_worker``, on a worker thread (two halves, or a GPU share: ``device`` cuda)."""
+    backend = (WorkerThread if on_worker else InActor)(Agent(obs_space, action_space, config, seed=seed, device=device))
     return BackendPolicy(obs_space, action_space, config, seed, num_envs, backend, on_load=backend.load)

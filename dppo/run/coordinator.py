@@ -23,11 +23,11 @@ from dppo.distributed.actor_pool import ActorPool, Gathered, Round, Stop
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts, SnapshotRefs, broadcast_arg
 from dppo.distributed.deadlines import Hangs
 from dppo.distributed.evaluation import FINISH_WAIT_S, EvalResult, Evaluation, EvaluationStopped
-from dppo.distributed.inference import ServiceHung, ServiceSupervisor, lost_service
 from dppo.distributed.inference_choice import choose_inference, resolve_inference
 from dppo.distributed.learner_group import LearnerDied, LearnerGroup, LearnerHung
 from dppo.distributed.membership import actor_calls
 from dppo.distributed.restarts import RestartBudget
+from dppo.distributed.service_supervisor import ServiceHung, ServiceSupervisor, lost_service
 from dppo.envs.make import check_self_play, env_spec, with_agents
 from dppo.errors import RunFailure
 from dppo.rl.build import build_model

@@ -23,8 +23,8 @@ from conftest import train_small as train
 
 import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import load_config
-from dppo.distributed.inference import start_service
 from dppo.distributed.inference_client import RayCallClient, ServedBroadcast, ServiceBackend
+from dppo.distributed.service_supervisor import start_service
 from dppo.rl.agent import Agent, export_weights
 from dppo.rl.build import build_model
 from dppo.rl.policy import BackendPolicy, Request

@@ -17,7 +17,7 @@ from dppo.distributed.actor_pool import ActorPool
 from dppo.distributed.broadcast import Broadcast
 from dppo.distributed.deadlines import HANG_FLOOR_S, Deadline, Hangs
 from dppo.distributed.evaluation import Evaluation
-from dppo.distributed.inference import ServiceSupervisor
+from dppo.distributed.service_supervisor import ServiceSupervisor
 from dppo.errors import RunFailure
 
 NEVER = math.inf

@@ -24,14 +24,10 @@ from dppo.config import Config, ConfigError, ModelConfig, load_config
 from dppo.config.load import GPU_PRESETS_DIR
 from dppo.config.tuned import save, this_machine
 from dppo.distributed.broadcast import Broadcast
-from dppo.distributed.inference import (
-    BATCH_WAIT_S,
-    ForwardPasses,
-    InferenceService,
-    ServiceSupervisor,
-)
+from dppo.distributed.inference import BATCH_WAIT_S, ForwardPasses, InferenceService
 from dppo.distributed.inference_choice import choose_inference, resolve_inference
 from dppo.distributed.ray_calls import RayCalls
+from dppo.distributed.service_supervisor import ServiceSupervisor
 from dppo.errors import RunFailure, UsageError
 from dppo.rl.agent import Agent, export_weights
 from dppo.rl.build import build_model

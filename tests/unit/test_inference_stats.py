@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from dppo.config import ModelConfig, load_config
-from dppo.distributed.inference import BATCH_WAIT_S, BatchStats, InferenceService, ServiceSupervisor
+from dppo.distributed.inference import BATCH_WAIT_S, BatchStats, InferenceService
 from dppo.distributed.ray_calls import RayCalls
+from dppo.distributed.service_supervisor import ServiceSupervisor
 from dppo.rl.agent import export_weights
 from dppo.rl.build import build_model
 from dppo.rl.policy import Request

@@ -18,9 +18,9 @@ from fake_ray import Call, FakeRayCalls, Script, crash, preempted
 from dppo.config import load_config
 from dppo.distributed.broadcast import Broadcast
 from dppo.distributed.evaluation import Evaluation
-from dppo.distributed.inference import ServiceSupervisor
 from dppo.distributed.lifecycle import ActorGroup
 from dppo.distributed.restarts import RestartBudget
+from dppo.distributed.service_supervisor import ServiceSupervisor
 from dppo.errors import RunFailure
 from dppo.rl.sampler import actor_seed
 

@@ -238,12 +238,12 @@ def test_num_envs_counts_env_copies_and_each_copys_agents_are_columns() -> None:
 def test_two_halves_split_env_copies_not_agent_columns() -> None:
     """A policy stepped in two halves (the inference service, run.actor_halves=2) gets half of the copies each,
     with all of their agents: 6 copies of 2 agents, two halves of 3 copies (6 columns)."""
-    from dppo.rl.worker_thread import worker_thread_policy
+    from dppo.rl.worker_thread import own_policy
 
     cfg = with_agents(config("run.actor_halves=2", num_envs=6))
     plain = Sampler(cfg.model_copy(update={"run": cfg.run.model_copy(update={"actor_halves": 1})}))
-    policy = worker_thread_policy(plain.envs.single_observation_space, plain.envs.single_action_space, cfg.model,
-                                  plain.seed, cfg.columns)
+    policy = own_policy(plain.envs.single_observation_space, plain.envs.single_action_space, cfg.model,
+                        plain.seed, cfg.columns, on_worker=True)
     halves = Sampler(cfg, policy=policy)
     assert [h.num_envs for h in halves.half_envs] == [6, 6] and halves.rows == [slice(0, 6), slice(6, 12)]
     assert halves.sample().rewards.shape == (8, 12)

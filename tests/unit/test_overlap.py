@@ -19,13 +19,14 @@ from gymnasium.vector import VectorWrapper
 
 import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import Config, ConfigError, load_config
-from dppo.distributed.actor import actor_sampler, gpu_shortage
+from dppo.distributed.actor import actor_sampler
+from dppo.distributed.actor_pool import gpu_shortage
 from dppo.envs.make import env_spec, make_vector_env
 from dppo.rl.agent import export_weights
 from dppo.rl.build import build_model
 from dppo.rl.sampler import Sampler
 from dppo.rl.segment import Segment
-from dppo.rl.worker_thread import WorkerThread, worker_thread_policy
+from dppo.rl.worker_thread import WorkerThread, own_policy
 from dppo.sweep.spec import load_sweep
 from dppo.sweep.trainable import trial_bundles
 
@@ -46,7 +47,8 @@ def weights_of(config: Config, sharpen: float = 1.0) -> dict[str, np.ndarray]:
 
 def overlapped(config: Config, halves: int, make_envs: Any = make_vector_env) -> Sampler:
     env = gym.make(config.env.id, **config.env.kwargs)
-    policy = worker_thread_policy(env.observation_space, env.action_space, config.model, SEED, config.env.num_envs)
+    policy = own_policy(env.observation_space, env.action_space, config.model, SEED, config.env.num_envs,
+                        on_worker=True)
     halved = config.model_copy(update={"run": config.run.model_copy(update={"actor_halves": halves})})
     return Sampler(halved, seed=SEED, policy=policy, make_envs=make_envs)
 

@@ -19,7 +19,8 @@ from dppo.envs.make import make_parallel_envs, policy_spaces
 from dppo.envs.policy_map import agents_of, policy_groups
 from dppo.errors import UsageError
 from dppo.rl.agent import export_weights
-from dppo.rl.joint import JointPlayers, JointSampler
+from dppo.rl.episodes import JointPlayers
+from dppo.rl.joint import JointSampler
 from dppo.rl.ppo import TrainStats
 from dppo.rl.sampler import Sampler
 from dppo.run.checkpoint import CheckpointError, compose, decode, encode, policy_entry
