@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
 
     from dppo.config import load_config
 
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                 ent_coef=ppo.entropy_coef, vf_coef=ppo.value_coef, max_grad_norm=ppo.max_grad_norm,
                 target_kl=ppo.target_kl, seed=args.seed, device="cpu",
                 policy_kwargs={"net_arch": list(config.model.hidden_sizes), "activation_fn": activation})
+    model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's default makes a /tmp/SB3-<time> dir a run
     train_start = time.perf_counter()
     model.learn(total_timesteps=config.run.total_steps, callback=StopAtTarget())
     buffer = model.ep_info_buffer

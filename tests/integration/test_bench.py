@@ -6,6 +6,7 @@ No wall time is asserted anywhere: these check shapes, keys and files, not speed
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -120,8 +121,10 @@ def test_update_on_a_missing_gpu_is_a_usage_error(ray_address: str) -> None:
 
 def test_solve_with_the_reference_times_sb3_on_the_same_preset(ray_address: str, tmp_path: Path) -> None:
     """--reference: a first row of Stable-Baselines3's PPO in one process with the same preset and overrides,
-    and every row's wall time over the reference's."""
+    and every row's wall time over the reference's; SB3 leaves no log directory behind (its default logger makes
+    one in the temp dir a run)."""
     out = tmp_path / "solve.json"
+    sb3_dirs = set(Path(tempfile.gettempdir()).glob("SB3-*"))
     argv = ["solve", "--actors", "1", "--repeats", "1", "--out-dir", str(tmp_path / "runs"), "--reference",
             "--set", "run.total_steps=256", "--set", "env.num_envs=2", "--set", "ppo.segment_length=16",
             "--set", "ppo.minibatch_size=16", "--json", str(out), "--address", ray_address]
@@ -133,6 +136,7 @@ def test_solve_with_the_reference_times_sb3_on_the_same_preset(ray_address: str,
     assert run["env_steps"] == 256 and run["wall_s"] > run["train_s"] > 0 and not run["solved"]
     assert ours["actors"] == 1 and ours["runs"][0]["env_steps"] == 256
     assert ours["vs_reference"] == round(ours["wall_s"]["median"] / reference["wall_s"]["median"], 3)
+    assert set(Path(tempfile.gettempdir()).glob("SB3-*")) == sb3_dirs
 
 
 def test_update_uses_the_preset_minibatch(ray_address: str) -> None:
