@@ -169,15 +169,34 @@ class Sampler:
         return obs, info
 
     def restart_envs(self) -> None:
-        """Every vector env afresh, differently seeded, episodes restarted (the segment they were in is lost)."""
-        for envs in self.half_envs:
-            with contextlib.suppress(Exception):
-                envs.close()
+        """Every vector env afresh, differently seeded, episodes restarted (the segment they were in is lost): each
+        half made again by :func:`fresh_copy`, as one that raised mid-segment is (its reset retried)."""
         self.env_resets += 1
-        self.half_envs = self._start_envs()
+        lives = []
+        for h in range(len(self.half_envs)):
+            self.half_envs[h], (self.half_obs[h], info) = self._afresh(h, retry_only=True)
+            self.half_active[h] = info.get("active")
+            lives.append(info.get("lives"))
+        if self.life_loss is not None:
+            self.life_loss = LifeLoss(np.concatenate([np.asarray(part) for part in lives]))
         self.learning_reward.end_episodes(np.ones(self.num_columns, bool))
         self.policy.end_episodes(np.ones(self.num_columns, bool))
         self.episodes.reset()
+
+    def _afresh(self, h: int, cause: str | None = None, retry_only: bool = False) -> tuple[VectorEnv, tuple]:
+        """Half h's vector env closed and made afresh, reset (:func:`fresh_copy`: retried on another, each try with
+        its own seed; ``retry_only``: the first try keeps the seed the caller set)."""
+        tries = 0
+
+        def make() -> VectorEnv:
+            nonlocal tries
+            if tries or not retry_only:
+                self.env_resets += 1
+            tries += 1
+            return self._make_half(h)
+
+        return fresh_copy(make, lambda envs: self._reset_half(h, envs), self.config.env.name,
+                          self.config.faults.env_retries, self.half_envs[h], cause=cause)
 
     def _step(self, h: int, actions: Any) -> tuple:
         """Step half h's vector env. One that raises out of ``step`` (ale-py's cannot recreate a copy alone) is made
@@ -200,14 +219,8 @@ class Sampler:
         return result
 
     def _recreate_half(self, h: int, line: str, details: str) -> tuple:
-        """Half h's vector env made afresh (:func:`fresh_copy`: its reset retried on another, each with its own seed);
-        the step that raised cuts every copy's episode."""
-        def make() -> VectorEnv:
-            self.env_resets += 1
-            return self._make_half(h)
-
-        self.half_envs[h], (obs, info) = fresh_copy(make, lambda envs: self._reset_half(h, envs), self.config.env.name,
-                                                    self.config.faults.env_retries, self.half_envs[h], cause=line)
+        """Half h's vector env made afresh (:meth:`_afresh`); the step that raised cuts every copy's episode."""
+        self.half_envs[h], (obs, info) = self._afresh(h, cause=line)
         cut = np.ones(self.rows[h].stop - self.rows[h].start, bool)  # every copy's episode
         info = {**info, **failure_info(cut, line, details), "final_obs": self.half_obs[h], "_final_obs": cut}
         return obs, np.zeros(len(cut)), np.zeros(len(cut), bool), cut, info

@@ -62,3 +62,19 @@ def test_a_half_remade_mid_segment_whose_reset_fails_once_is_retried_with_its_ow
     assert plan["seeds"] == [(1, seed), (2, seed + 2), (3, seed + 1_000), (4, seed + 2_000)]
     assert segment.truncated[4, :2].all() and not segment.truncated[4, 2:].any() and segment.env_failures.count == 2
     assert remade.sample().actions.shape == (12, 4)
+
+
+def test_every_vector_env_restarted_goes_through_the_same_path_its_reset_retried() -> None:
+    """``restart_envs`` (the segment lost with the inference service): both halves made afresh with the seeds of one
+    restart (one vector env of E, as at the start), a reset that fails retried on another with its own seed, and
+    past the retries one EnvFailure."""
+    halves = {"env.num_envs": 4, "run.actor_halves": 2, "ppo.minibatch_size": 48}
+    restarted, plan = sampler({4}, **halves)  # 1 and 2: the halves; 3 and 4: restarted, 4's reset fails; 5: its retry
+    restarted.restart_envs()
+    seed = restarted.seed
+    assert plan["seeds"] == [(1, seed), (2, seed + 2), (3, seed + 1_000), (4, seed + 1_002), (5, seed + 2_002)]
+    assert restarted.env_resets == 2 and restarted.sample().actions.shape == (12, 4)
+    broken, _ = sampler({2, 3, 4})
+    with pytest.raises(EnvFailure, match=r"never got through a reset \(tried 3 times, recreating it each time\): "
+                                         r"ConnectionError: the simulator did not come back \(at .*test_env_remade"):
+        broken.restart_envs()
