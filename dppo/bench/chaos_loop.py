@@ -135,14 +135,16 @@ class Chaos:
     def kill_due(self, now: float, chaos_until: float, run: int) -> None:
         """The planned kills whose time has come and whose kind has a victim now (else they wait for one, and say
         why), one of a kind at a time, each once the run has recovered from the last of its kind (a full progress
-        line since): otherwise a driver restarting on a loaded machine is killed again before it trains."""
+        line since): otherwise a driver restarting on a loaded machine is killed again before it trains. A kill of
+        a run that has ended gates nothing (that run never trains again): the current run's first full line does."""
         start = self.chaos_start
         waiting = [k for k in self.plan if start + k.at_s <= now < chaos_until]
         if not waiting:
             return
         processes, kinds = None, set()
         for kill in waiting:
-            last = max((k for k in self.done if k["kind"] == kill.kind), key=lambda k: k["at"], default=None)
+            last = max((k for k in self.done if k["kind"] == kill.kind and k["run"] == run), key=lambda k: k["at"],
+                       default=None)
             if kill.kind in kinds:
                 self.why[id(kill)] = f"another {kill.kind} kill was done at the same moment"
                 continue  # one of a kind at a time

@@ -269,6 +269,27 @@ def test_each_kill_recovery_and_reason_to_wait_is_a_line_as_it_happens(tmp_path:
         ("driver", "its moment never came")]
 
 
+def test_a_kill_whose_run_ended_before_it_recovered_holds_back_no_later_kill(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """An evaluation killed as run 1 finished has no full line of run 1 after it: run 2's evaluation kills go on
+    (before, every evaluation kill of a 60-minute chaos run after its first waited on it, and none was done)."""
+    local = LocalCluster({}, root=tmp_path)
+    local.nodes["head"] = titled("ray::Evaluator.evaluate")
+    chaos = Chaos(Cluster("", {}, local, str(tmp_path)), tmp_path, "true", [Kill(1.0, "evaluation")], 1, 10.0, 1,
+                  Narrator(10_000, 60.0))
+    now = time.monotonic()
+    chaos.chaos_start = chaos.say.start = now - 5.0
+    chaos.chaos_until, chaos.full, chaos.full_seen = now + 55.0, 2, True
+    chaos.done.append({"kind": "evaluation", "planned_s": 0.5, "done_s": 0.5, "at": now - 4.5, "victim": 1, "run": 1})
+    try:
+        chaos.kill_due(now, chaos.chaos_until, 2)
+        assert local.nodes["head"].wait(timeout=10) == -9  # SIGKILLed
+    finally:
+        local.nodes["head"].kill()
+    assert [k["run"] for k in chaos.done] == [1, 2] and chaos.plan == []
+    assert "waits" not in capsys.readouterr().out
+
+
 def test_a_node_whose_start_exits_is_started_again_and_its_leftovers_go(tmp_path: Path) -> None:
     """A `ray start` that gives up (Ray's 30 s for a raylet to register, on a loaded machine) is started again as a
     pod's container would be; what the failed try left in its process group (its GCS) is killed; a node that never
