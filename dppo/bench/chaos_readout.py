@@ -91,12 +91,12 @@ class Narrator:
 
 
 def kill_rows(recovery: list[dict[str, Any]], missed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per kind, in plain words: planned, done, not done, recovered, recovery median and worst."""
+    """Per kind, in plain words: planned, done, not done, recovered, run ended first, recovery median and worst."""
     rows = []
     for row in recovery:
         not_done = sum(1 for m in missed if m["kind"] == row["kind"])
         rows.append({"killed": row["kind"], "planned": row["kills"] + not_done, "done": row["kills"],
-                     "not done": not_done, "recovered": row["recovered"],
+                     "not done": not_done, "recovered": row["recovered"], "run ended first": row.get("finished", 0),
                      "recovery median (s)": row["recover_median_s"], "recovery worst (s)": row["recover_worst_s"]})
     return rows
 
@@ -136,7 +136,7 @@ def verdict(row: dict[str, Any], accounts: list[dict[str, Any]], kills: list[dic
     if row["processes_left"] or row["shm_left"]:
         problems.append(f"left behind: {row['processes_left']} processes, {row['shm_left']} /dev/shm entries "
                         "(results.json: leftovers)")
-    unrecovered = sum(k["done"] - k["recovered"] for k in kills)
+    unrecovered = sum(k["done"] - k["recovered"] - k.get("run ended first", 0) for k in kills)
     if unrecovered:
         problems.append(f"{unrecovered} kills never recovered from (no full round after them)")
     problems += [p for p in found or [] if " ended " not in p]  # a run's end is said above, by the accounts
@@ -179,7 +179,8 @@ LEGEND = """\
 - **planned / done / not done**: kills of the seeded schedule (`schedule.json`); a kill waits until its kind has
   a victim and the run has recovered from the last kill of its kind; one that never could is listed with why.
   **recovered / recovery**: from the kill to the next progress line with every actor's segment (the bench's
-  clock, polled every 0.2 s).
+  clock, polled every 0.2 s); **run ended first**: kills after which their run finished (SUCCEEDED) before another
+  such line, so nothing was left to recover (not a problem).
 - **longest pause**: the longest time between two progress lines of a run; **processes left**: the run's processes
   alive 60 s after its last job ended, and any process of the bench's cluster alive after it was stopped;
   **/dev/shm left**: entries the run's processes had open that still exist (a killed node's go with it, as a

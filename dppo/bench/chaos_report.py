@@ -44,18 +44,21 @@ def recovery_s(kill: dict[str, Any], records: list[tuple[float, dict[str, Any]]]
 
 def recovery_rows(kills: list[dict[str, Any]], runs: list[RunLog], full: int, kinds: list[str]) -> list[dict[str, Any]]:
     """Per kind: kills done, recovered, median and worst seconds to recover (:func:`recovery_s`, each inside the
-    run the kill hit; a kill not tagged with its run is timed against every run's lines)."""
+    run the kill hit; a kill not tagged with its run is timed against every run's lines), and ``finished``: kills not
+    recovered from because their run finished (SUCCEEDED) first, with no full round after them."""
     by_run = {run.index: sorted(((at, record) for at, _, record in run.seen), key=lambda pair: pair[0])
               for run in runs}
     every = sorted((pair for records in by_run.values() for pair in records), key=lambda pair: pair[0])
+    succeeded = {run.index for run in runs if run.statuses and run.statuses[-1] == "SUCCEEDED"}
     rows = []
     for kind in kinds:
         done = [k for k in kills if k["kind"] == kind and k.get("victim") is not None]
-        times = [t for t in (recovery_s(k, by_run.get(k["run"], []) if "run" in k else every, full) for k in done)
-                 if t is not None]
+        timed = [(k, recovery_s(k, by_run.get(k["run"], []) if "run" in k else every, full)) for k in done]
+        times = [t for _, t in timed if t is not None]
         rows.append({"kind": kind, "kills": len(done), "recovered": len(times),
                      "recover_median_s": round(statistics.median(times), 1) if times else None,
-                     "recover_worst_s": round(max(times), 1) if times else None})
+                     "recover_worst_s": round(max(times), 1) if times else None,
+                     "finished": sum(t is None and k.get("run") in succeeded for k, t in timed)})
     return rows
 
 

@@ -125,7 +125,8 @@ def test_recovery_is_timed_to_the_next_full_round_and_rewinds_are_held_to_driver
     kills = [{"kind": "actor", "at": 2.0, "victim": 7}, {"kind": "actor", "at": 7.0, "victim": 8},
              {"kind": "node", "at": 2.5, "victim": None}]
     rows = recovery_rows(kills, [run], 2, ["actor", "node"])
-    assert rows[0] == {"kind": "actor", "kills": 2, "recovered": 1, "recover_median_s": 4.0, "recover_worst_s": 4.0}
+    assert rows[0] == {"kind": "actor", "kills": 2, "recovered": 1, "recover_median_s": 4.0, "recover_worst_s": 4.0,
+                       "finished": 0}  # kills not tagged with their run: none said to end with it
     assert rows[1]["kills"] == 0
     row, _ = run_row([run], kills, E_T, 2, 500.0, {"shm": [], "processes": []})
     assert row["accounting_exact"] and row["rewinds"] == 0 and row["rewinds_ok"]
@@ -175,8 +176,9 @@ def test_the_report_opens_with_its_verdict_in_words_then_plain_tables_and_a_lege
     assert lines[0] == ("nothing lost: every env step accounted (3,072 trained), 0 rewound; nothing left behind; "
                         "return -1 against the run without chaos (499 vs 500)")
     assert lines[1].startswith("2 kills (1 actor, 0 evaluation, 1 driver) in 1 training run and 2 job attempts;")
-    assert "| killed | planned | done | not done | recovered | recovery median (s) | recovery worst (s) |" in lines
-    assert "| evaluation | 1 | 0 | 1 | 0 | - | - |" in lines
+    assert ("| killed | planned | done | not done | recovered | run ended first | recovery median (s) | recovery "
+            "worst (s) |") in lines
+    assert "| evaluation | 1 | 0 | 1 | 0 | 0 | - | - |" in lines
     assert f"| evaluation | t=0:50 | {missed[0]['why']} |" in lines  # a planned kill not done says why
     assert "| 1 | 2 | SUCCEEDED | 3072 | 3072 | 0 | 0 | 0 | - | yes |" in lines  # run 1 in 2 jobs
     text = "\n".join(lines)

@@ -62,7 +62,23 @@ def test_a_kill_in_one_run_is_not_recovered_by_the_next_runs_start_up() -> None:
     kills = [{"kind": "actor", "at": 10.0, "victim": 7, "run": 4}, {"kind": "actor", "at": 21.0, "victim": 8,
                                                                     "run": 5}]
     (row,) = recovery_rows(kills, [run4, run5], 2, ["actor"])
-    assert row == {"kind": "actor", "kills": 2, "recovered": 1, "recover_median_s": 2.4, "recover_worst_s": 2.4}
+    assert row == {"kind": "actor", "kills": 2, "recovered": 1, "recover_median_s": 2.4, "recover_worst_s": 2.4,
+                   "finished": 1}  # run 4 finished (SUCCEEDED) with no round after its kill: nothing to recover
+
+
+def test_a_kill_as_its_run_finished_is_no_problem_and_one_in_a_run_that_failed_is() -> None:
+    """An actor killed in the last seconds of a run that then SUCCEEDED has no full round after it: the report says
+    its run ended first, and the verdict stays "nothing lost"; the same kill in a run whose last job FAILED is a
+    kill never recovered from."""
+    kills = [{"kind": "actor", "at": 10.0, "victim": 7, "run": 1}]
+    for status, first in (("SUCCEEDED", "nothing lost"), ("FAILED", "PROBLEMS")):
+        run = RunLog(1, seen=[(8.0, 0, record(1))], final=[record(1)], statuses=[status],
+                     summary={"env_steps": 2 * E_T, "segments_dropped": 0, "episode_return_mean": 470.0})
+        row, accounts = run_row([run], kills, E_T, 2, 470.0, {"shm": [], "processes": []})
+        words = kill_rows(recovery_rows(kills, [run], 2, ["actor"]), [])
+        assert words[0]["run ended first"] == (status == "SUCCEEDED") and words[0]["recovered"] == 0
+        said = verdict(row, accounts, words, [])[0]
+        assert said.startswith(first) and ("1 kills never recovered from" in said) == (status == "FAILED"), said
 
 
 def test_the_return_is_compared_in_its_own_units() -> None:
