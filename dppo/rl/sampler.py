@@ -138,13 +138,17 @@ class Sampler:
             self.half_obs.append(obs)
             self.half_active.append(info.get("active"))
             lives.append(info.get("lives"))
-        self.life_loss = None
-        if self.config.env.terminal_on_life_loss:
-            if any(part is None for part in lives):
-                raise UsageError(f"env.terminal_on_life_loss needs an env that reports info['lives'] (Atari); "
-                                 f"{self.config.env.name} does not: set it to false")
-            self.life_loss = LifeLoss(np.concatenate([np.asarray(part) for part in lives]))
+        self.life_loss = self._life_loss(lives)
         return half_envs
+
+    def _life_loss(self, lives: list[Any]) -> LifeLoss | None:
+        """The life-loss transform (env.terminal_on_life_loss) over the lives each half's reset reported."""
+        if not self.config.env.terminal_on_life_loss:
+            return None
+        if any(part is None for part in lives):
+            raise UsageError(f"env.terminal_on_life_loss needs an env that reports info['lives'] (Atari); "
+                             f"{self.config.env.name} does not: set it to false")
+        return LifeLoss(np.concatenate([np.asarray(part) for part in lives]))
 
     def _make_half(self, h: int) -> VectorEnv:
         """Half h's vector env, of its share of the copies."""
@@ -177,8 +181,7 @@ class Sampler:
             self.half_envs[h], (self.half_obs[h], info) = self._afresh(h, retry_only=True)
             self.half_active[h] = info.get("active")
             lives.append(info.get("lives"))
-        if self.life_loss is not None:
-            self.life_loss = LifeLoss(np.concatenate([np.asarray(part) for part in lives]))
+        self.life_loss = self._life_loss(lives)
         self.learning_reward.end_episodes(np.ones(self.num_columns, bool))
         self.policy.end_episodes(np.ones(self.num_columns, bool))
         self.episodes.reset()
