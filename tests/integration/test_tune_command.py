@@ -65,7 +65,7 @@ def test_a_budget_screens_every_setting_and_trains_the_fastest_predicted(ray_add
     size), the fastest predicted then trained; the answer is one trained."""
     rows_file = tmp_path / "rows.json"
     done = dppo(["tune", "--env", "CartPole-v1", "--actors", "1,2", "--envs-per-actor", "2,4", "--segment-lengths",
-                 "16", "--placements", "actor,halves", "--minutes", "1.25", "--finalists", "2", "--no-save",
+                 "16", "--placements", "actor,halves", "--minutes", "0.6", "--finalists", "2", "--no-save",
                  "--address", ray_address, "--out", str(tmp_path / "fast.yaml"), "--json", str(rows_file),
                  "--set", "run.actors=1", "--set", "env.num_envs=4", "--set", "ppo.segment_length=16", "--set",
                  "ppo.minibatch_size=32"], tmp_path / "tuned", tmp_path)
