@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -46,6 +47,24 @@ def node_port_flags(ports: list[int] | None = None) -> list[str]:
             f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}"]
 
 
+def kill_group(pgid: int, wait_s: float = 30.0) -> None:
+    """SIGKILL to a process group, then wait (up to ``wait_s``) until none of it runs to hold a port or a file."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while group_runs(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def group_runs(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie has ended: it holds nothing)."""
+    for process in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
 class LocalCluster:
     """Named Ray nodes as processes; ``env`` is every node's environment (token auth variables go there; the image's
     MALLOC_CONF for Ray's processes is added unless it sets one)."""
@@ -59,17 +78,21 @@ class LocalCluster:
         self.address = ""
         self.dashboard = ""  # the job API's address (http://...), when the head serves one
 
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None,
+    def start(self, name: str, args: list[str] | Callable[[], list[str]], env: dict[str, str] | None = None,
               wait_for: str = "Ray runtime started", timeout: float = 120.0, wait: bool = True,
               tries: int = 3) -> None:
-        """Start a node's process (``args``: the whole command) and wait until its log says ``wait_for`` (unless
-        not ``wait``: a node coming back while the caller goes on). A `ray start` that exits first is started
-        again, as a pod's container is (up to ``tries`` times): it gives up after Ray's fixed 30 s for its raylet
-        to register, which a loaded small machine can take; what the failed try started goes with it."""
+        """Start a node's process (``args``: the whole command, or a function that gives it for each try) and wait
+        until its log says ``wait_for`` (unless not ``wait``: a node coming back while the caller goes on). A `ray
+        start` that exits first is started again, as a pod's container is (up to ``tries`` times): it gives up after
+        Ray's fixed 30 s for its raylet to register, which a loaded small machine can take; what the failed try
+        started is gone before the next begins (a process in uninterruptible I/O outlives its SIGKILL a while, its
+        ports still bound: a function gives the next try ports of its own)."""
+        first = ""
         for attempt in range(tries):
             log_name = name if attempt == 0 else f"{name}-restart-{attempt}"
             log = open(self.root / f"{log_name}.log", "wb")  # noqa: SIM115 (closed with the node's life)
-            self.nodes[name] = subprocess.Popen(args, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
+            command = args() if callable(args) else args
+            self.nodes[name] = subprocess.Popen(command, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
                                                 start_new_session=True)
             if not wait:
                 return
@@ -79,31 +102,34 @@ class LocalCluster:
                     raise RuntimeError(f"Ray node {name} did not start in {timeout:.0f} s:\n"
                                        f"{self.log(log_name)[-3000:]}")
                 if self.nodes[name].poll() is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(self.nodes[name].pid, signal.SIGKILL)  # its GCS or raylet, left behind
+                    kill_group(self.nodes[name].pid)  # its GCS or raylet, left behind
                     break
                 time.sleep(0.3)
             else:
                 return
-        raise RuntimeError(f"Ray node {name} did not start in {tries} tries:\n{self.log(log_name)[-3000:]}")
+            first = first or self.log(log_name)[-1500:]
+        raise RuntimeError(f"Ray node {name} did not start in {tries} tries; the first try's log ends:\n{first}\n"
+                           f"the last try's:\n{self.log(log_name)[-1500:]}")
 
     def start_head(self, cpus: int, *extra: str, dashboard: bool = False) -> str:
         """A head with ``cpus`` CPUs, without a dashboard unless ``dashboard`` (then ``self.dashboard`` is its job
         API, as a RayJob's submitter reaches it); returns its GCS address."""
-        gcs, client, dash, *node = free_ports(7)
-        board = ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}"] \
-            if dashboard else ["--include-dashboard=false"]
-        self.start("head", [RAY, "start", "--head", "--block", f"--port={gcs}", f"--num-cpus={cpus}",
-                            f"--ray-client-server-port={client}", *board, *node_port_flags(node),
-                            *self._common(), *extra])
-        self.address = f"127.0.0.1:{gcs}"
-        self.dashboard = f"http://127.0.0.1:{dash}" if dashboard else ""
+        def command() -> list[str]:
+            gcs, client, dash, *node = free_ports(7)
+            board = ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}"] \
+                if dashboard else ["--include-dashboard=false"]
+            self.address = f"127.0.0.1:{gcs}"
+            self.dashboard = f"http://127.0.0.1:{dash}" if dashboard else ""
+            return [RAY, "start", "--head", "--block", f"--port={gcs}", f"--num-cpus={cpus}",
+                    f"--ray-client-server-port={client}", *board, *node_port_flags(node), *self._common(), *extra]
+
+        self.start("head", command)
         return self.address
 
     def start_worker(self, name: str, cpus: int, *extra: str, wait: bool = True) -> None:
         """A worker node joining the head (one at a time: two raylets registering at once can time out)."""
-        self.start(name, [RAY, "start", f"--address={self.address}", "--block", f"--num-cpus={cpus}",
-                          *node_port_flags(), *self._common(), *extra], wait=wait)
+        self.start(name, lambda: [RAY, "start", f"--address={self.address}", "--block", f"--num-cpus={cpus}",
+                                  *node_port_flags(), *self._common(), *extra], wait=wait)
 
     def processes(self) -> list[psutil.Process]:
         """Every live process of this cluster: the nodes' `ray start` processes and their descendants (raylets,

@@ -295,7 +295,7 @@ def test_a_kill_whose_run_ended_before_it_recovered_holds_back_no_later_kill(tmp
 def test_a_node_whose_start_exits_is_started_again_and_its_leftovers_go(tmp_path: Path) -> None:
     """A `ray start` that gives up (Ray's 30 s for a raylet to register, on a loaded machine) is started again as a
     pod's container would be; what the failed try left in its process group (its GCS) is killed; a node that never
-    starts is one error naming it after the last try."""
+    starts is one error naming it after the last try, with its first try's log and its last's."""
     local = LocalCluster({}, root=tmp_path)
     tries = tmp_path / "tries"
     # The first try leaves a child behind (a GCS, say) and exits; the second says Ray runs and stays.
@@ -312,6 +312,10 @@ def test_a_node_whose_start_exits_is_started_again_and_its_leftovers_go(tmp_path
         assert local.nodes["head"].poll() is None and "Ray runtime started" in local.log("head-restart-1")
         with pytest.raises(RuntimeError, match=r"Ray node worker did not start in 2 tries"):
             local.start("worker", ["sh", "-c", "echo no; exit 1"], env=dict(os.environ), tries=2)
+        # a command made for each try (a node's ports chosen afresh): each try runs its own
+        made = iter(range(2))
+        with pytest.raises(RuntimeError, match=r"(?s)the first try's log ends:\ntry 0.*the last try's:\ntry 1"):
+            local.start("other", lambda: ["sh", "-c", f"echo try {next(made)}; exit 1"], env=dict(os.environ), tries=2)
     finally:
         for proc in local.nodes.values():
             proc.kill()
