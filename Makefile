@@ -12,8 +12,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TOOLS := .tools/bin
 TORCH_VERSION := 2.13.0
-# `make test` runs the suite on one pytest-xdist worker per core (TEST_WORKERS=0: one process): 1,446 s of pytest
-# (24 min) on a quiet 2-core machine (docs/install.md). The tests that join a Ray cluster share one for the whole
+# `make test` runs the suite on one pytest-xdist worker per core (TEST_WORKERS=0: one process): 1,309 s of pytest
+# (22 min) on a quiet 2-core machine (docs/install.md). The tests that join a Ray cluster share one for the whole
 # session (tests/session_ray.py); the suite prints its time against its budget of 900 s and, under CI=true, fails
 # past 1,800 s naming its ten slowest tests (tests/conftest.py).
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
