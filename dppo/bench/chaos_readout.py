@@ -96,7 +96,7 @@ def kill_rows(recovery: list[dict[str, Any]], missed: list[dict[str, Any]]) -> l
     for row in recovery:
         not_done = sum(1 for m in missed if m["kind"] == row["kind"])
         rows.append({"killed": row["kind"], "planned": row["kills"] + not_done, "done": row["kills"],
-                     "not done": not_done, "recovered": row["recovered"], "run ended first": row.get("finished", 0),
+                     "not done": not_done, "recovered": row["recovered"], "run ended first": row["finished"],
                      "recovery median (s)": row["recover_median_s"], "recovery worst (s)": row["recover_worst_s"]})
     return rows
 
@@ -136,7 +136,7 @@ def verdict(row: dict[str, Any], accounts: list[dict[str, Any]], kills: list[dic
     if row["processes_left"] or row["shm_left"]:
         problems.append(f"left behind: {row['processes_left']} processes, {row['shm_left']} /dev/shm entries "
                         "(results.json: leftovers)")
-    unrecovered = sum(k["done"] - k["recovered"] - k.get("run ended first", 0) for k in kills)
+    unrecovered = sum(k["done"] - k["recovered"] - k["run ended first"] for k in kills)
     if unrecovered:
         problems.append(f"{unrecovered} kills never recovered from (no full round after them)")
     problems += [p for p in found or [] if " ended " not in p]  # a run's end is said above, by the accounts
