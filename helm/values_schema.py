@@ -20,6 +20,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dppo.config.schema import E_NOTATION, config_schema, inline
@@ -92,29 +93,52 @@ def other_than(c: str) -> str:
     return f"[^{re.escape(c.lower())}{re.escape(c.upper())}]" if c.lower() != c.upper() else f"[^{re.escape(c)}]"
 
 
-def near_forms(key: str) -> list[str]:
-    """Patterns of what is near ``key`` and never ``key`` itself: one edit away in any case (a letter dropped,
-    changed, added, two swapped, or a letter's case), run on (``queueName`` for ``queue``) or cut short to at least
-    half of it (``priorityClass`` for ``priorityClassName``). Go's regexp and Python's read them alike."""
-    n = len(key)
-    forms = [any_case(key[:i] + key[i + 1:]) for i in range(n)]
-    forms += [any_case(key[:i]) + other_than(key[i]) + any_case(key[i + 1:]) for i in range(n)]
-    forms += [any_case(key[:i]) + "." + any_case(key[i:]) for i in range(n + 1)]
-    forms += [any_case(key[:i] + key[i + 1] + key[i] + key[i + 2:]) for i in range(n - 1)
-              if key[i].lower() != key[i + 1].lower()]
-    forms += [any_case(key[:i]) + re.escape(key[i].swapcase()) + any_case(key[i + 1:]) for i in range(n)
-              if key[i].lower() != key[i].upper()]
-    forms.append(any_case(key) + ".+")
-    forms += [any_case(key[:cut]) for cut in range(max(CUT_SHORT_MIN, (n + 1) // 2), n)]
+def edits_at(key: str, i: int) -> list[tuple[str, str]]:
+    """(kind, pattern of the rest of the name) of the forms near ``key`` whose edit is at letter ``i``, read in
+    any case: a letter dropped, changed or added, two swapped, run on (``queueName`` for ``queue``) or cut short to
+    at least half of it (``priorityClass`` for ``priorityClassName``); none of them is ``key`` itself."""
+    n, rest = len(key), re.escape(key[i + 1:])
+    forms = [("drop", rest), ("change", other_than(key[i]) + rest), ("add", "." + re.escape(key[i:]))] if i < n else []
+    if i + 1 < n and key[i].lower() != key[i + 1].lower():
+        forms.append(("swap", re.escape(key[i + 1] + key[i] + key[i + 2:])))
+    if i == n:
+        forms += [("add", "."), ("run on", ".+")]
+    if max(CUT_SHORT_MIN, (n + 1) // 2) <= i < n:
+        forms.append(("cut short", ""))
     return forms
 
 
-def misspellings(key: str, known: list[str] | tuple[str, ...] = ()) -> str:
-    """One pattern of :func:`near_forms` of ``key``, less the forms that are another ``known`` key of its section
-    (``actors`` run on is ``actorsPerPod``, a key of its own). Each form is a group of its own: Go's regexp factors
-    the first letters of bare alternatives together wrongly (``[aA]tcors|[aA]ctosr|A[cC]tors`` takes ``actors``)."""
-    forms = [f for f in near_forms(key) if not any(re.fullmatch(f, other) for other in known)]
-    return f"^({'|'.join(f'({form})' for form in forms)})$"
+def case_changes_at(key: str, i: int) -> list[tuple[str, str]]:
+    """``key`` with letter ``i``'s case changed, the letters after it in any case: every other case of ``key``,
+    each counted at its first changed letter. Written without flags (see :func:`any_case`)."""
+    if i == len(key) or key[i].lower() == key[i].upper():
+        return []
+    return [("case", re.escape(key[i].swapcase()) + any_case(key[i + 1:]))]
+
+
+def nested(key: str, forms_at: Callable[[str, int], list[tuple[str, str]]], flags: str, known: Sequence[str]) -> str:
+    """One pattern of ``key[:i]`` + each form at ``i``, for every ``i``, each prefix written once (``a(?:…|c(?:…))``):
+    with a pattern per form the schema was 870 KB, and helm compiles it on every call. A form that is another
+    ``known`` key of the section is left out (``actors`` run on is ``actorsPerPod``)."""
+    pattern = ""
+    for i in range(len(key), -1, -1):
+        forms = {kind: form for kind, form in forms_at(key, i)
+                 if not any(re.fullmatch(flags + re.escape(key[:i]) + form, other) for other in known if other != key)}
+        if "drop" in forms and "change" in forms:  # a letter dropped or changed: one form
+            del forms["drop"]
+            forms["change"] = other_than(key[i]) + "?" + re.escape(key[i + 1:])
+        further = [re.escape(key[i]) + (f"(?:{pattern})" if "|" in pattern else pattern)] if pattern else []
+        pattern = "|".join([*forms.values(), *further])
+    return pattern
+
+
+def misspellings(key: str, known: Sequence[str] = ()) -> list[str]:
+    """The patterns of the names near ``key`` (:func:`edits_at` in any case, :func:`case_changes_at`), less the
+    forms that are another ``known`` key of its section; none matches ``key``. Go's regexp and Python's read them
+    alike (tests/deploy/test_chart_refusals.py reads every key misspelt with both)."""
+    patterns = [f"^(?i:{nested(key, edits_at, '(?i)', known)})$"]
+    cases = nested(key, case_changes_at, "", known)
+    return patterns + ([f"^(?:{cases})$"] if cases else [])
 
 
 def fixed_sections(schema: dict, definitions: dict, path: str = "") -> dict[str, dict]:
@@ -138,8 +162,8 @@ def with_misspellings(schema: dict) -> dict:
     for path, section in fixed_sections(schema, schema["definitions"]).items():
         keys = list(section["properties"])
         section["patternProperties"] = {
-            misspellings(name, keys): {"const": f"unknown key: did you mean {dotted(path, name)}?"}
-            for name in keys}
+            pattern: {"const": f"unknown key: did you mean {dotted(path, name)}?"}
+            for name in keys for pattern in misspellings(name, keys)}
     return schema
 
 

@@ -6,6 +6,7 @@ every fixed section, the config's included, names itself when misspelt."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -41,17 +42,20 @@ def test_lint_strict_refuses_what_install_refuses(helm_bin: str, args: list[str]
     assert install.returncode != 0 and message in install.stderr, install.stderr
 
 
-def at(path: str, key: str, value: Any) -> dict[str, Any]:
-    """``{a: {b: {key: value}}}`` for the path ``a.b``."""
-    values: dict[str, Any] = {key: value}
-    for part in reversed(path.split(".") if path else []):
-        values = {part: values}
+def at(path: str, key: str, value: Any, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{a: {b: {key: value}}}`` for the path ``a.b``, merged into ``values`` when given."""
+    values = {} if values is None else values
+    inner = values
+    for part in path.split(".") if path else []:
+        inner = inner.setdefault(part, {})
+    inner[key] = value
     return values
 
 
-def test_every_key_misspelt_is_refused_naming_it() -> None:
+def test_every_key_misspelt_is_refused_naming_it(helm_bin: str, tmp_path: Path) -> None:
     """Each key of each section of fixed keys, its first letter's case changed and one letter dropped, against the
-    chart's real schema: refused, the message naming the key as `--set` writes it."""
+    chart's real schema, read by Python's jsonschema and by helm (Go's regexp; one call with every misspelling):
+    refused, the message naming the key as `--set` writes it."""
     generator = load_module(REPO / "helm" / "values_schema.py")
     schema = json.loads((CHART / "values.schema.json").read_text())
     validator = jsonschema.Draft7Validator(schema)
@@ -61,7 +65,8 @@ def test_every_key_misspelt_is_refused_naming_it() -> None:
                 for path, section in generator.fixed_sections(schema, schema["definitions"]).items()
                 if not path.startswith("*")}  # a shared definition (resources) is met under its users' paths
     assert {"", "scheduling", "job", "config.ppo", "config.run", "sweep"} <= set(sections)
-    checked = 0
+    typos: dict[str, str] = {}  # '/path/typo' as helm names it -> the key meant
+    every_typo: dict[str, Any] = {}
     for path, keys in sections.items():
         for key in keys:
             meant = f"{path}.{key}" if path else key
@@ -70,5 +75,12 @@ def test_every_key_misspelt_is_refused_naming_it() -> None:
                     continue  # too short to be taken for the key cut short
                 errors = [e.message for e in validator.iter_errors(at(path, typo, "x"))]
                 assert any(f"did you mean {meant}?" in e for e in errors), (meant, typo, errors)
-                checked += 1
-    assert checked > 300
+                typos["/" + "/".join([*(path.split(".") if path else []), typo])] = meant
+                at(path, typo, "x", every_typo)
+    assert len(typos) > 300
+    (tmp_path / "typos.yaml").write_text(yaml.safe_dump(every_typo))
+    out = helm(helm_bin, "template", "r", str(CHART), "-f", str(tmp_path / "typos.yaml"))
+    said: dict[str, set[str]] = {}
+    for where, meant in re.findall(r"at '([^']*)': value must be 'unknown key: did you mean ([^']*)\?'", out.stderr):
+        said.setdefault(where, set()).add(meant)
+    assert not [(where, meant) for where, meant in typos.items() if meant not in said.get(where, set())], out.stderr
