@@ -4,10 +4,10 @@ end (:func:`stop_head`), and it stops by itself when the pytest process that own
 
 Started with Ray's test helper, which can leave out the log monitor: no driver here takes the workers' output
 (log_to_driver is off in every one), and the monitor tailing each worker's log files was 2% of the suite's CPU.
-Its CPUs are Ray's scheduling tokens, not cores: enough that the runs of two workers' tests at once (a few actors
+Its CPUs are Ray's scheduling tokens, not cores: enough that the runs of every worker's tests at once (a few actors
 and learners each, at most 8 tokens) never wait for each other's; a test that measures what fits asks for shares of
-CPU_TOKENS large enough that another test's runs beside it do not change the answer (tests/integration/
-test_short_start.py, test_sweeps.py).
+CPU_TOKENS large enough that the other workers' runs beside it do not change the answer (tests/integration/
+test_short_start.py: two actors of 3/8 fit beside them, so they may hold a quarter: 32 tokens per other worker).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-CPU_TOKENS = 32
+CPU_TOKENS = 32 * max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) - 1)  # 32 for 2 workers, 64 for 3
 ADDRESS, PID = "ray-head.address", "ray-head.pid"  # files in the directory every worker of the session sees
 
 
