@@ -93,42 +93,47 @@ def other_than(c: str) -> str:
     return f"[^{re.escape(c.lower())}{re.escape(c.upper())}]" if c.lower() != c.upper() else f"[^{re.escape(c)}]"
 
 
-def edits_at(key: str, i: int) -> list[tuple[str, str]]:
-    """(kind, pattern of the rest of the name) of the forms near ``key`` whose edit is at letter ``i``, read in
-    any case: a letter dropped, changed or added, two swapped, run on (``queueName`` for ``queue``) or cut short to
-    at least half of it (``priorityClass`` for ``priorityClassName``); none of them is ``key`` itself."""
+def unlike(known: Sequence[str], key: str, i: int, forms: dict[str, str], flags: str = "") -> dict[str, str]:
+    """``forms`` (kind -> pattern read after ``key[:i]``) less those that are another ``known`` key of the section
+    (``actors`` run on is ``actorsPerPod``, a key of its own)."""
+    return {kind: form for kind, form in forms.items()
+            if not any(re.fullmatch(flags + re.escape(key[:i]) + form, other) for other in known if other != key)}
+
+
+def edits_at(key: str, i: int, known: Sequence[str]) -> list[str]:
+    """Patterns of the rest of the names near ``key`` whose edit is at letter ``i``, read in any case: a letter
+    dropped, changed or added, two swapped, run on (``queueName`` for ``queue``) or cut short to at least half of it
+    (``priorityClass`` for ``priorityClassName``); none of them is ``key`` itself, nor another ``known`` key."""
     n, rest = len(key), re.escape(key[i + 1:])
-    forms = [("drop", rest), ("change", other_than(key[i]) + rest), ("add", "." + re.escape(key[i:]))] if i < n else []
+    forms = {"drop": rest, "change": other_than(key[i]) + rest, "add": "." + re.escape(key[i:])} if i < n else {}
     if i + 1 < n and key[i].lower() != key[i + 1].lower():
-        forms.append(("swap", re.escape(key[i + 1] + key[i] + key[i + 2:])))
+        forms["swap"] = re.escape(key[i + 1] + key[i] + key[i + 2:])
     if i == n:
-        forms += [("add", "."), ("run on", ".+")]
+        forms |= {"add": ".", "run on": ".+"}
     if max(CUT_SHORT_MIN, (n + 1) // 2) <= i < n:
-        forms.append(("cut short", ""))
-    return forms
+        forms["cut short"] = ""
+    forms = unlike(known, key, i, forms, "(?i)")
+    if "drop" in forms and "change" in forms:  # a letter dropped or changed: one form
+        del forms["drop"]
+        forms["change"] = other_than(key[i]) + "?" + rest
+    return list(forms.values())
 
 
-def case_changes_at(key: str, i: int) -> list[tuple[str, str]]:
+def case_changes_at(key: str, i: int, known: Sequence[str]) -> list[str]:
     """``key`` with letter ``i``'s case changed, the letters after it in any case: every other case of ``key``,
     each counted at its first changed letter. Written without flags (see :func:`any_case`)."""
     if i == len(key) or key[i].lower() == key[i].upper():
         return []
-    return [("case", re.escape(key[i].swapcase()) + any_case(key[i + 1:]))]
+    return list(unlike(known, key, i, {"case": re.escape(key[i].swapcase()) + any_case(key[i + 1:])}).values())
 
 
-def nested(key: str, forms_at: Callable[[str, int], list[tuple[str, str]]], flags: str, known: Sequence[str]) -> str:
+def nested(key: str, forms_at: Callable[[int], list[str]]) -> str:
     """One pattern of ``key[:i]`` + each form at ``i``, for every ``i``, each prefix written once (``a(?:…|c(?:…))``):
-    with a pattern per form the schema was 870 KB, and helm compiles it on every call. A form that is another
-    ``known`` key of the section is left out (``actors`` run on is ``actorsPerPod``)."""
+    with a pattern per form the schema was 870 KB, and helm compiles it on every call."""
     pattern = ""
     for i in range(len(key), -1, -1):
-        forms = {kind: form for kind, form in forms_at(key, i)
-                 if not any(re.fullmatch(flags + re.escape(key[:i]) + form, other) for other in known if other != key)}
-        if "drop" in forms and "change" in forms:  # a letter dropped or changed: one form
-            del forms["drop"]
-            forms["change"] = other_than(key[i]) + "?" + re.escape(key[i + 1:])
         further = [re.escape(key[i]) + (f"(?:{pattern})" if "|" in pattern else pattern)] if pattern else []
-        pattern = "|".join([*forms.values(), *further])
+        pattern = "|".join([*forms_at(i), *further])
     return pattern
 
 
@@ -136,8 +141,8 @@ def misspellings(key: str, known: Sequence[str] = ()) -> list[str]:
     """The patterns of the names near ``key`` (:func:`edits_at` in any case, :func:`case_changes_at`), less the
     forms that are another ``known`` key of its section; none matches ``key``. Go's regexp and Python's read them
     alike (tests/deploy/test_chart_refusals.py reads every key misspelt with both)."""
-    patterns = [f"^(?i:{nested(key, edits_at, '(?i)', known)})$"]
-    cases = nested(key, case_changes_at, "", known)
+    patterns = [f"^(?i:{nested(key, lambda i: edits_at(key, i, known))})$"]
+    cases = nested(key, lambda i: case_changes_at(key, i, known))
     return patterns + ([f"^(?:{cases})$"] if cases else [])
 
 
