@@ -41,7 +41,7 @@ from dppo.bench.chaos_cluster import (
 from dppo.bench.chaos_curves import plot_long_run
 from dppo.bench.chaos_growth import MIN_FIT_SAMPLES, readings, tables_text
 from dppo.bench.chaos_growth import report_text as long_report
-from dppo.bench.chaos_loop import Chaos
+from dppo.bench.chaos_loop import EVERY_KIND_MAX_S, Chaos
 from dppo.bench.chaos_monitor import Monitor
 from dppo.bench.chaos_readout import Narrator, clock, kill_rows, report_text, verdict
 from dppo.bench.chaos_report import RunLog, recovery_rows, run_row
@@ -86,8 +86,8 @@ def prepare(args: argparse.Namespace) -> tuple[Any, list[str], dict[str, float],
     """Config, kinds, rates and the sets the bench adds; every bad input found before anything is started."""
     from dppo.config import load_config
 
-    if args.no_faults and (args.kinds or args.rate):
-        raise UsageError("--no-faults kills nothing: leave out --kinds and --rate (or drop --no-faults)")
+    if args.no_faults and (args.kinds or args.rate or args.every_kind):
+        raise UsageError("--no-faults kills nothing: leave out --kinds, --rate and --every-kind (or drop --no-faults)")
     fit_min = args.warmup_min + MIN_FIT_SAMPLES * args.sample_s / 60
     if args.no_faults and args.minutes < fit_min:
         raise UsageError(f"--minutes {args.minutes:g} ends before growth can be fitted: the warm-up (--warmup-min "
@@ -126,6 +126,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--kinds", help=f"comma-separated, from {','.join(KINDS)} (default: those the config has)")
     parser.add_argument("--rate", action="append", default=[], metavar="KIND=PER_MIN",
                         help="kills (hangs: stops) per minute of a kind (default 1.2; node 0.2)")
+    parser.add_argument("--every-kind", action="store_true",
+                        help="go on past --minutes until each kind planned has been killed once (at most "
+                        f"{EVERY_KIND_MAX_S / 60:g} minutes more; only those kinds' kills), so a short chaos hits "
+                        "every kind on a slow machine")
     parser.add_argument("--node-down-s", type=positive(float, "--node-down-s"), default=15.0,
                         help="seconds a killed worker node stays down (default 15)")
     parser.add_argument("--workers", type=positive(int, "--workers"), default=2, help="worker nodes (default 2)")
@@ -159,7 +163,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     entrypoint = f"{shlex.quote(sys.executable)} -m dppo train --config {shlex.quote(str(config_file))} --auto-resume"
     plan = make_schedule(rates, args.minutes, args.seed)
     settings = {"minutes": args.minutes, "seed": args.seed, "kinds": kinds, "rates": rates, "sets": sets,
-                "node_down_s": args.node_down_s, "workers": args.workers, "address": args.address}
+                "node_down_s": args.node_down_s, "workers": args.workers, "address": args.address,
+                "every_kind": args.every_kind}
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
             "RAY_raylet_start_wait_time_s": "300"}  # a loaded machine registers a node slowly (Ray's default 30)
@@ -186,7 +191,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                 start_worker(local, f"worker-{i}", cpus)  # each alone holds the run: one may be down
             dashboard = local.dashboard
         cluster = Cluster(dashboard, env, local, str(out))
-        chaos = Chaos(cluster, out, entrypoint, list(plan), args.seed, args.node_down_s, cpus, say)
+        chaos = Chaos(cluster, out, entrypoint, list(plan), args.seed, args.node_down_s, cpus, say, args.every_kind)
         chaos.full = config.run.actors
         monitor = Monitor(cluster, out, out / "samples.jsonl", args.sample_s, lambda: chaos.chaos_start)
         monitor.__enter__()
@@ -196,7 +201,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             base = chaos.run_once(0, out / "run-0", None, timeout_s=3600)
             baseline = base.summary.get("episode_return_mean")
         runs: list[RunLog] = []
-        while not chaos.chaos_start or time.monotonic() < chaos.chaos_until:
+        while chaos.going_on(time.monotonic()):
             loads.append(os.getloadavg()[0])
             say.say(f"run {len(runs) + 1} starts" + (" (the chaos begins at its first progress line: "
                                                      f"{args.minutes:g} min, {len(plan)} kills planned)"
@@ -206,7 +211,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             if runs[-1].statuses[-1] != "SUCCEEDED" or args.no_faults:
                 break  # without faults the one run trained for the minutes (its time limit)
         loads.append(os.getloadavg()[0])
-        ended = (f"the chaos ended at t={clock(args.minutes * 60)}" if runs[-1].statuses[-1] == "SUCCEEDED"
+        end_s = args.minutes * 60 if chaos.ended_s is None else chaos.ended_s
+        ended = (f"the chaos ended at t={clock(end_s)}" if runs[-1].statuses[-1] == "SUCCEEDED"
                  else f"run {len(runs)} ended {runs[-1].statuses[-1]}")
         say.say("counting what the runs left behind (their processes get up to 60 s to end)")
         leftovers = {"processes": run_processes_left(cluster, str(out))}

@@ -21,14 +21,20 @@ from dppo.bench.chaos_report import RunLog, recovered
 from dppo.bench.chaos_schedule import ACTOR_CLASSES, Kill, pick
 from dppo.bench.local_cluster import RAY
 
+# With --every-kind, how long past its minutes the chaos may go on waiting for a kind's first kill: a kind with no
+# victim all that while (an evaluation that never runs) is reported not done, as without the flag.
+EVERY_KIND_MAX_S = 600.0
+
 
 class Chaos:
     """The loop: follow the current run's progress and job, do the kills when due, bring nodes back."""
 
     def __init__(self, cluster: Cluster, out: Path, entrypoint: str, plan: list[Kill], seed: int,
-                 node_down_s: float, cpus_per_worker: int, say: Narrator) -> None:
+                 node_down_s: float, cpus_per_worker: int, say: Narrator, every_kind: bool = False) -> None:
         self.cluster, self.out, self.entrypoint, self.plan, self.seed = cluster, out, entrypoint, plan, seed
         self.node_down_s, self.cpus_per_worker, self.say = node_down_s, cpus_per_worker, say
+        # --every-kind: the kinds planned that the chaos goes on past its minutes for, until each is killed once
+        self.every_kind = {kill.kind for kill in plan} if every_kind else set()
         self.why: dict[int, str] = {}  # id of a planned kill that waits -> why (said, and kept if it never happens)
         self.attempt = 0  # the current run's job attempt
         self.done: list[dict[str, Any]] = []
@@ -87,10 +93,9 @@ class Chaos:
                 self.say.say(f"the {self.say.word} begins: run {index}'s first progress line; {len(self.plan)} kills "
                              f"planned until t={clock(chaos_s)}", self.chaos_start)
             if chaos_s is not None and self.chaos_start:
-                self.kill_due(now, self.chaos_until, index)
+                self.kill_due(now, index)
             self.bring_back(now)
-            due = sum(1 for k in self.plan if self.chaos_start and self.chaos_start + k.at_s <= now < self.chaos_until)
-            self.say.heartbeat(index, attempt, log.seen, len(self.done), due, self.full, now)
+            self.say.heartbeat(index, attempt, log.seen, len(self.done), len(self.due(now)), self.full, now)
             time.sleep(0.2)
         log.summary = self.summary(run_dir) if log.statuses[-1] == "SUCCEEDED" else {}
         log.final = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()] \
@@ -132,13 +137,46 @@ class Chaos:
         for name, node in (self.cluster.local.nodes.items() if self.cluster.local else []):
             self.node_shm[name] = shm_in_use(tree(node.pid))
 
-    def kill_due(self, now: float, chaos_until: float, run: int) -> None:
+    def unhit(self) -> set[str]:
+        """With --every-kind, the planned kinds not killed yet."""
+        return self.every_kind - {kill["kind"] for kill in self.done}
+
+    def going_on(self, now: float) -> bool:
+        """Whether the chaos goes on: within its minutes; with --every-kind past them while a planned kind waits
+        for its first kill (on a loaded machine the minutes can end before an evaluation is in flight), at most
+        EVERY_KIND_MAX_S. The moment it ends is kept (``ended_s``, chaos time) and its going on is said once."""
+        if not self.chaos_start:
+            return True
+        if now < self.chaos_until:
+            return True
+        if self.unhit() and now < self.chaos_until + EVERY_KIND_MAX_S:
+            if not self.overtime:
+                self.overtime = True
+                self.say.say(f"the chaos's planned time (until t={clock(self.chaos_until - self.chaos_start)}) is "
+                             "over; it goes on "
+                             f"(--every-kind) until {', '.join(sorted(self.unhit()))} ha"
+                             f"{'ve' if len(self.unhit()) > 1 else 's'} been killed once, at most until "
+                             f"t={clock(self.chaos_until + EVERY_KIND_MAX_S - self.chaos_start)}", now)
+            return True
+        if self.ended_s is None:
+            self.ended_s = (now if self.overtime else self.chaos_until) - self.chaos_start
+        return False
+
+    def due(self, now: float) -> list[Kill]:
+        """The planned kills whose moment has come while the chaos goes on: all of them within its minutes, after
+        them (--every-kind) those of the kinds not killed yet."""
+        if not self.chaos_start or not self.going_on(now):
+            return []
+        late = now >= self.chaos_until
+        return [k for k in self.plan if self.chaos_start + k.at_s <= now and not (late and k.kind not in self.unhit())]
+
+    def kill_due(self, now: float, run: int) -> None:
         """The planned kills whose time has come and whose kind has a victim now (else they wait for one, and say
         why), one of a kind at a time, each once the run has recovered from the last of its kind (a full progress
         line since): otherwise a driver restarting on a loaded machine is killed again before it trains. A kill of
         a run that has ended gates nothing (that run never trains again): the current run's first full line does."""
         start = self.chaos_start
-        waiting = [k for k in self.plan if start + k.at_s <= now < chaos_until]
+        waiting = self.due(now)
         if not waiting:
             return
         processes, kinds = None, set()
@@ -225,7 +263,9 @@ class Chaos:
 
     chaos_start = 0.0  # when the chaos began (monotonic; 0: not yet)
     full_seen = False  # a progress line with every actor's segment has appeared
-    chaos_until = 0.0
+    chaos_until = 0.0  # the end of its minutes (monotonic)
+    overtime = False  # --every-kind: it went on past them (said)
+    ended_s: float | None = None  # chaos time of its end, once ended
 
 
 def no_victim(kind: str, given_cluster: bool) -> str:

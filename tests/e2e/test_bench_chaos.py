@@ -17,8 +17,10 @@ KINDS = ["actor", "learner", "inference", "evaluation", "node", "driver"]
 # Kills per minute, 6 for the others (3 each in the half minute). With seed 21 each process kind's first kill comes in
 # the first 10 s of training, the node's at 11 s (back 10 s later) and the driver's (whose restart takes the run's
 # processes with it) at 26 s (chaos_schedule.make_schedule: half a minute holds them all, the node back before the
-# driver goes). A kill waits for a victim and for the run to recover from the last of its kind, and what the half
-# minute does not reach is not done (schedule.json says why).
+# driver goes). A kill waits for a victim and for the run to recover from the last of its kind; what the half minute
+# does not reach is not done (schedule.json says why) unless its kind has not been hit yet: --every-kind goes on for
+# those (on a loaded machine the half minute can end before an evaluation is in flight: CI of 086b777 at load 4 and
+# of cc2143d).
 RATES = {"node": 2.0, "driver": 2.0}
 SEED = 21
 
@@ -32,8 +34,8 @@ def test_half_a_minute_of_chaos_loses_no_step_and_leaves_nothing(tmp_path: Path)
                            "--set", "run.total_steps=40000", "--set", "run.checkpoint_every=5",
                            "--minutes", "0.5", "--seed", str(SEED), "--kinds", ",".join(KINDS),
                            *[arg for kind in KINDS for arg in ("--rate", f"{kind}={RATES.get(kind, 6.0)}")],
-                           "--node-down-s", "10", "--no-baseline", "--out", str(out), "--json", str(rows),
-                           "--write-docs", str(docs)],
+                           "--node-down-s", "10", "--every-kind", "--no-baseline", "--out", str(out),
+                           "--json", str(rows), "--write-docs", str(docs)],
                           capture_output=True, text=True, timeout=1400, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((out / "results.json").read_text())
@@ -46,6 +48,8 @@ def test_half_a_minute_of_chaos_loses_no_step_and_leaves_nothing(tmp_path: Path)
     assert run["shm_left"] == 0 and run["processes_left"] == 0, result["leftovers"]
     schedule = json.loads((out / "schedule.json").read_text())
     assert {k["kind"] for k in schedule["kills"]} == set(KINDS) and schedule["settings"]["seed"] == SEED
+    late = [k for k in schedule["kills"] if k["done_s"] > 30]  # past the half minute: only each kind's first kill
+    assert all(not any(e["kind"] == k["kind"] and e["done_s"] < k["done_s"] for e in schedule["kills"]) for k in late)
     assert all(m["why"] for m in schedule["not_done"])  # a planned kill not done says why
     # the report reads at a glance: the verdict first, then the tables (plain names) and their legend
     lines = done.stdout.splitlines()

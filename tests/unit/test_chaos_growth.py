@@ -180,5 +180,5 @@ def test_no_faults_refuses_kinds_in_one_line() -> None:
     done = subprocess.run([sys.executable, "-m", "dppo", "bench", "chaos", "--no-faults", "--kinds", "actor",
                            "--env", "CartPole-v1"], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2, done.stderr
-    assert "--no-faults kills nothing: leave out --kinds and --rate" in done.stderr
+    assert "--no-faults kills nothing: leave out --kinds, --rate and --every-kind" in done.stderr
     assert "Traceback" not in done.stderr

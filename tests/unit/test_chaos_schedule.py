@@ -246,8 +246,8 @@ def test_each_kill_recovery_and_reason_to_wait_is_a_line_as_it_happens(tmp_path:
     chaos.chaos_start = chaos.say.start = now - 5.0
     chaos.chaos_until, chaos.full, chaos.full_seen = now + 55.0, 2, True
     try:
-        chaos.kill_due(now, chaos.chaos_until, 1)
-        chaos.kill_due(now + 0.2, chaos.chaos_until, 1)  # the same reasons: no new line
+        chaos.kill_due(now, 1)
+        chaos.kill_due(now + 0.2, 1)  # the same reasons: no new line
         assert local.nodes["head"].wait(timeout=10) == -9  # SIGKILLed
     finally:
         local.nodes["head"].kill()
@@ -284,12 +284,45 @@ def test_a_kill_whose_run_ended_before_it_recovered_holds_back_no_later_kill(tmp
     chaos.chaos_until, chaos.full, chaos.full_seen = now + 55.0, 2, True
     chaos.done.append({"kind": "evaluation", "planned_s": 0.5, "done_s": 0.5, "at": now - 4.5, "victim": 1, "run": 1})
     try:
-        chaos.kill_due(now, chaos.chaos_until, 2)
+        chaos.kill_due(now, 2)
         assert local.nodes["head"].wait(timeout=10) == -9  # SIGKILLed
     finally:
         local.nodes["head"].kill()
     assert [k["run"] for k in chaos.done] == [1, 2] and chaos.plan == []
     assert "waits" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("every_kind", [False, True])
+def test_every_kind_goes_on_past_the_minutes_for_a_kind_not_killed_yet(tmp_path: Path, every_kind: bool,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A half minute that ends before an evaluation was in flight (a loaded machine): with --every-kind the chaos
+    goes on, due only the kills of the kinds not killed yet, says so once, and ends when each has been killed (or
+    at its bound); without it, it ends at its minutes with that kill not done."""
+    plan = [Kill(5.0, "actor"), Kill(8.0, "evaluation"), Kill(20.0, "actor")]
+    chaos = Chaos(Cluster("", {}, None, str(tmp_path)), tmp_path, "true", list(plan), 1, 10.0, 1,
+                  Narrator(10_000, 30.0), every_kind)
+    now = time.monotonic()
+    chaos.chaos_start = chaos.say.start = now - 40.0
+    chaos.chaos_until = now - 10.0  # its half minute ended 10 s ago
+    chaos.done.append({"kind": "actor", "planned_s": 5.0, "done_s": 5.0, "at": now - 35.0, "victim": 1, "run": 1})
+    chaos.plan.remove(plan[0])
+    assert chaos.going_on(now) is every_kind
+    assert chaos.due(now) == ([plan[1]] if every_kind else [])  # the later actor kill is not due: actor was hit
+    assert chaos.going_on(now + 1.0) is every_kind and chaos.ended_s == (None if every_kind else 30.0)
+    said = [line for line in capsys.readouterr().out.splitlines() if "goes on" in line]
+    assert said == (["chaos t=0:40 the chaos's planned time (until t=0:30) is over; it goes on (--every-kind) until "
+                     "evaluation has been killed once, at most until t=10:30"] if every_kind else [])
+    if every_kind:
+        chaos.done.append({"kind": "evaluation", "planned_s": 8.0, "done_s": 45.0, "at": now + 5.0, "victim": 2,
+                           "run": 1})
+        chaos.plan.remove(plan[1])
+        assert not chaos.going_on(now + 5.2) and chaos.ended_s == pytest.approx(45.2)
+        assert chaos.due(now + 6.0) == []
+        fresh = Chaos(Cluster("", {}, None, str(tmp_path)), tmp_path, "true", [Kill(8.0, "evaluation")], 1, 10.0, 1,
+                      Narrator(10_000, 30.0), every_kind)
+        fresh.chaos_start, fresh.chaos_until = now - 40.0, now - 10.0
+        assert fresh.going_on(now + 589.0) and not fresh.going_on(now + 590.0)  # at most 10 minutes more
+        assert [m["kind"] for m in fresh.missed("the chaos ended at t=10:30")] == ["evaluation"]
 
 
 def test_a_node_whose_start_exits_is_started_again_and_its_leftovers_go(tmp_path: Path) -> None:
