@@ -48,7 +48,8 @@ def test_image_builds_and_trains(tmp_path: Path, docker_image: DockerImage) -> N
     # No wheel or build tree that the build added (image_build.LEFTOVERS says what), beside what the base holds.
     added = set(docker_image.docker("run", "--rm", "--network", "host", "--user", "0", "--entrypoint", "bash", image,
                                     "-c", LEFTOVERS).stdout.split())
-    assert added - docker_image.base_leftovers == set()
+    assert added - docker_image.base_leftovers == set(), \
+        f"the base ({docker_image.base}) itself holds {sorted(docker_image.base_leftovers)}"
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
