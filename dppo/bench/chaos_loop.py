@@ -152,11 +152,10 @@ class Chaos:
         if self.unhit() and now < self.chaos_until + EVERY_KIND_MAX_S:
             if not self.overtime:
                 self.overtime = True
-                self.say.say(f"the chaos's planned time (until t={clock(self.chaos_until - self.chaos_start)}) is "
-                             "over; it goes on "
-                             f"(--every-kind) until {', '.join(sorted(self.unhit()))} ha"
-                             f"{'ve' if len(self.unhit()) > 1 else 's'} been killed once, at most until "
-                             f"t={clock(self.chaos_until + EVERY_KIND_MAX_S - self.chaos_start)}", now)
+                kinds, until = sorted(self.unhit()), self.chaos_until - self.chaos_start
+                self.say.say(f"the chaos's planned time (until t={clock(until)}) is over; it goes on (--every-kind) "
+                             f"until {', '.join(kinds)} {'have' if len(kinds) > 1 else 'has'} been killed once, at "
+                             f"most until t={clock(until + EVERY_KIND_MAX_S)}", now)
             return True
         if self.ended_s is None:
             self.ended_s = (now if self.overtime else self.chaos_until) - self.chaos_start
