@@ -166,8 +166,8 @@ class Chaos:
         them (--every-kind) those of the kinds not killed yet."""
         if not self.chaos_start or not self.going_on(now):
             return []
-        late = now >= self.chaos_until
-        return [k for k in self.plan if self.chaos_start + k.at_s <= now and not (late and k.kind not in self.unhit())]
+        kinds = self.unhit() if now >= self.chaos_until else {k.kind for k in self.plan}
+        return [k for k in self.plan if self.chaos_start + k.at_s <= now and k.kind in kinds]
 
     def kill_due(self, now: float, run: int) -> None:
         """The planned kills whose time has come and whose kind has a victim now (else they wait for one, and say
