@@ -25,10 +25,15 @@ ARG TORCH_VERSION=2.13.0
 # PyPI's CUDA build for VARIANT=gpu: the Makefile's TORCH_INDEX_cpu and TORCH_INDEX_cuda.
 ARG TORCH_INDEX_URL=""
 # MALLOC_CONF: Ray's raylet and GCS (on the jemalloc Ray ships) with one arena and no thread caches, so their memory
-# stays flat over hours (dppo.distributed.cluster.RAY_MALLOC_CONF says why; Python ignores it).
+# stays flat over hours; the RAY_ variables keep the GCS's history of tasks, dead actors and dead workers to the
+# recent past, so it stays flat however often a run's processes are replaced (dppo.distributed.cluster.
+# RAY_PROCESS_ENV says why; a local Ray started by dppo gets the same).
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    MALLOC_CONF=background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1,tcache:false
+    MALLOC_CONF=background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1,tcache:false \
+    RAY_task_events_max_num_task_in_gcs=1000 \
+    RAY_maximum_gcs_destroyed_actor_cached_count=200 \
+    RAY_maximum_gcs_dead_worker_cached_count=200
 # The wheel is bind-mounted, not copied: no layer of the final image holds it or any build tool.
 RUN --mount=type=bind,from=wheel,source=/tmp/wheels,target=/tmp/wheels \
     set -eu; \

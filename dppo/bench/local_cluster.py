@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from dppo.distributed.cluster import with_ray_malloc_conf
+from dppo.distributed.cluster import with_ray_process_env
 
 RAY = str(Path(sys.executable).parent / "ray")
 
@@ -66,14 +66,14 @@ def group_runs(pgid: int) -> bool:
 
 
 class LocalCluster:
-    """Named Ray nodes as processes; ``env`` is every node's environment (token auth variables go there; the image's
-    MALLOC_CONF for Ray's processes is added unless it sets one)."""
+    """Named Ray nodes as processes; ``env`` is every node's environment (token auth variables go there; what the
+    image sets for Ray's processes, RAY_PROCESS_ENV, is added where it does not set it)."""
 
     def __init__(self, env: dict[str, str], root: Path | None = None) -> None:
         # A short path: Ray's Unix sockets live under it (108-byte limit).
         self.root = root or Path(tempfile.mkdtemp(prefix="dppo-cl-", dir="/tmp"))
         self.env = {**env}
-        with_ray_malloc_conf(self.env)
+        with_ray_process_env(self.env)
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
         self.address = ""
         self.dashboard = ""  # the job API's address (http://...), when the head serves one

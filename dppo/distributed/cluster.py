@@ -38,6 +38,13 @@ STARTUP_TIMED_OUT = "timed out during startup"  # Ray's words for a raylet that 
 # Only jemalloc reads MALLOC_CONF: Python and Ray's workers (glibc's malloc) ignore it. The image sets the same
 # (Dockerfile).
 RAY_MALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1,tcache:false"
+# Ray's GCS keeps a cluster's history: up to 100,000 task events (about 3.5 KiB each here), dead actors and dead
+# workers (Ray's ray_config_def.h). A run that loses processes often (each replaced by a new actor, each driver attempt
+# a new job) fills them for days: under an hour of chaos the GCS grew +15 to +20 %/h (docs/benchmarks.md). Kept to
+# the recent past they are a bounded few MiB; `ray list actors` and `ray list tasks` show as far back.
+RAY_GCS_HISTORY = {"RAY_task_events_max_num_task_in_gcs": "1000", "RAY_maximum_gcs_destroyed_actor_cached_count": "200",
+                   "RAY_maximum_gcs_dead_worker_cached_count": "200"}
+RAY_PROCESS_ENV = {"MALLOC_CONF": RAY_MALLOC_CONF, **RAY_GCS_HISTORY}  # what the image's ENV sets too (Dockerfile)
 TOKEN_HINT = ("set RAY_AUTH_TOKEN to the cluster's token, or put it in ~/.ray/auth_token (or in a file named by "
               "RAY_AUTH_TOKEN_PATH); `ray get-auth-token` on the head prints it (on Kubernetes: the Secret KubeRay "
               "made for the RayCluster)")
@@ -72,20 +79,21 @@ def connect_ray(config: Config, min_cpus: float = 0.0) -> None:
                          "RAY_ADDRESS") from None
 
 
-def with_ray_malloc_conf(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
-    """``env`` with RAY_MALLOC_CONF for the Ray processes started with it, unless it sets MALLOC_CONF already (the
-    user's stands, an empty one too: jemalloc's defaults)."""
-    env.setdefault("MALLOC_CONF", RAY_MALLOC_CONF)
+def with_ray_process_env(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
+    """``env`` with RAY_PROCESS_ENV for the Ray processes started with it: each variable it sets already stands (the
+    user's, an empty MALLOC_CONF too: jemalloc's defaults)."""
+    for name, value in RAY_PROCESS_ENV.items():
+        env.setdefault(name, value)
     return env
 
 
 def start_local_ray(cpus: int, options: dict[str, Any], tries: int = LOCAL_TRIES) -> None:
     """A local Ray of ``cpus`` CPUs, started again when it does not come up (Ray gives a raylet 30 s to register
     with its GCS, which a busy machine can take, then raises a bare Exception); a RunFailure in one line after
-    ``tries``. Its raylet and GCS inherit this process's environment: RAY_MALLOC_CONF goes there first."""
+    ``tries``. Its raylet and GCS inherit this process's environment: RAY_PROCESS_ENV goes there first."""
     import ray
 
-    with_ray_malloc_conf(os.environ)
+    with_ray_process_env(os.environ)
     for _ in range(tries):
         try:
             ray.init(address="local", num_cpus=cpus, include_dashboard=False, **options)

@@ -53,12 +53,13 @@ def test_base_is_the_pinned_ray_cpu_image_and_the_user_is_non_root() -> None:
     assert [a for kind, a in steps if kind == "USER"][-1] == "1000:100"  # non-root, numeric
 
 
-def test_the_image_gives_ray_s_processes_dppo_s_malloc_conf() -> None:
-    """The pods' raylet and GCS get what a local Ray gets (dppo.distributed.cluster.RAY_MALLOC_CONF)."""
-    from dppo.distributed.cluster import RAY_MALLOC_CONF
+def test_the_image_gives_ray_s_processes_what_a_local_ray_gets() -> None:
+    """The pods' raylet and GCS get what a local Ray gets (dppo.distributed.cluster.RAY_PROCESS_ENV): the allocator's
+    settings and the GCS's bounded history."""
+    from dppo.distributed.cluster import RAY_PROCESS_ENV
 
     envs = " ".join(a for kind, a in instructions() if kind == "ENV").split()
-    assert f"MALLOC_CONF={RAY_MALLOC_CONF}" in envs
+    assert {f"{name}={value}" for name, value in RAY_PROCESS_ENV.items()} <= set(envs)
 
 
 def test_dockerignore_keeps_only_the_build_inputs() -> None:

@@ -5,6 +5,7 @@ its own words on the first try."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,28 +49,34 @@ def test_a_local_ray_that_never_starts_is_one_line_and_a_bad_option_is_not_retri
     assert bad.startswith("ValueError: Attempting to cap object store memory usage at 10 bytes")
 
 
-RAYLET_ENV = """
-import os, ray, psutil
-from dppo.distributed.cluster import start_local_ray
+RAY_PROCESSES_ENV = """
+import json, ray, psutil
+from dppo.distributed.cluster import RAY_PROCESS_ENV, start_local_ray
 
 start_local_ray(1, {"logging_level": 40})
-raylets = [p for p in psutil.Process().children(recursive=True) if p.name() == "raylet"]
-for p in raylets:
-    maps = open(f"/proc/{p.pid}/maps").read()
-    print(p.environ().get("MALLOC_CONF"), "jemalloc" if "jemalloc" in maps else "glibc")
+seen = {}
+for p in psutil.Process().children(recursive=True):
+    if p.name() in ("raylet", "gcs_server"):
+        maps = open(f"/proc/{p.pid}/maps").read()
+        seen[p.name()] = [p.environ().get(name) for name in RAY_PROCESS_ENV] + ["jemalloc" in maps]
 ray.shutdown()
+print(json.dumps(seen))
 """
 
 
-def test_a_local_ray_s_raylet_runs_on_jemalloc_with_dppo_s_conf_unless_the_user_set_one() -> None:
-    from dppo.distributed.cluster import RAY_MALLOC_CONF
+def test_a_local_ray_s_raylet_and_gcs_get_dppo_s_settings_unless_the_user_set_their_own() -> None:
+    """jemalloc with dppo's MALLOC_CONF, and the GCS's history bounded (dppo.distributed.cluster.RAY_PROCESS_ENV)."""
+    from dppo.distributed.cluster import RAY_PROCESS_ENV
 
-    def raylet(env: dict[str, str]) -> str:
-        done = subprocess.run([sys.executable, "-c", RAYLET_ENV], capture_output=True, text=True, timeout=180,
+    def ray_processes(env: dict[str, str]) -> dict[str, list[str | bool]]:
+        done = subprocess.run([sys.executable, "-c", RAY_PROCESSES_ENV], capture_output=True, text=True, timeout=180,
                               env=env)
         assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
+        return json.loads(done.stdout.strip().splitlines()[-1])
 
-    plain = {k: v for k, v in os.environ.items() if k != "MALLOC_CONF"}
-    assert raylet(plain) == f"{RAY_MALLOC_CONF} jemalloc"
-    assert raylet({**plain, "MALLOC_CONF": "narenas:2"}) == "narenas:2 jemalloc"
+    plain = {k: v for k, v in os.environ.items() if k not in RAY_PROCESS_ENV}
+    ours = [*RAY_PROCESS_ENV.values(), True]
+    assert ray_processes(plain) == {"raylet": ours, "gcs_server": ours}
+    users = {"MALLOC_CONF": "narenas:2", "RAY_task_events_max_num_task_in_gcs": "5000"}
+    theirs = [users.get(name, value) for name, value in RAY_PROCESS_ENV.items()] + [True]
+    assert ray_processes({**plain, **users}) == {"raylet": theirs, "gcs_server": theirs}
