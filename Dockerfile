@@ -31,9 +31,9 @@ ARG TORCH_INDEX_URL=""
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     MALLOC_CONF=background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1,tcache:false \
-    RAY_task_events_max_num_task_in_gcs=1000 \
-    RAY_maximum_gcs_destroyed_actor_cached_count=200 \
-    RAY_maximum_gcs_dead_worker_cached_count=200
+    RAY_task_events_max_num_task_in_gcs=300 \
+    RAY_maximum_gcs_destroyed_actor_cached_count=100 \
+    RAY_maximum_gcs_dead_worker_cached_count=100
 # The wheel is bind-mounted, not copied: no layer of the final image holds it or any build tool.
 RUN --mount=type=bind,from=wheel,source=/tmp/wheels,target=/tmp/wheels \
     set -eu; \

@@ -41,9 +41,10 @@ RAY_MALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,n
 # Ray's GCS keeps a cluster's history: up to 100,000 task events (about 3.5 KiB each here), dead actors and dead
 # workers (Ray's ray_config_def.h). A run that loses processes often (each replaced by a new actor, each driver attempt
 # a new job) fills them for days: under an hour of chaos the GCS grew +15 to +20 %/h (docs/benchmarks.md). Kept to
-# the recent past they are a bounded few MiB; `ray list actors` and `ray list tasks` show as far back.
-RAY_GCS_HISTORY = {"RAY_task_events_max_num_task_in_gcs": "1000", "RAY_maximum_gcs_destroyed_actor_cached_count": "200",
-                   "RAY_maximum_gcs_dead_worker_cached_count": "200"}
+# the recent past (a run's last minutes under chaos, its last ~20 driver attempts without) they hold about 1.5 MiB,
+# a few % of an idle GCS; `ray list actors` and `ray list tasks` show as far back.
+RAY_GCS_HISTORY = {"RAY_task_events_max_num_task_in_gcs": "300", "RAY_maximum_gcs_destroyed_actor_cached_count": "100",
+                   "RAY_maximum_gcs_dead_worker_cached_count": "100"}
 RAY_PROCESS_ENV = {"MALLOC_CONF": RAY_MALLOC_CONF, **RAY_GCS_HISTORY}  # what the image's ENV sets too (Dockerfile)
 TOKEN_HINT = ("set RAY_AUTH_TOKEN to the cluster's token, or put it in ~/.ray/auth_token (or in a file named by "
               "RAY_AUTH_TOKEN_PATH); `ray get-auth-token` on the head prints it (on Kubernetes: the Secret KubeRay "
