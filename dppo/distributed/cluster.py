@@ -41,8 +41,9 @@ RAY_MALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,n
 # Ray's GCS keeps a cluster's history: up to 100,000 task events (about 3.5 KiB each here), dead actors and dead
 # workers (Ray's ray_config_def.h). A run that loses processes often (each replaced by a new actor, each driver attempt
 # a new job) fills them for days: under an hour of chaos the GCS grew +15 to +20 %/h (docs/benchmarks.md). Kept to
-# the recent past (a run's last minutes under chaos, its last ~20 driver attempts without) they hold about 1.5 MiB,
-# a few % of an idle GCS; `ray list actors` and `ray list tasks` show as far back.
+# the recent past (a run's last minutes under chaos; its last ~20 driver attempts, at 15 task events each, without)
+# they stop growing: in an hour of chaos the GCS grew about 3 MiB in its first 17 minutes and little after, +5.4 %/h
+# over the hour (docs/benchmarks.md). `ray list actors` and `ray list tasks` show as far back.
 RAY_GCS_HISTORY = {"RAY_task_events_max_num_task_in_gcs": "300", "RAY_maximum_gcs_destroyed_actor_cached_count": "100",
                    "RAY_maximum_gcs_dead_worker_cached_count": "100"}
 RAY_PROCESS_ENV = {"MALLOC_CONF": RAY_MALLOC_CONF, **RAY_GCS_HISTORY}  # what the image's ENV sets too (Dockerfile)
