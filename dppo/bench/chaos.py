@@ -300,7 +300,8 @@ NOTE = (
     "(`run.eval_every=5`) when the config has it off. The env steps are counted by the driver's rounds, not by "
     "the actors; a multi-agent env's steps are its agent columns'. The first line below is the verdict; the "
     "legend after the tables says what each column counts. The readings of every process (one each {every} s; "
-    "growth fitted after {warmup} minutes of training) follow the legend."
+    "growth fitted after {warmup} minutes of training, or of the process's own life for one started later) follow "
+    "the legend."
 )
 
 LONG_NOTE = (

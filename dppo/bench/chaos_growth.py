@@ -1,8 +1,9 @@
 """What the per-minute readings of :mod:`dppo.bench.chaos_monitor` say about a long run: each process's RSS growth
 per hour after a warm-up (a least-squares line through its readings after the warm-up, as % of its first reading
-there), the most open files, Ray's object store, /dev/shm, and the run directories against their checkpoint
-count; and the verdict against issue 56's targets. Pure (readings in, rows and words out), so it is tested on
-recorded readings without Ray.
+there; a process started later, such as a node's brought back by the chaos, gets a warm-up of its own), the most
+open files, Ray's object store, /dev/shm, and the run directories against their checkpoint count; and the verdict
+against issue 56's targets. Pure (readings in, rows and words out), so it is tested on recorded readings without
+Ray.
 """
 
 from __future__ import annotations
@@ -64,14 +65,28 @@ def series(samples: list[dict[str, Any]]) -> dict[tuple[str, str, int], list[Rea
     return found
 
 
+def starts_s(samples: list[dict[str, Any]]) -> dict[tuple[str, str, int], float]:
+    """When each process (role, node, pid) started, on the readings' clock: its first reading less its age there
+    (readings written without ``age_s``: its first reading)."""
+    started: dict[tuple[str, str, int], float] = {}
+    for sample in samples:
+        for p in sample["processes"]:
+            started.setdefault((p["role"], p["node"], p["pid"]), sample["t_s"] - p.get("age_s", 0.0))
+    return started
+
+
 def process_rows(samples: list[dict[str, Any]], warmup_s: float) -> list[dict[str, Any]]:
-    """One row per process seen in at least MIN_FIT_SAMPLES readings after the warm-up, by role and node: RSS at
+    """One row per process seen in at least MIN_FIT_SAMPLES readings after its warm-up, by role and node: RSS at
     the warm-up's end and at the last reading, growth %/h after the warm-up (of RSS and of its private part), the
-    most open files."""
+    most open files. The warm-up ends ``warmup_s`` into training, or into the process's own life when it started
+    later: a node's agents brought back by the chaos climb for minutes after their start, as every process does
+    after the run's."""
     end = warmup_end_s(samples, warmup_s)
+    started = starts_s(samples)
     rows = []
     for (role, node, pid), readings in series(samples).items():
-        after = [r for r in readings if end is not None and r[0] >= end]
+        start = None if end is None else max(end, started[(role, node, pid)] + warmup_s)
+        after = [r for r in readings if start is not None and r[0] >= start]
         if len(after) < MIN_FIT_SAMPLES:
             continue
         rows.append({"process": role, "node": node, "pid": pid, "readings": len(after),
@@ -197,7 +212,8 @@ def verdict(procs: list[dict[str, Any]], total: dict[str, Any], shm_left: int, s
 
 LEGEND = """\
 - **growth (%/h)**: the slope of a least-squares line through the process's RSS readings after the warm-up, per
-  hour, as % of its first reading after it (the target: at most 5 %/h); **readings**: the readings it was fitted
+  hour, as % of its first reading after it (the target: at most 5 %/h); a process started later (a node brought
+  back, a replaced actor) is fitted after the same warm-up of its own life; **readings**: the readings it was fitted
   on (one a `--sample-s`); a process with fewer than 3 (a worker started and gone) has no row; **±**: two
   standard errors of that slope (a process whose RSS swings, as a raylet moving large objects does, fits slopes
   its swings alone can make: the growth is told from them only beyond this); **private growth

@@ -179,7 +179,7 @@ class Monitor:
                     memory = process.memory_info()  # shared: pages of files and shared memory (the object store)
                     rows.append({"node": node, "role": role_of(command), "pid": process.pid,
                                  "rss_mib": round(memory.rss / MIB, 2), "shared_mib": round(memory.shared / MIB, 2),
-                                 "fds": process.num_fds()})
+                                 "fds": process.num_fds(), "age_s": round(time.time() - process.create_time(), 1)})
                     if node not in self.ports and (port := metrics_port(command)) is not None:
                         self.ports[node] = port
             shm |= shm_in_use(processes)

@@ -114,6 +114,27 @@ def test_growth_per_hour_is_the_fitted_slope_after_the_warmup_as_a_share_of_its_
     assert rows["actor"]["readings"] == 56 and rows["actor"]["open files max"] == 42
 
 
+def test_a_process_started_later_is_fitted_after_a_warm_up_of_its_own() -> None:
+    """A node brought back at 44:30: its agent climbs for its first four minutes, as at any start, then stays flat.
+    Fitted from its first reading the climb reads as growth; from five minutes into its own life, as flat. Its
+    start is read from its age at its first reading, or is that reading."""
+    samples = hour_of_readings(2.0)
+    ages = {minute: (minute - 45) * 60.0 + 30.0 for minute in range(45, 62)}  # first read at 45:00
+    for minute, age in ages.items():
+        samples[minute]["processes"].append({"node": "worker-2", "role": "dashboard agent", "pid": 14, "fds": 30,
+                                             "rss_mib": 130.0 + min(age, 240.0) / 60.0, "shared_mib": 40.0,
+                                             "age_s": age})
+    row = next(r for r in process_rows(samples, 300.0) if r["pid"] == 14)
+    assert row["growth (%/h)"] == 0.0 and row["RSS at warm-up end (MiB)"] == 134.0
+    assert row["readings"] == 62 - 50  # from 50:00, the first reading past 44:30 plus five minutes
+    for minute in ages:
+        del samples[minute]["processes"][-1]["age_s"]  # readings written before ages were: its first reading
+    row = next(r for r in process_rows(samples, 300.0) if r["pid"] == 14)
+    assert row["growth (%/h)"] == 0.0 and row["readings"] == 62 - 50
+    climb = [samples[minute]["processes"][-1]["rss_mib"] for minute in ages]
+    assert growth_pct_per_h([m * 60.0 for m in ages], climb) > 5.0  # fitted from its first reading
+
+
 def test_the_verdict_names_a_growing_process_and_what_was_left() -> None:
     text, figures = report_text(hour_of_readings(8.0), 300.0, keep=3, shm_left=0, statuses=["SUCCEEDED"], minutes=60)
     assert figures["verdict"][0].startswith("PROBLEMS: RSS grows more than 5 %/h: actor on worker-1 (pid 12) "
@@ -160,6 +181,7 @@ def test_a_reading_of_real_processes(tmp_path: Path) -> None:
         assert {node for node, _ in roles} == {"worker-1"}  # its child and Python's resource tracker too
         assert {role for _, role in roles} == {Path(sys.executable).name, "sleep", "resource tracker"}
         assert all(p["rss_mib"] >= p["shared_mib"] > 0 and p["fds"] >= 3 for p in sample["processes"])
+        assert all(0 <= p["age_s"] < 60 for p in sample["processes"])  # started by this test
         assert sample["shm"] == {"entries": 1, "mib": 1.0} and sample["object_store"] is None
         assert sample["run_dir"]["checkpoints"] == 2 and sample["env_steps"] == 4096
         assert sample["run_dir"]["checkpoint_mib"] == pytest.approx(600_000 / 2**20, abs=1e-3)
