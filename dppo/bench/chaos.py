@@ -311,7 +311,8 @@ LONG_NOTE = (
     "Every {every} s the bench reads every process of the cluster (RSS and open files, by role and node), the "
     "/dev/shm entries the run's processes hold, Ray's object store (its `ray_object_store_memory` gauge) and the "
     "run directory (size, checkpoint count); each process's RSS growth is a least-squares line through its "
-    "readings after {warmup} minutes of training, per hour, as % of its first reading after them (the target: at "
-    "most 5 %/h, nothing left in /dev/shm, the run dir bounded by `run.keep_checkpoints`). The readings are "
-    "`samples.jsonl` in `--out`; the figure draws them, the dotted line the warm-up's end."
+    "readings after {warmup} minutes of training (or of its own life, for a process started later), per hour, as % "
+    "of its first reading after them (the target: at most 5 %/h, nothing left in /dev/shm, the run dir bounded by "
+    "`run.keep_checkpoints`). The readings are `samples.jsonl` in `--out`; the figure draws them, the dotted line "
+    "the warm-up's end."
 )
