@@ -154,10 +154,12 @@ class Monitor:
             self._thread.join(timeout=120)
 
     def _loop(self) -> None:
+        due = time.monotonic()
         while True:
             with contextlib.suppress(Exception):  # a reading that fails (a process ending under it) is skipped
                 self.read()
-            if self._stop.wait(self.every_s):
+            due += self.every_s  # one each every_s however long a reading takes (seconds on a loaded machine)
+            if self._stop.wait(max(0.0, due - time.monotonic())):
                 return
 
     def nodes(self) -> dict[str, list[psutil.Process]]:
