@@ -38,6 +38,25 @@ from test_chart_emulation import container_env, flags, free_ports, group_resourc
 
 pytestmark = pytest.mark.slow
 
+def submit(pods: Pods, submitter: list[str], address: str, args: list[str], tries: int = 3) -> None:
+    """`ray job submit` from a container of the image, as KubeRay's submitter Job: a try that finds the dashboard
+    not listening is tried again (the Job's backoffLimit, 2 by default) once it answers again. A clean-clone CI on
+    a loaded machine had the dashboard refuse the submit after its health check had answered."""
+    for attempt in range(1, tries + 1):
+        deadline = time.monotonic() + 120
+        while http_status(f"{address}/api/version") != 200:
+            assert time.monotonic() < deadline, f"the dashboard stopped answering\n{pods.head_logs()}"
+            time.sleep(1)
+        done = subprocess.run(["docker", "run", "--rm", *submitter, pods.image.name, "ray", "job", "submit",
+                               "--address", address, *args], env=pods.image.env, capture_output=True, text=True,
+                              timeout=600)
+        if done.returncode == 0:
+            return
+        refused = "Connection refused" in done.stderr
+        assert refused and attempt < tries, f"ray job submit -> {done.returncode} (try {attempt})\n" \
+            f"{done.stderr[-3000:]}\n--- head\n{pods.head_logs()}"
+
+
 def test_image_builds_and_trains(tmp_path: Path, docker_image: DockerImage) -> None:
     image, timings = docker_image.name, dict(docker_image.timings)
     print(f"\nbuild: base {docker_image.base}, {json.dumps({k: round(v, 1) for k, v in timings.items()})}")
@@ -121,6 +140,13 @@ class Pods:
             assert time.monotonic() < deadline, f"{name}: no {text!r}\n{self.logs(name)[-3000:]}"
             time.sleep(1)
 
+    def head_logs(self) -> str:
+        """The head container's output and its dashboard's log (the first container is the head)."""
+        dashboard = subprocess.run(["docker", "exec", self.names[0], "bash", "-c",
+                                    "tail -c 3000 /tmp/ray/session_latest/logs/dashboard.log"],
+                                   env=self.image.env, capture_output=True, text=True, timeout=60)
+        return f"{self.logs(self.names[0])[-3000:]}\n--- dashboard.log\n{dashboard.stdout}{dashboard.stderr}"
+
     def remove(self) -> None:
         if self.names:
             subprocess.run(["docker", "rm", "-f", *self.names], env=self.image.env, capture_output=True,
@@ -189,8 +215,7 @@ def test_chart_pods_as_containers_train_and_survive_a_lost_worker(helm_bin: str,
         submitter_pod = spec["submitterPodTemplate"]["spec"]
         submitter = docker_flags(submitter_pod, submitter_pod["containers"][0], auth)
         address = f"http://127.0.0.1:{dash}"
-        docker_image.docker("run", "--rm", *submitter, docker_image.name, "ray", "job", "submit", "--address",
-                            address, "--submission-id", release, "--no-wait", "--", *spec["entrypoint"].split())
+        submit(pods, submitter, address, ["--submission-id", release, "--no-wait", "--", *spec["entrypoint"].split()])
         follow = pods.run("submitter", submitter, ["ray", "job", "logs", "--address", address, "--follow", release])
 
         deadline = time.monotonic() + 300

@@ -72,8 +72,10 @@ def test_a_budget_screens_every_setting_and_trains_the_fastest_predicted(ray_add
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(rows_file.read_text())  # the settings that keep the config's batch of 64 (1 x 4 x 16)
     assert {r["candidate"] for r in rows} == {"2x2 T16 actor", "2x2 T16 halves", "1x4 T16 actor", "1x4 T16 halves"}
-    screened = [r for r in rows if r["status"] in ("finalist", "screened")]  # a busy machine may screen fewer
-    assert len(screened) >= 2 and all(r["screened_steps_per_s"] > 0 and r["round_s"] > 0 for r in screened), rows
+    # A busy machine may screen fewer: a clean-clone CI on a loaded 2-core machine screened one in its 20 s share
+    # (the order of screens on a clock that is not the wall's: tests/unit/test_tune.py)
+    screened = [r for r in rows if r["status"] in ("finalist", "screened")]
+    assert len(screened) >= 1 and all(r["screened_steps_per_s"] > 0 and r["round_s"] > 0 for r in screened), rows
     assert all(r["status"].startswith("not measured: the first share") for r in rows if r not in screened), rows
     finalists = [r for r in rows if r["status"] == "finalist"]
     assert rows[0] in finalists and rows[0]["iterations"] >= 1  # the answer is one trained, the fastest of them
