@@ -15,6 +15,16 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise SystemExit(code)
 
 
+def existing_checkpoint(path: str) -> None:
+    """A --checkpoint that names nothing is one line before the checkpoint module (and torch) is imported."""
+    from pathlib import Path
+
+    from dppo.errors import checkpoint_not_found
+
+    if not Path(path).exists():
+        fail(checkpoint_not_found(path))
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with a one-line error (exit 2) instead of usage + message; the line's one prefix is fail()'s, the
     command's name is in the help it points to. Options are taken only when written in full (a prefix of one is an

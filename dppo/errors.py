@@ -26,6 +26,11 @@ class RunFailure(RuntimeError):
         self.details = details
 
 
+def checkpoint_not_found(path: object) -> str:
+    """The line for a --checkpoint that names nothing (said before torch is imported: bad input is answered at once)."""
+    return f"checkpoint {str(path)!r} not found; pass an existing ckpt-*.pt file or run dir"
+
+
 def first_line(err: BaseException | str) -> str:
     """An error's first non-empty line without terminal escape codes (Ray colours its messages): what a user is
     shown; the exception's type name when it has no message."""

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dppo.cli_args import fail, import_from_cwd
+from dppo.cli_args import existing_checkpoint, fail, import_from_cwd
 from dppo.run.logs import counted
 
 
@@ -162,6 +162,7 @@ def outcomes(returns: list[float], opponent: str, seed: int) -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         fail("--episodes must be >= 1")
+    existing_checkpoint(args.checkpoint)
     from dppo.run.checkpoint import load
 
     checkpoint = load(args.checkpoint, best=args.best)

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dppo.cli_args import fail, import_from_cwd
+from dppo.cli_args import existing_checkpoint, fail, import_from_cwd
 from dppo.errors import UsageError, first_line
 from dppo.run.run_dir import new_temp_file
 
@@ -106,10 +106,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from dppo.run.checkpoint import load
-
     check_output(args.output)  # what -o names is bad input before the checkpoint is read
     fmt = format_for(args.output, args.format)
+    existing_checkpoint(args.checkpoint)
+    from dppo.run.checkpoint import load
+
     checkpoint = load(args.checkpoint, best=args.best)
     import_from_cwd()
     if fmt == "onnx":

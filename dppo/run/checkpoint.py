@@ -39,7 +39,7 @@ import torch
 from pydantic import ValidationError
 
 from dppo.config import Config, ModelConfig
-from dppo.errors import UsageError
+from dppo.errors import UsageError, checkpoint_not_found
 from dppo.run.run_dir import atomic_write
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ def load(path: str | Path, best: bool = False) -> dict[str, Any]:
             raise CheckpointError(f"no intact checkpoint in {str(path)!r}; pass a run dir or a ckpt-*.pt file")
         return found[1]
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} not found; pass an existing ckpt-*.pt file or run dir")
+        raise CheckpointError(checkpoint_not_found(path))
     return decode(path.read_bytes(), repr(str(path)))
 
 

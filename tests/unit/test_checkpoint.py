@@ -142,3 +142,19 @@ def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path: Path) -
     no_format = {k: v for k, v in checkpoint.items() if k != "format"}
     with pytest.raises(CheckpointFormatError, match="format None"):
         decode(encode(no_format), "x.pt")
+
+
+@pytest.mark.parametrize("command", [["eval"], ["export", "-o", "policy.onnx"]])
+def test_a_checkpoint_that_is_not_there_is_one_line_before_torch_is_imported(tmp_path: Path,
+                                                                             command: list[str]) -> None:
+    """Bad input is answered at once: importing torch alone takes seconds of a busy machine."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom dppo.commands.parser import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit as end:\n    print(end.code, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, *command, "--checkpoint", "missing.pt"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    assert done.stderr == "dppo: error: checkpoint 'missing.pt' not found; pass an existing ckpt-*.pt file or run " \
+                          "dir\n" and not list(tmp_path.iterdir())
