@@ -52,14 +52,22 @@ tools:
 			$(SYSTEM_PACKAGES)) >/dev/null; fi
 
 demo: $(STAMP)
+	$(COMPILE)
 	$(BIN)/dppo train --run-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
 
+# The project's own modules compiled before a test run: an editable install is not compiled by pip, and where
+# PYTHONDONTWRITEBYTECODE is set (CI machines, containers) every process of the suite (each `dppo` command, Ray
+# worker, actor) would compile the sources it imports again (docs/install.md).
+COMPILE = $(BIN)/python -m compileall -q dppo benchmarks
+
 test: $(STAMP) tools
+	$(COMPILE)
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/ruff check .
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/pytest -q -ra -n $(TEST_WORKERS) --durations=30  # the slowest tests named at the end: where the suite's time goes
 
 # The inner loop: unit tests and the chart's renders, no Ray (helm from `make tools`: its tests skip without it).
 test-fast: $(STAMP)
+	$(COMPILE)
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/pytest -q -n $(TEST_WORKERS) -m "not slow" tests/unit tests/deploy
 
 lint: $(STAMP)
