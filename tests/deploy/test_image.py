@@ -38,6 +38,7 @@ from test_chart_emulation import container_env, flags, free_ports, group_resourc
 
 pytestmark = pytest.mark.slow
 
+
 def submit(pods: Pods, submitter: list[str], address: str, args: list[str], tries: int = 3) -> None:
     """`ray job submit` from a container of the image, as KubeRay's submitter Job: a try that finds the dashboard
     not listening is tried again (the Job's backoffLimit, 2 by default) once it answers again. A clean-clone CI on
