@@ -55,9 +55,9 @@ demo: $(STAMP)
 	$(COMPILE)
 	$(BIN)/dppo train --run-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
 
-# The project's own modules compiled before a test run: an editable install is not compiled by pip, and where
-# PYTHONDONTWRITEBYTECODE is set (CI machines, containers) every process of the suite (each `dppo` command, Ray
-# worker, actor) would compile the sources it imports again (docs/install.md).
+# The project's own modules compiled before the tests and the demo run: pip does not compile an editable install, and
+# where PYTHONDONTWRITEBYTECODE is set every process (each `dppo` command, Ray worker, actor) would compile the
+# sources it imports again (docs/install.md).
 COMPILE = $(BIN)/python -m compileall -q dppo benchmarks
 
 test: $(STAMP) tools
