@@ -61,6 +61,11 @@ def stop_head(root: Path) -> None:
 def main(root: Path, owner: int) -> None:
     from ray.cluster_utils import Cluster
 
+    from dppo.distributed.cluster import RAY_NODE_START_WAIT
+
+    for name, value in RAY_NODE_START_WAIT.items():  # as a local Ray of dppo's: a busy machine registers it slowly
+        os.environ.setdefault(name, value)
+
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": CPU_TOKENS, "include_dashboard": False, "include_log_monitor": False,
         "object_store_memory": 2 * 1024**3,  # the helper's default, 150 MiB, is less than Atari runs want

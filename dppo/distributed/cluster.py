@@ -46,7 +46,12 @@ RAY_MALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,n
 # over the hour (docs/benchmarks.md). `ray list actors` and `ray list tasks` show as far back.
 RAY_GCS_HISTORY = {"RAY_task_events_max_num_task_in_gcs": "300", "RAY_maximum_gcs_destroyed_actor_cached_count": "100",
                    "RAY_maximum_gcs_dead_worker_cached_count": "100"}
-RAY_PROCESS_ENV = {"MALLOC_CONF": RAY_MALLOC_CONF, **RAY_GCS_HISTORY}  # what the image's ENV sets too (Dockerfile)
+# A node that starts is given Ray's 30 s to register with its GCS, then `ray start` (or ray.init) raises: a machine
+# that is busy when Ray starts took longer (a clean-clone CI here: a head started beside the suite's image build
+# failed after 45 s), and a pod's whole RayJob fails for it. Only the waits for a node to appear read it (Ray's
+# global_state_accessor.cc): a node that registers sooner is not slowed.
+RAY_NODE_START_WAIT = {"RAY_raylet_start_wait_time_s": "120"}
+RAY_PROCESS_ENV = {"MALLOC_CONF": RAY_MALLOC_CONF, **RAY_GCS_HISTORY, **RAY_NODE_START_WAIT}  # the image's ENV too
 TOKEN_HINT = ("set RAY_AUTH_TOKEN to the cluster's token, or put it in ~/.ray/auth_token (or in a file named by "
               "RAY_AUTH_TOKEN_PATH); `ray get-auth-token` on the head prints it (on Kubernetes: the Secret KubeRay "
               "made for the RayCluster)")
@@ -90,9 +95,10 @@ def with_ray_process_env(env: MutableMapping[str, str]) -> MutableMapping[str, s
 
 
 def start_local_ray(cpus: int, options: dict[str, Any], tries: int = LOCAL_TRIES) -> None:
-    """A local Ray of ``cpus`` CPUs, started again when it does not come up (Ray gives a raylet 30 s to register
-    with its GCS, which a busy machine can take, then raises a bare Exception); a RunFailure in one line after
-    ``tries``. Its raylet and GCS inherit this process's environment: RAY_PROCESS_ENV goes there first."""
+    """A local Ray of ``cpus`` CPUs, started again when it does not come up (a raylet that has not registered with
+    its GCS in RAY_NODE_START_WAIT, which a very busy machine can take, makes Ray raise a bare Exception); a
+    RunFailure in one line after ``tries``. Ray reads RAY_PROCESS_ENV from this process's environment when it starts
+    (after ``import ray`` too), and its raylet and GCS inherit it: it goes there first."""
     import ray
 
     with_ray_process_env(os.environ)

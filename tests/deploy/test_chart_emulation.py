@@ -55,6 +55,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from dppo.distributed.cluster import RAY_PROCESS_ENV
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "dppo"
 BIN = Path(sys.executable).parent
@@ -187,6 +189,7 @@ def start_rendered_cluster(local: LocalCluster, cluster: dict[str, Any], cluster
     # What KubeRay injects into every Ray container and the submitter for authOptions.mode token.
     assert cluster["authOptions"] == {"mode": "token"}
     env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    env |= RAY_PROCESS_ENV  # what the image's ENV gives every process of a pod (Dockerfile)
     ray = str(BIN / "ray")
     head_params = dict(head["rayStartParams"])
     assert head_params.pop("dashboard-host") == "0.0.0.0"
@@ -236,8 +239,9 @@ def start_worker(local: LocalCluster, group: dict[str, Any], cluster_root: Path,
     return local.procs[-1]
 
 
-def wait_until_started(local: LocalCluster, log: str, timeout: float = 120) -> None:
-    """The node started last says Ray runs; its `ray start` exiting first, or the head's, fails the test."""
+def wait_until_started(local: LocalCluster, log: str, timeout: float = 240) -> None:
+    """The node started last says Ray runs; its `ray start` exiting first, or the head's, fails the test (Ray's own
+    wait for the node to register, RAY_PROCESS_ENV's 120 s, ends first)."""
     deadline = time.monotonic() + timeout
     while "Ray runtime started" not in (local.root / log).read_text(errors="replace"):
         assert time.monotonic() < deadline, f"{log}: Ray never started\n" + local.logs()

@@ -212,7 +212,8 @@ def test_chart_pods_as_containers_train_and_survive_a_lost_worker(helm_bin: str,
         workers = []
         for i in range(group["replicas"]):  # one at a time, as pods usually come up
             workers.append(pods.run(f"worker-{i}", worker_args, worker_command(i)))
-            pods.wait_for_log(workers[-1], "Ray runtime started")
+            # Its `ray start` waits itself: 60 s per try for a busy GCS to answer, 120 s to register (the image's ENV)
+            pods.wait_for_log(workers[-1], "Ray runtime started", timeout=300)
         submitter_pod = spec["submitterPodTemplate"]["spec"]
         submitter = docker_flags(submitter_pod, submitter_pod["containers"][0], auth)
         address = f"http://127.0.0.1:{dash}"

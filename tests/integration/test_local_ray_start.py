@@ -1,7 +1,7 @@
-"""A local Ray that does not come up (Ray gives a raylet 30 s to register with its GCS, which a busy machine can
-take) is started again; one that never does is one line, and a bad option is not hidden behind the retry. Each case
-in a process of its own (ray.init is once per process); Ray's own start stands in for the busy machine's by raising
-its own words on the first try."""
+"""A local Ray that does not come up (a raylet that has not registered with its GCS in RAY_NODE_START_WAIT, which a very
+busy machine can take) is started again; one that never does is one line, and a bad option is not hidden behind the
+retry. Each case in a process of its own (ray.init is once per process); Ray's own start stands in for the busy
+machine's by raising its own words on the first try."""
 
 from __future__ import annotations
 

@@ -326,7 +326,7 @@ def test_every_kind_goes_on_past_the_minutes_for_a_kind_not_killed_yet(tmp_path:
 
 
 def test_a_node_whose_start_exits_is_started_again_and_its_leftovers_go(tmp_path: Path) -> None:
-    """A `ray start` that gives up (Ray's 30 s for a raylet to register, on a loaded machine) is started again as a
+    """A `ray start` that gives up (its raylet not registered in time, on a loaded machine) is started again as a
     pod's container would be; what the failed try left in its process group (its GCS) is killed; a node that never
     starts is one error naming it after the last try, with its first try's log and its last's."""
     local = LocalCluster({}, root=tmp_path)
