@@ -57,6 +57,7 @@ from dppo.bench.docs import write_docs
 from dppo.bench.local_cluster import LocalCluster
 from dppo.cli_args import positive
 from dppo.errors import UsageError
+from dppo.transport.protocol import sweep_stale
 
 # What the bench sets so that chaos is not taken for a crash loop (the guards would end the run on purpose).
 CHAOS_SETS = ["faults.max_actor_restarts=100000", "faults.max_learner_restarts=100000",
@@ -221,6 +222,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             monitor.stop()
         if local is not None:
             local.stop()
+            if sys.exc_info()[0] is not None:  # stopped (SIGTERM, Ctrl-C) or failed: no count of leftovers follows
+                sweep_stale()  # the segments of an inference service killed with its node, as its next start would
     deadline = time.monotonic() + 30.0  # killed trees are reaped by init a moment later
     while (left := [pid for pid, created in chaos.pids.items() if alive(pid, created)]) \
             and time.monotonic() < deadline:

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from dppo.distributed.cluster import with_ray_process_env
+from dppo.transport.protocol import runs
 
 RAY = str(Path(sys.executable).parent / "ray")
 
@@ -159,7 +160,12 @@ class LocalCluster:
         proc.wait(timeout=30)
 
     def stop(self) -> None:
-        """Stop every node started here (their whole process trees), then remove the temp dir."""
+        """Stop every node started here (their whole process trees, ended when it returns: what they held, such as an
+        inference service's shared memory, can be told left behind), then remove the temp dir."""
+        trees = []
+        for proc in self.nodes.values():
+            with contextlib.suppress(psutil.Error):
+                trees += psutil.Process(proc.pid).children(recursive=True)
         for name in list(self.nodes):
             self.kill(name)
         marker = str(self.root)
@@ -167,4 +173,8 @@ class LocalCluster:
             with contextlib.suppress(psutil.Error):
                 if marker in " ".join(process.info["cmdline"] or []):
                     process.kill()
+                    trees.append(process)
+        deadline = time.monotonic() + 30.0
+        while any(runs(process.pid) for process in trees) and time.monotonic() < deadline:
+            time.sleep(0.1)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -212,10 +212,20 @@ def sweep_stale(directory: Path = SHM_DIR) -> list[str]:
     swept = []
     for path in directory.glob(f"{SEGMENT_PREFIX}*_*_*"):
         pid = path.name[len(SEGMENT_PREFIX):].split("_", 1)[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+        if pid.isdigit() and not runs(int(pid)):
             path.unlink(missing_ok=True)
             swept.append(path.name)
     return swept
+
+
+def runs(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (killed, not yet reaped) holds no segment open."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # not ours to read: it runs
+        return True
 
 
 def attach(name: str) -> SharedMemory:

@@ -193,7 +193,7 @@ def test_chart_pods_as_containers_train_and_survive_a_lost_worker(helm_bin: str,
                   f"--dashboard-agent-listen-port={node_ports[1]}", f"--dashboard-agent-grpc-port={node_ports[2]}",
                   f"--runtime-env-agent-port={node_ports[3]}", "--object-store-memory=100000000",
                   "--node-ip-address=127.0.0.1", "--disable-usage-stats"])
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240  # the head's own start may take 120 s to register (the image's ENV)
         while http_status(f"http://127.0.0.1:{dash}/api/gcs_healthz") != 200:
             assert time.monotonic() < deadline, pods.logs(pods.names[0])[-3000:]
             time.sleep(1)

@@ -23,6 +23,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -294,6 +295,26 @@ def test_an_actor_killed_outright_has_its_segment_removed_by_the_service_which_s
         client = ShmClient(endpoint, layout_of(env, config, rows=4))  # the service goes on
         assert client.result(client.submit(request(env, config, 1, 4))).version == 1
     assert segments(endpoint) == []
+
+
+def test_a_segment_whose_service_was_killed_and_not_yet_reaped_is_swept() -> None:
+    """A service killed with its node is a zombie until it is reaped: it holds nothing, and a sweep right after the
+    kill (a chaos bench stopped by SIGTERM sweeps as its cluster stops) removes its segment."""
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    stale = SharedMemory(f"dppo_{killed.pid}_feedbeef_0", create=True, size=64)
+    try:
+        killed.kill()
+        deadline = time.monotonic() + 30
+        while psutil.Process(killed.pid).status() != psutil.STATUS_ZOMBIE:  # ended, and this test has not reaped it
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        sweep_stale()  # (a service starting in another test may sweep it first: the same function)
+        assert not (SHM / stale.name).exists()
+    finally:
+        killed.wait()
+        stale.close()
+        if (SHM / stale.name).exists():
+            stale.unlink()
 
 
 def test_a_segment_whose_service_process_is_gone_is_swept_and_no_other() -> None:
