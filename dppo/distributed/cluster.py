@@ -47,8 +47,8 @@ RAY_MALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,n
 RAY_GCS_HISTORY = {"RAY_task_events_max_num_task_in_gcs": "300", "RAY_maximum_gcs_destroyed_actor_cached_count": "100",
                    "RAY_maximum_gcs_dead_worker_cached_count": "100"}
 # A node that starts is given Ray's 30 s to register with its GCS, then `ray start` (or ray.init) raises: a machine
-# that is busy when Ray starts took longer (a clean-clone CI here: a head started beside the suite's image build
-# failed after 45 s), and a pod's whole RayJob fails for it. Only the waits for a node to appear read it (Ray's
+# that is busy when Ray starts took longer (a clean-clone CI of this project: a head started beside the suite's image
+# build failed after 45 s), and a pod's whole RayJob fails for it. Only the waits for a node to appear read it (Ray's
 # global_state_accessor.cc): a node that registers sooner is not slowed.
 RAY_NODE_START_WAIT = {"RAY_raylet_start_wait_time_s": "120"}
 RAY_PROCESS_ENV = {"MALLOC_CONF": RAY_MALLOC_CONF, **RAY_GCS_HISTORY, **RAY_NODE_START_WAIT}  # the image's ENV too
