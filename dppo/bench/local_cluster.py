@@ -74,6 +74,10 @@ class LocalCluster:
         # A short path: Ray's Unix sockets live under it (108-byte limit).
         self.root = root or Path(tempfile.mkdtemp(prefix="dppo-cl-", dir="/tmp"))
         self.env = {**env}
+        # Ray's own 30 s for a node to register, not RAY_PROCESS_ENV's 120 s: start() starts a node whose `ray start`
+        # gave up again, with ports of its own, and the longer wait only put that off (a clean-clone CI of c92b04f: a
+        # node started again after its loss sat past start()'s 120 s with no word from Ray; why is not known).
+        self.env.setdefault("RAY_raylet_start_wait_time_s", "30")
         with_ray_process_env(self.env)
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
         self.address = ""
