@@ -153,25 +153,23 @@ class LocalCluster:
     def log(self, name: str) -> str:
         return (self.root / f"{name}.log").read_text(errors="replace")
 
-    def kill(self, name: str) -> None:
-        """Lose a node whole, as when its machine goes away: SIGKILL to its raylet, agents and workers at once."""
+    def kill(self, name: str) -> list[psutil.Process]:
+        """Lose a node whole, as when its machine goes away: SIGKILL to its raylet, agents and workers at once. The
+        processes sent it (they end a moment later)."""
         proc = self.nodes.pop(name)
+        tree: list[psutil.Process] = []
         with contextlib.suppress(psutil.Error):
             tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
             for process in tree:
                 with contextlib.suppress(psutil.Error):
                     process.kill()
         proc.wait(timeout=30)
+        return tree
 
     def stop(self) -> None:
         """Stop every node started here (their whole process trees, ended when it returns: what they held, such as an
         inference service's shared memory, can be told left behind), then remove the temp dir."""
-        trees = []
-        for proc in self.nodes.values():
-            with contextlib.suppress(psutil.Error):
-                trees += psutil.Process(proc.pid).children(recursive=True)
-        for name in list(self.nodes):
-            self.kill(name)
+        trees = [process for name in list(self.nodes) for process in self.kill(name)]
         marker = str(self.root)
         for process in psutil.process_iter(["cmdline"]):  # workers of a killed raylet that outlived it
             with contextlib.suppress(psutil.Error):
