@@ -93,7 +93,7 @@ def cr_schemas() -> dict[tuple[str, str, str], dict[str, Any]]:
 
 
 # A validator per custom resource schema, its schema checked against the metaschema once: `jsonschema.validate` checks
-# it again at every call, about 0.5 s for the RayJob's (12 s of this module's 107 s on one process).
+# it again at every call (without it this module took 12 s more, 107 s against 95 s on one process, for 23 calls).
 CR_VALIDATORS: dict[tuple[str, str, str], jsonschema.Draft7Validator] = {}
 
 
