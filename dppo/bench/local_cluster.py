@@ -10,7 +10,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,23 +20,10 @@ from pathlib import Path
 import psutil
 
 from dppo.distributed.cluster import with_ray_process_env
+from dppo.distributed.ports import free_ports
 from dppo.transport.protocol import runs
 
 RAY = str(Path(sys.executable).parent / "ray")
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports on 127.0.0.1 (held together while chosen, so none repeats)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def node_port_flags(ports: list[int] | None = None) -> list[str]:

@@ -25,9 +25,10 @@ from typing import Any
 
 from dppo.bench.common import Row, add_common_args, machine
 from dppo.bench.docs import emit
-from dppo.bench.local_cluster import LocalCluster, free_ports
+from dppo.bench.local_cluster import LocalCluster
 from dppo.bench.prometheus import Prometheus, prometheus_binary
 from dppo.cli_args import positive
+from dppo.distributed.ports import free_ports
 from dppo.errors import UsageError
 
 SCRAPES_S = 2.0  # two of Prometheus's scrapes (one a second) after the driver reported a round short of actors

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from dppo.bench.local_cluster import free_ports
+from dppo.distributed.ports import free_ports
 
 SCRAPE_INTERVAL_S = 1
 RATE_INTERVAL = f"{4 * SCRAPE_INTERVAL_S}s"  # what Grafana puts for $__rate_interval: 4 x the scrape interval

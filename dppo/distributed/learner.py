@@ -7,7 +7,6 @@ node IP and a free port, handed out through Ray.
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any
 
@@ -15,6 +14,7 @@ import ray
 import torch
 
 from dppo.config import Config
+from dppo.distributed.ports import free_ports
 from dppo.distributed.ray_calls import per_round
 from dppo.envs.user_code import add_import_paths
 from dppo.rl.agent import Weights, export_weights
@@ -57,9 +57,7 @@ class Learner:
 
     def rendezvous(self) -> str:
         """``tcp://ip:port`` of a free port on this node (learner 0's; the group meets there)."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
+        (port,) = free_ports(1)  # below the ephemeral range: no connection takes it before the group binds it
         return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
     def join(self, address: str) -> None:

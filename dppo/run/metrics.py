@@ -69,16 +69,21 @@ PER_POLICY_GAUGES: dict[str, tuple[str, str]] = {
 
 def check_port(host: str, port: int) -> None:
     """The metrics server can listen on host:port (checked before anything is written; the port is let go at
-    once, so a program that takes it in between is still possible, and reported by the server's own error)."""
+    once, so a program may take it before the server binds it: `Exporter.serve` then says the same line)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds it
         try:
             probe.bind((host, port))
         except OSError as err:
-            why = {errno.EADDRINUSE: "another program is listening there", errno.EACCES: "permission denied",
-                   errno.EADDRNOTAVAIL: f"{host} is not an address of this machine"}.get(err.errno, err.strerror)
-            raise UsageError(f"the metrics port {port} on {host} cannot be used ({why}); pass another --metrics-port "
-                             "(metrics.port), or 0 to serve no metrics") from None
+            raise unusable_port(host, port, err) from None
+
+
+def unusable_port(host: str, port: int, err: OSError) -> UsageError:
+    """The one line for a metrics port that cannot be bound: why, and what to pass instead."""
+    why = {errno.EADDRINUSE: "another program is listening there", errno.EACCES: "permission denied",
+           errno.EADDRNOTAVAIL: f"{host} is not an address of this machine"}.get(err.errno or 0, err.strerror)
+    return UsageError(f"the metrics port {port} on {host} cannot be used ({why}); pass another --metrics-port "
+                      "(metrics.port), or 0 to serve no metrics")
 
 
 class Exporter:
@@ -89,7 +94,10 @@ class Exporter:
 
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
         """Start the HTTP exporter; returns the bound port (useful with port 0 in tests)."""
-        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as err:  # taken since check_port (a port in the ephemeral range can be any connection's)
+            raise unusable_port(host, port, err) from None
         return int(self._server.server_port)
 
     def shutdown(self) -> None:

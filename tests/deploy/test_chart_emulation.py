@@ -39,7 +39,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,6 +55,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from dppo.distributed.cluster import RAY_PROCESS_ENV
+from dppo.distributed.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "dppo"
@@ -64,19 +64,6 @@ TOTAL_STEPS = 16384  # 16 iterations of 2 actors x 8 envs x 64 steps (CartPole p
 LINGER_S = 10
 
 pytestmark = pytest.mark.slow  # its module's tests run on one worker (tests/conftest.py ONE_WORKER_MODULES)
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def flags(params: dict[str, str]) -> list[str]:

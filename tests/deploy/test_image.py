@@ -34,7 +34,9 @@ from typing import Any
 import pytest
 import yaml
 from image_build import LEFTOVERS, RAY_VERSION, TORCH_VERSION, DockerImage
-from test_chart_emulation import container_env, flags, free_ports, group_resource_flags, http_status, render
+from test_chart_emulation import container_env, flags, group_resource_flags, http_status, render
+
+from dppo.distributed.ports import free_ports
 
 pytestmark = pytest.mark.slow
 

@@ -22,9 +22,9 @@ import pytest
 import yaml
 from conftest import REPO
 
-from dppo.bench.local_cluster import free_ports
 from dppo.bench.prometheus import RATE_INTERVAL, SCRAPE_INTERVAL_S
 from dppo.bench.prometheus import Prometheus as BenchPrometheus
+from dppo.distributed.ports import free_ports
 from dppo.run.metrics import Metrics
 
 # What ships (tests/deploy/test_dashboard.py checks it equals the generator's output), so no SDK is needed here.

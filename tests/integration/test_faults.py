@@ -228,12 +228,11 @@ def test_metrics_endpoint_answers_every_scrape_at_50_per_second_while_training(
     learner's metrics port while it trains: every one answered, with the live counter (it moves through the env
     steps of the progress records as they are written). How fast it answers is not asserted: a loaded machine
     answers slower, and speed is for benchmarks."""
-    import socket
     import urllib.request
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from dppo.distributed.ports import free_ports
+
+    (port,) = free_ports(1)
     run_dir = tmp_path / "run"
     proc = start_train(dppo_cmd, ray_address, run_dir, "--metrics-port", str(port), "--set",
                        "metrics.host=127.0.0.1", "--set", "run.target_return=null", "--total-steps", "10000000")

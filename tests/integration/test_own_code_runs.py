@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ import numpy as np
 import pytest
 from conftest import progress_records
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from dppo.distributed.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = "examples.own_network.nets:ResidualMLP"
@@ -64,16 +65,10 @@ def test_own_network_on_a_dict_observation_in_the_service_with_two_learners_resu
     assert "cannot import module 'examples.own_network.nets' for model.entry_point" in elsewhere.stderr
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_the_env_info_success_reaches_progress_tensorboard_and_metrics(tmp_path: Path, ray_address: str) -> None:
     """The example network in the actors; the env's info success and distance of the episodes that ended."""
-    run_dir, port = tmp_path / "run", free_port()
+    run_dir, (port,) = tmp_path / "run", free_ports(1)
     proc = subprocess.Popen(
         [sys.executable, "-m", "dppo", "train", "--address", ray_address, "--run-dir", str(run_dir),
          "--env", "dppo/InfoCartPole-v0", "--actors", "1", "--envs-per-actor", "4", "--segment-length", "64",

@@ -18,7 +18,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from session_ray import CPU_TOKENS
 
-from dppo.bench.local_cluster import free_ports
+from dppo.distributed.ports import free_ports
 
 SMALL = {"run.total_steps": 8192, "run.actors": 1, "run.actor_cpus": 0.5, "run.tensorboard": False}
 PBT_ITERATIONS = 5  # of 1 actor x 8 envs x 64 steps (CartPole preset)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dppo.bench.common import parse_counts
+from dppo.distributed.ports import CHOSEN_PORTS_FROM, ephemeral_ports, free_ports
 from dppo.errors import UsageError
 
 
@@ -23,3 +24,14 @@ def test_a_variants_values_keep_their_bracketed_commas() -> None:
     assert parse_variant("separate:policies.x=[x_0],policies.y={a: 1, b: [2,3]}") == (
         "separate", ["policies.x=[x_0]", "policies.y={a: 1, b: [2,3]}"])
     assert parse_variant("plain") == ("plain", [])
+
+
+def test_ports_chosen_for_later_lie_below_the_ephemeral_range_and_differ() -> None:
+    """A port chosen there could become a connection's local port before its service binds it (a clean-clone CI
+    lost a run's metrics port so)."""
+    low, high = ephemeral_ports()
+    assert 1024 <= low <= high
+    ports = free_ports(8)
+    assert len(set(ports)) == 8
+    if low - CHOSEN_PORTS_FROM >= 1000:  # the machine leaves room below its range (Linux's default does)
+        assert all(CHOSEN_PORTS_FROM <= port < low for port in ports), ports

@@ -8,6 +8,7 @@ constant 1, low-cardinality labels from a fixed set.
 from __future__ import annotations
 
 import re
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
+from dppo.errors import UsageError
 from dppo.run.metrics import Metrics
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -158,3 +160,15 @@ def test_a_sweep_keeps_the_series_of_live_trials_only() -> None:
     assert metrics.registry.get_sample_value("dppo_iteration", {"trial": "t_00001"}) == 1
     assert metrics.registry.get_sample_value("dppo_episode_return_mean", {"trial": "t_00001"}) is None  # none yet
     assert metrics.registry.get_sample_value("dppo_env_steps_total", {"trial": "t_00001"}) == 64
+
+
+def test_a_metrics_port_taken_after_its_check_is_the_same_one_line() -> None:
+    """Taken between `check_port` and the server's bind (by a connection's local port, say): bad input in one
+    line, not the HTTP server's traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(UsageError, match=rf"^the metrics port {port} on 127.0.0.1 cannot be used \(another "
+                                             r"program is listening there\); pass another --metrics-port"):
+            Metrics("CartPole-v1", "test-run").serve(port, "127.0.0.1")
