@@ -8,6 +8,7 @@ in between (a Ray driver opens many), and its bind then fails. They lie above Ra
 
 from __future__ import annotations
 
+import itertools
 import random
 import socket
 from pathlib import Path
@@ -18,11 +19,12 @@ CHOSEN_PORTS_FROM = 20000
 def free_ports(count: int) -> list[int]:
     """``count`` distinct free ports on this machine, from CHOSEN_PORTS_FROM up to the ephemeral range (held
     together while chosen, so none repeats; the kernel's choice where that range is empty)."""
-    low = ephemeral_ports()[0]
-    candidates = random.SystemRandom().sample(range(CHOSEN_PORTS_FROM, low), max(0, low - CHOSEN_PORTS_FROM))
+    span = range(CHOSEN_PORTS_FROM, max(CHOSEN_PORTS_FROM, ephemeral_ports()[0]))
+    first = random.SystemRandom().randrange(len(span)) if span else 0  # processes choosing at once start apart
+    candidates = (span[(first + i) % len(span)] for i in range(len(span)))
     sockets: list[socket.socket] = []
     try:
-        for port in [*candidates, *[0] * count]:  # port 0: the kernel's choice, once the range is used up
+        for port in itertools.chain(candidates, [0] * count):  # port 0: the kernel's choice, once the range is used up
             if len(sockets) == count:
                 break
             s = socket.socket()

@@ -80,7 +80,7 @@ def check_port(host: str, port: int) -> None:
 
 def unusable_port(host: str, port: int, err: OSError) -> UsageError:
     """The one line for a metrics port that cannot be bound: why, and what to pass instead."""
-    why = {errno.EADDRINUSE: "another program is listening there", errno.EACCES: "permission denied",
+    why = {errno.EADDRINUSE: "something on this machine holds it", errno.EACCES: "permission denied",
            errno.EADDRNOTAVAIL: f"{host} is not an address of this machine"}.get(err.errno or 0, err.strerror)
     return UsageError(f"the metrics port {port} on {host} cannot be used ({why}); pass another --metrics-port "
                       "(metrics.port), or 0 to serve no metrics")

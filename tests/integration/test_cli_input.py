@@ -175,5 +175,5 @@ def test_a_metrics_port_in_use_is_bad_input_before_anything_is_written(workdir: 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"the metrics port {port} on 127.0.0.1 cannot be used" in err, err
-    assert "another program is listening there" in err and "--metrics-port" in err
+    assert "something on this machine holds it" in err and "--metrics-port" in err
     assert snapshot(workdir) == before and not (workdir / "new-run").exists()

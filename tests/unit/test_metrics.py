@@ -169,6 +169,6 @@ def test_a_metrics_port_taken_after_its_check_is_the_same_one_line() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(UsageError, match=rf"^the metrics port {port} on 127.0.0.1 cannot be used \(another "
-                                             r"program is listening there\); pass another --metrics-port"):
+        with pytest.raises(UsageError, match=rf"^the metrics port {port} on 127.0.0.1 cannot be used \(something "
+                                             r"on this machine holds it\); pass another --metrics-port"):
             Metrics("CartPole-v1", "test-run").serve(port, "127.0.0.1")
