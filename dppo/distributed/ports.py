@@ -21,10 +21,9 @@ def free_ports(count: int) -> list[int]:
     together while chosen, so none repeats; the kernel's choice where that range is empty)."""
     span = range(CHOSEN_PORTS_FROM, max(CHOSEN_PORTS_FROM, ephemeral_ports()[0]))
     first = random.SystemRandom().randrange(len(span)) if span else 0  # processes choosing at once start apart
-    candidates = (span[(first + i) % len(span)] for i in range(len(span)))
     sockets: list[socket.socket] = []
-    try:
-        for port in itertools.chain(candidates, [0] * count):  # port 0: the kernel's choice, once the range is used up
+    try:  # port 0 last: the kernel's choice, once the range is used up
+        for port in itertools.chain(span[first:], span[:first], [0] * count):
             if len(sockets) == count:
                 break
             s = socket.socket()
