@@ -284,11 +284,13 @@ def peer_venv() -> Path:
     return python
 
 
-# Modules whose tests share processes of the module's own (an emulated cluster, the image): `pytest -n`
-# runs each on one worker, every other test wherever a worker is free. (xdist's `--dist loadgroup` would do it from
-# marks, but does not group with pytest 9.2: pytest-dev/pytest-xdist#1386.)
+# Modules whose tests share processes of the module's own (an emulated cluster, the image) or a module fixture that
+# takes seconds (the solved tic-tac-toe tree): `pytest -n` runs each on one worker, every other test wherever a worker
+# is free. (xdist's `--dist loadgroup` would do it from marks, but does not group with pytest 9.2:
+# pytest-dev/pytest-xdist#1386.)
 ONE_WORKER_MODULES = {"tests/deploy/test_chart_emulation.py", "tests/deploy/test_image.py",
-                      "tests/integration/test_node_loss.py", "tests/integration/test_cluster.py"}
+                      "tests/integration/test_node_loss.py", "tests/integration/test_cluster.py",
+                      "tests/unit/test_minimax.py"}
 SLOW_RESOURCES = ("docker_image", "peer_python")  # session fixtures that take minutes to make
 
 

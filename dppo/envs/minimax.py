@@ -53,15 +53,18 @@ class Minimax:
         return self._values_here(self._replay(seed, moves), seed, moves, depth)
 
     def _values_here(self, env: Any, seed: int | None, moves: list[Any], depth: int | None) -> dict[int, float]:
-        """The values of the position the scratch env is in (``moves`` from the reset): a child is reached by one
-        replay, not two (replays are where a search spends its time)."""
+        """The values of the position the scratch env is in (``moves`` from the reset). The first move is tried from
+        the env as it is; each further one needs the position replayed (replays are where a search spends its time)."""
         key = position_key(env, -1 if depth is None else depth)
         if key not in self.memory:
-            self.memory[key] = {action: self._after(seed, moves, action, depth) for action in legal_actions(env)}
+            values = {}
+            for n, action in enumerate(legal_actions(env)):
+                values[action] = self._after(env if n == 0 else self._replay(seed, moves), seed, moves, action, depth)
+            self.memory[key] = values
         return self.memory[key]
 
-    def _after(self, seed: int | None, moves: list[Any], action: int, depth: int | None) -> float:
-        env = self._replay(seed, moves)
+    def _after(self, env: Any, seed: int | None, moves: list[Any], action: int, depth: int | None) -> float:
+        """The value of ``action`` for the player to move in ``env``, which is at the position of ``moves``."""
         mover = env.agent_selection
         env.step(action)
         if env.terminations.get(mover, False) or env.truncations.get(mover, False) or not env.agents:
@@ -89,24 +92,25 @@ def worst_case(make_env: Callable[[], Any], choose: Callable[[Any], Any], seat: 
             scratch.step(move)
         return scratch
 
-    def value(moves: list[Any]) -> float:
-        env = replay(moves)
+    def value(env: Any, moves: list[Any]) -> float:
+        """The least score from the position ``env`` is in (``moves`` from the reset); its first line is followed
+        in ``env`` itself, each further one from a replay."""
         key = position_key(env, -1)
         if key not in memory:
             mover = env.agent_selection
             actions = [choose(env.observe(mover))] if mover == player else legal_actions(env)
             scores = []
-            for action in actions:
-                env = replay(moves)
+            for n, action in enumerate(actions):
+                env = env if n == 0 else replay(moves)
                 env.step(action)
                 if not env.agents or env.terminations.get(player, False) or env.truncations.get(player, False):
                     scores.append(float(np.sign(env.rewards.get(player, 0.0))))
                 else:
-                    scores.append(value([*moves, action]))
+                    scores.append(value(env, [*moves, action]))
             memory[key] = min(scores)
         return memory[key]
 
-    return value([])
+    return value(replay([]), [])
 
 
 class MinimaxOpponents:
