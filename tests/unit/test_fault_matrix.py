@@ -81,7 +81,7 @@ def row_sampler(config: Config, stack: ExitStack) -> Sampler:
     games = SelfPlayGames(config, seed=11)
     make_envs = games.make_envs
     if config.env.vectorization == "ale":
-        make_envs = lambda cfg: RaiseEvery(make_vector_env(cfg), every=20)  # noqa: E731
+        make_envs = lambda cfg: RaiseEvery(make_vector_env(cfg), every=50)  # noqa: E731
     sampler = actor_sampler(config, 0, 11, spec, make_envs)
     stack.callback(sampler.close)
     if config.run.inference == "server":
