@@ -1,5 +1,5 @@
 """Two-player turn-based games by self-play, without Ray: the learner's seat against an opponent in a vector env,
-the league's pool and Elo, the minimax player, and the opponents `dppo eval` builds."""
+the league's pool and Elo, and the opponents `dppo eval` builds (the minimax player: tests/unit/test_minimax.py)."""
 
 from __future__ import annotations
 
