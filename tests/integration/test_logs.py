@@ -56,13 +56,13 @@ def test_json_log_lines_equal_the_progress_records(tmp_path: Path, dppo_cmd: lis
     assert logged == progress
     for record in logged:
         assert record.keys() >= RECORD_KEYS, f"missing {sorted(RECORD_KEYS - record.keys())}"
-    # checkpoint_s times the checkpoint's write where one was due (iterations 2 and 4, their files on disk): about
-    # 10 ms here, against the few microseconds of an iteration that only checked whether one was due (an empty phase
-    # right after a write takes ~2 us, one after none ~0.5 us: hence a factor, not a bare ordering)
-    saving = {r["iteration"]: r["checkpoint_s"] for r in logged if r["iteration"] % CHECKPOINT_EVERY == 0}
-    skipping = [r["checkpoint_s"] for r in logged if r["iteration"] % CHECKPOINT_EVERY]
+    # checkpoint_s is a duration in every record, and the checkpoints written are those of the iterations due one
+    # (2 and 4). That it times the write and nothing else: tests/unit/test_coordinator.py, on a fake clock (a
+    # comparison of the two kinds of iteration here failed a clean-clone CI at load 5: an iteration that wrote
+    # nothing read 4.1 ms, one that wrote 9.3 ms)
+    saving = [r["iteration"] for r in logged if r["iteration"] % CHECKPOINT_EVERY == 0]
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.pt")) == [f"ckpt-{i:08d}.pt" for i in saving]
-    assert min(saving.values()) > 10 * max(skipping), [(r["iteration"], r["checkpoint_s"]) for r in logged]
+    assert all(isinstance(r["checkpoint_s"], float) and r["checkpoint_s"] >= 0 for r in logged), logged
     assert [r["iteration"] for r in logged] == [1, 2, 3, 4]
     assert logged[-1]["env_steps"] == summary["env_steps"] == 2048
 

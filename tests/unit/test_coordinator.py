@@ -6,6 +6,7 @@ actor and fault counts."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from dppo.config import Config, load_config
 from dppo.distributed.actor import Actor
 from dppo.distributed.actor_pool import ActorPool
 from dppo.envs.make import env_spec
+from dppo.run import timing
 from dppo.run.coordinator import Coordinator
 
 pytestmark = pytest.mark.usefixtures("keep_signal_handlers")  # tests/conftest.py
@@ -80,3 +82,35 @@ def test_a_run_that_loses_an_actor_trains_on_fewer_segments_until_its_replacemen
     assert calls.actors[1].killed and calls.actors[2].index == 1 and calls.actors[2].calls_made == 2
     log = (tmp_path / "train.log").read_text()
     assert "actor 1 crashed (RayActorError: " in log and "actor 1 back after 1.0 s: 2 of 2 actors alive" in log
+
+
+class IterationClock:
+    """dppo.run.timing's clock, faked: a microsecond per reading, and a whole second for each checkpoint written."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def test_checkpoint_s_times_the_write_where_one_is_due(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """checkpoint_s is the phase that writes the checkpoint every run.checkpoint_every iterations: the write's
+    second in those, nothing in the others (a fake clock: a busy machine's pauses cannot move it)."""
+    clock = IterationClock()
+    monkeypatch.setattr(timing, "time", clock)
+    write = Coordinator._checkpoint
+
+    def written(self: Coordinator) -> None:
+        write(self)
+        clock.now += 1.0
+
+    monkeypatch.setattr(Coordinator, "_checkpoint", written)
+    cfg = config(total_steps=4 * 2 * ENVS * STEPS).model_copy(deep=True)
+    cfg.run.checkpoint_every = 2
+    _, records, _ = run(cfg, tmp_path, lambda i, n: Script())
+    assert [round(r["checkpoint_s"], 3) for r in records] == [0.0, 1.0, 0.0, 1.0]
