@@ -81,27 +81,15 @@ def strict(schema: Any) -> Any:
     return schema
 
 
-@pytest.fixture(scope="module")
-def cr_schemas() -> dict[tuple[str, str, str], dict[str, Any]]:
-    root = Path(__file__).parent / "schemas"  # vendored: tests/deploy/schemas/VERSIONS, update.py
-    schemas = {}
-    for path in root.glob("*/*.json"):
-        kind, version = path.stem.rsplit("_", 1)
-        schemas[(path.parent.name, kind, version)] = strict(json.loads(path.read_text()))
-    assert schemas, f"no schemas under {root}"
-    return schemas
-
-
-# A validator per custom resource schema, its schema checked against the metaschema once: `jsonschema.validate` checks
-# it again at every call (without it this module took 107 s against 95 s on one process).
-CR_VALIDATORS: dict[tuple[str, str, str], jsonschema.Draft7Validator] = {}
+SCHEMAS = Path(__file__).parent / "schemas"  # vendored: tests/deploy/schemas/VERSIONS, update.py
 
 
 @functools.cache
 def checked_validator(path: Path, strict_fields: bool = False) -> jsonschema.protocols.Validator:
     """A validator of the JSON schema file ``path`` (:func:`strict` if asked), of the draft the schema names, its
     schema checked against that draft's metaschema once per worker: `jsonschema.validate` checks it again at every
-    call, 12.9 s of this module's 95 s on one process for the chart's and KubeRay 1.5.1's schemas."""
+    call (this module took 107 s against 95 s on one process for the custom resources' schemas, and 12.9 s more for
+    the chart's and KubeRay 1.5.1's)."""
     schema = json.loads(path.read_text())
     schema = strict(schema) if strict_fields else schema
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
@@ -109,14 +97,10 @@ def checked_validator(path: Path, strict_fields: bool = False) -> jsonschema.pro
     return cls(schema)
 
 
-def validate_object(obj: dict[str, Any], cr_schemas: dict[tuple[str, str, str], dict[str, Any]]) -> None:
+def validate_object(obj: dict[str, Any]) -> None:
     group, _, version = obj["apiVersion"].rpartition("/")
     if group in CR_GROUPS:
-        key = (group, obj["kind"].lower(), version)
-        if key not in CR_VALIDATORS:
-            jsonschema.Draft7Validator.check_schema(cr_schemas[key])
-            CR_VALIDATORS[key] = jsonschema.Draft7Validator(cr_schemas[key])
-        CR_VALIDATORS[key].validate(obj)
+        checked_validator(SCHEMAS / group / f"{obj['kind'].lower()}_{version}.json", strict_fields=True).validate(obj)
     else:
         for version in K8S_VERSIONS:
             kubernetes_validate.validate(obj, version, strict=True)
@@ -152,10 +136,10 @@ def test_helm_lint_strict_passes(helm_bin: str, values: str) -> None:
 
 
 @pytest.mark.parametrize("values", MATRIX)
-def test_rendered_objects_are_valid(helm_bin: str, cr_schemas: dict, values: str) -> None:
+def test_rendered_objects_are_valid(helm_bin: str, values: str) -> None:
     objects = render(helm_bin, "-f", str(VALUES_DIR / f"{values}.yaml"))
     for obj in objects:
-        validate_object(obj, cr_schemas)
+        validate_object(obj)
     # The training config is a complete, valid dppo config.
     validate_config(training_config(objects))
 
@@ -446,7 +430,7 @@ def actor_group(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return next(g for g in groups if g["groupName"] == "actors")
 
 
-def test_autoscaling_renders_the_autoscaler_and_the_actor_group_bounds(helm_bin: str, cr_schemas: dict) -> None:
+def test_autoscaling_renders_the_autoscaler_and_the_actor_group_bounds(helm_bin: str) -> None:
     """autoscaling.enabled: KubeRay's in-tree autoscaler with the chart's options and a restricted sidecar, and
     the actor group between minReplicas and maxReplicas, starting with what `actors` needs."""
     objects = render(helm_bin, "-f", str(VALUES_DIR / "autoscaling.yaml"))
@@ -456,7 +440,7 @@ def test_autoscaling_renders_the_autoscaler_and_the_actor_group_bounds(helm_bin:
     broken = copy.deepcopy(rayjob)
     broken["spec"]["rayClusterSpec"]["autoscalerOptions"]["idleTimeoutSecond"] = 60
     with pytest.raises(jsonschema.ValidationError):
-        validate_object(broken, cr_schemas)
+        validate_object(broken)
     assert cluster["enableInTreeAutoscaling"] is True
     assert cluster["autoscalerOptions"] == {
         "version": "v2", "upscalingMode": "Conservative", "idleTimeoutSeconds": 120,
@@ -627,7 +611,7 @@ def test_kuberay_minimum_version_is_the_one_the_rayjob_needs(helm_bin: str) -> N
     assert "dppo:latest" not in (REPO / "docs" / "kubernetes.md").read_text()  # make image tags dppo:0.1.0
 
 
-KUBERAY_151_RAYJOB = Path(__file__).parent / "schemas" / "kuberay-v1.5.1" / "ray.io" / "rayjob_v1.json"
+KUBERAY_151_RAYJOB = SCHEMAS / "kuberay-v1.5.1" / "ray.io" / "rayjob_v1.json"
 
 
 @pytest.mark.parametrize("values", ["defaults", "persistence", "kueue", "volcano", "spot"])
@@ -862,18 +846,18 @@ def test_schema_covers_every_value() -> None:
         validator.validate(bad)
 
 
-def test_validation_rejects_unknown_fields(helm_bin: str, cr_schemas: dict) -> None:
+def test_validation_rejects_unknown_fields(helm_bin: str) -> None:
     """The checks above would catch a misspelt field in any object, custom resources included."""
     objects = render(helm_bin)
     for obj in objects:
         broken = copy.deepcopy(obj)
         broken["spec" if "spec" in broken else "metadata"]["misspelt"] = 1
         with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
-            validate_object(broken, cr_schemas)
+            validate_object(broken)
     broken = copy.deepcopy(one(objects, "RayJob"))
     head_container(broken)["imagePullPolicy "] = "Always"
     with pytest.raises(jsonschema.ValidationError):
-        validate_object(broken, cr_schemas)
+        validate_object(broken)
 
 
 def kuberay_admission_errors(rayjob: dict[str, Any]) -> list[str]:
@@ -1199,7 +1183,7 @@ def test_cleanup_frees_the_workers_at_once_and_keeps_the_head_on_failure(helm_bi
     ("none", "ignored", {}),
 ])
 def test_one_admission_labels_the_rayjob_and_every_pod_gets_the_priority(
-        helm_bin: str, cr_schemas: dict, admission: str, queue: str, labels: dict[str, str]) -> None:
+        helm_bin: str, admission: str, queue: str, labels: dict[str, str]) -> None:
     """The labels KubeRay v1.7.0's batch schedulers (batchscheduler/*) and Kueue's RayJob integration read; KubeRay
     copies the RayJob's labels to its RayCluster. Only the chosen admission's labels; priorityClassName on every pod
     the chart creates (the helm test pod too)."""
@@ -1212,7 +1196,7 @@ def test_one_admission_labels_the_rayjob_and_every_pod_gets_the_priority(
     pods = containers(objects)
     assert len(pods) == 5 and all(spec["priorityClassName"] == "low" for spec, _ in pods)
     for obj in objects:
-        validate_object(obj, cr_schemas)
+        validate_object(obj)
     assert kuberay_admission_errors(rayjob) == []
     assert "priorityClassName" not in str(render(helm_bin))
 

@@ -26,11 +26,12 @@ pytestmark = pytest.mark.usefixtures("keep_signal_handlers")  # tests/conftest.p
 ENVS, STEPS = 2, 32  # per actor: each segment is ENVS x STEPS env steps
 
 
-def config(total_steps: int) -> Config:
+def config(total_steps: int, checkpoint_every: int = 100) -> Config:
     return load_config(overrides={
         "env.id": "CartPole-v1", "env.num_envs": ENVS, "ppo.segment_length": STEPS, "ppo.minibatch_size": 64,
         "ppo.epochs": 1, "model.hidden_sizes": [8], "run.actors": 2, "run.total_steps": total_steps,
-        "run.target_return": None, "run.tensorboard": False, "run.checkpoint_every": 100, "run.seed": 3})
+        "run.target_return": None, "run.tensorboard": False, "run.checkpoint_every": checkpoint_every,
+        "run.seed": 3})
 
 
 def run(cfg: Config, run_dir: Path, script) -> tuple[dict[str, Any], list[dict[str, Any]], FakeRayCalls]:
@@ -110,7 +111,5 @@ def test_checkpoint_s_times_the_write_where_one_is_due(tmp_path: Path, monkeypat
         clock.now += 1.0
 
     monkeypatch.setattr(Coordinator, "_checkpoint", written)
-    cfg = config(total_steps=4 * 2 * ENVS * STEPS).model_copy(deep=True)
-    cfg.run.checkpoint_every = 2
-    _, records, _ = run(cfg, tmp_path, lambda i, n: Script())
+    _, records, _ = run(config(total_steps=4 * 2 * ENVS * STEPS, checkpoint_every=2), tmp_path, lambda i, n: Script())
     assert [round(r["checkpoint_s"], 3) for r in records] == [0.0, 1.0, 0.0, 1.0]
