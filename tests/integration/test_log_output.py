@@ -98,7 +98,8 @@ def test_the_last_line_counts_env_failures_in_a_run_shorter_than_the_count_line(
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["env_failures"] == 1 and summary["wall_s"] < 30, summary
+    assert summary["env_failures"] == 1, summary
+    assert "env failures:" not in done.stdout  # no count line said it (one failure never makes one)
     last = done.stdout.splitlines()[-1]
     assert re.fullmatch(r"stopped \(total_steps\): return \S+ after 1,024 env steps, 2 iterations, \d+\.\d s training, "
                         r"\d+\.\d s from launch; 1 env failure -> .*summary\.json", last), last
