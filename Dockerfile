@@ -28,14 +28,16 @@ ARG TORCH_INDEX_URL=""
 # stays flat over hours; the RAY_ variables keep the GCS's history of tasks, dead actors and dead workers to the
 # recent past, so it stays flat however often a run's processes are replaced; a node that starts on a busy machine
 # gets 120 s to register, not Ray's 30 (dppo.distributed.cluster.RAY_PROCESS_ENV says why; a local Ray started by
-# dppo gets the same).
+# dppo gets the same); Ray's metrics take the path whose agent forgets dead workers without a Prometheus scrape
+# (dppo.distributed.cluster.RAY_METRICS_PATH).
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     MALLOC_CONF=background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1,tcache:false \
     RAY_task_events_max_num_task_in_gcs=300 \
     RAY_maximum_gcs_destroyed_actor_cached_count=100 \
     RAY_maximum_gcs_dead_worker_cached_count=100 \
-    RAY_raylet_start_wait_time_s=120
+    RAY_raylet_start_wait_time_s=120 \
+    RAY_enable_open_telemetry=0
 # The wheel is bind-mounted, not copied: no layer of the final image holds it or any build tool.
 RUN --mount=type=bind,from=wheel,source=/tmp/wheels,target=/tmp/wheels \
     set -eu; \
