@@ -52,12 +52,12 @@ RAY_GCS_HISTORY = {"RAY_task_events_max_num_task_in_gcs": "300", "RAY_maximum_gc
 # global_state_accessor.cc): a node that registers sooner is not slowed.
 RAY_NODE_START_WAIT = {"RAY_raylet_start_wait_time_s": "120"}
 # Ray's metrics reach Prometheus through each node's dashboard agent. On its default OpenTelemetry path the agent
-# drops a dead worker's gauges only when its metrics port is scraped (ray-project/ray#64633), and keeps every job's
-# and worker's counters: a node nobody scrapes (the chart's monitoring is off by default, a local Ray has no scraper)
-# grew its agent about 43 KiB for each worker that came and went (155.6 MiB after 400 workers from 134.7), and each
-# job attempt 150-180 KiB with a scrape each minute. On the OpenCensus path the agent drops a dead worker's series
-# every report (5 s) whether scraped or not: the same 400 workers +6.3 MiB and flattening, the jobs about 40-90 KiB
-# each (readings by hand, docs/faults.md). The same metric names are served either way.
+# drops a dead worker's gauges only when its metrics port is scraped (ray-project/ray#64633): a node nobody scrapes
+# (the chart's monitoring is off by default, a local Ray has no scraper) grew its agent about 43 KiB for each worker
+# that came and went (134.7 -> 155.6 MiB over 400 workers), and each job attempt 150-180 KiB with a scrape each
+# minute. On the OpenCensus path the agent drops the series of a worker silent for 120 s at its next report (every
+# 5 s), scraped or not: the same 400 workers +6.3 MiB and flattening, the jobs 40-90 KiB each (readings by hand,
+# docs/faults.md). The same metric names are served either way.
 RAY_METRICS_PATH = {"RAY_enable_open_telemetry": "0"}
 RAY_PROCESS_ENV = {"MALLOC_CONF": RAY_MALLOC_CONF, **RAY_GCS_HISTORY, **RAY_NODE_START_WAIT,
                    **RAY_METRICS_PATH}  # the image's ENV too
