@@ -57,7 +57,7 @@ RAY_NODE_START_WAIT = {"RAY_raylet_start_wait_time_s": "120"}
 # that came and went (134.7 -> 155.6 MiB over 400 workers), and each job attempt 150-180 KiB with a scrape each
 # minute. On the OpenCensus path the agent drops the series of a worker silent for 120 s at its next report (every
 # 5 s), scraped or not: the same 400 workers +6.3 MiB and flattening, the jobs 40-90 KiB each (readings by hand,
-# docs/faults.md). The same metric names are served either way.
+# docs/faults.md). The same metric names are served either way but three (docs/faults.md).
 RAY_METRICS_PATH = {"RAY_enable_open_telemetry": "0"}
 RAY_PROCESS_ENV = {"MALLOC_CONF": RAY_MALLOC_CONF, **RAY_GCS_HISTORY, **RAY_NODE_START_WAIT,
                    **RAY_METRICS_PATH}  # the image's ENV too
