@@ -38,7 +38,9 @@ from test_chart_emulation import container_env, flags, group_resource_flags, htt
 
 from dppo.distributed.ports import free_ports
 
-pytestmark = pytest.mark.slow
+# pytest-timeout counts a test's fixtures too, and the first test here bears the session's image build: 654 s and
+# 880 s of it in two clean-clone CIs of one evening, the second past the suite's 900 s while its container trained.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 def submit(pods: Pods, submitter: list[str], address: str, args: list[str], tries: int = 3) -> None:

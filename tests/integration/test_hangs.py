@@ -19,7 +19,9 @@ import psutil
 import pytest
 from conftest import run_workers
 
-TIMEOUT_S = 6  # faults.hang_timeout_s: well above an iteration of these small runs, well under a test's patience
+# faults.hang_timeout_s: well above a segment of these small runs on a loaded machine, well under a test's patience.
+# 6 s was not: a clean-clone CI at high load had every served actor's 64-step segment take longer, 11 times over.
+TIMEOUT_S = 15
 
 
 def records(run_dir: Path) -> list[dict]:
