@@ -139,9 +139,16 @@ class Pods:
         out = self.image.docker("logs", name)
         return out.stdout + out.stderr
 
+    def running(self, name: str) -> bool:
+        return self.image.docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip() == "true"
+
     def wait_for_log(self, name: str, text: str, timeout: float = 120) -> None:
+        """``text`` in the container's output; its exiting first, or the deadline, fails the test with its log."""
         deadline = time.monotonic() + timeout
         while text not in self.logs(name):
+            if not self.running(name):
+                assert text in self.logs(name), f"{name}: exited before {text!r}\n{self.logs(name)[-3000:]}"
+                return
             assert time.monotonic() < deadline, f"{name}: no {text!r}\n{self.logs(name)[-3000:]}"
             time.sleep(1)
 
@@ -197,7 +204,10 @@ def test_chart_pods_as_containers_train_and_survive_a_lost_worker(helm_bin: str,
                   f"--dashboard-agent-listen-port={node_ports[1]}", f"--dashboard-agent-grpc-port={node_ports[2]}",
                   f"--runtime-env-agent-port={node_ports[3]}", "--object-store-memory=100000000",
                   "--node-ip-address=127.0.0.1", "--disable-usage-stats"])
-        deadline = time.monotonic() + 240  # the head's own start may take 120 s to register (the image's ENV)
+        # A worker's `ray start` looks the head node up in the GCS 20 times, 2 s apart, and exits if it is not there:
+        # the head's node must have registered (its own wait: 120 s, the image's ENV), not only its GCS answer.
+        pods.wait_for_log(pods.names[0], "Ray runtime started", timeout=240)
+        deadline = time.monotonic() + 60
         while http_status(f"http://127.0.0.1:{dash}/api/gcs_healthz") != 200:
             assert time.monotonic() < deadline, pods.logs(pods.names[0])[-3000:]
             time.sleep(1)
