@@ -66,6 +66,8 @@ class LocalCluster:
         self.env.setdefault("RAY_raylet_start_wait_time_s", "30")
         with_ray_process_env(self.env)
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
+        # name -> what it was started with, its command (or the function that gives it) and env: a restart runs it
+        self.commands: dict[str, tuple[list[str] | Callable[[], list[str]], dict[str, str] | None]] = {}
         self.address = ""
         self.dashboard = ""  # the job API's address (http://...), when the head serves one
 
@@ -79,6 +81,7 @@ class LocalCluster:
         started is gone before the next begins (a process in uninterruptible I/O outlives its SIGKILL a while, its
         ports still bound: a function gives the next try ports of its own)."""
         first = ""
+        self.commands[name] = (args, env)
         for attempt in range(tries):
             log_name = name if attempt == 0 else f"{name}-restart-{attempt}"
             log = open(self.root / f"{log_name}.log", "wb")  # noqa: SIM115 (closed with the node's life)
@@ -121,6 +124,21 @@ class LocalCluster:
         """A worker node joining the head (one at a time: two raylets registering at once can time out)."""
         self.start(name, lambda: [RAY, "start", f"--address={self.address}", "--block", f"--num-cpus={cpus}",
                                   *node_port_flags(), *self._common(), *extra], wait=wait)
+
+    def restart_if_exited(self, name: str) -> bool:
+        """A node whose `ray start` exited (it gave up on Ray's 30 s for its raylet to register, which a loaded
+        machine can take) started again with its command (ports of its own), as a pod's container is, without
+        waiting; True when it was. What the exited try left in its process group is killed first, and its log kept
+        beside (``NAME-exited-K.log``)."""
+        node = self.nodes.get(name)
+        if node is None or node.poll() is None:
+            return False
+        kill_group(node.pid)
+        exited = len(list(self.root.glob(f"{name}-exited-*.log")))
+        (self.root / f"{name}.log").rename(self.root / f"{name}-exited-{exited + 1}.log")
+        args, env = self.commands[name]
+        self.start(name, args, env, wait=False)
+        return True
 
     def processes(self) -> list[psutil.Process]:
         """Every live process of this cluster: the nodes' `ray start` processes and their descendants (raylets,

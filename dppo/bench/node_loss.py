@@ -67,6 +67,7 @@ class Timeline:
     records: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # (seen at, progress record)
     killed_at: float = 0.0
     back_at: float | None = None
+    node_starts: int = 0  # tries of the node's start once it comes back (a loaded machine can need more than one)
     degraded: dict[str, float | None] = field(default_factory=dict)
 
     def first_short_round(self, actors: int) -> float | None:
@@ -143,7 +144,10 @@ def follow(scenario: Scenario, cluster: LocalCluster, driver: subprocess.Popen, 
         if (scenario.down_s is not None and timeline.killed_at and timeline.back_at is None
                 and down >= scenario.down_s and (prometheus is None or timeline.degraded)):
             timeline.back_at = time.monotonic()  # the node (pod) starts: Ray's own start-up counts
-            cluster.start_worker(victim, scenario.cpus_per_worker)
+            cluster.start_worker(victim, scenario.cpus_per_worker, wait=False)
+            timeline.node_starts = 1
+        elif timeline.back_at is not None and cluster.restart_if_exited(victim):
+            timeline.node_starts += 1  # its start gave up: the pod's container is restarted, as Kubernetes does
         time.sleep(0.05)
     timeline.records += [(time.monotonic(), r) for r in progress_lines(run_dir / "progress.jsonl",
                                                                        len(timeline.records))]

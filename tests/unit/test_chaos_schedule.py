@@ -353,3 +353,35 @@ def test_a_node_whose_start_exits_is_started_again_and_its_leftovers_go(tmp_path
         for proc in local.nodes.values():
             proc.kill()
             proc.wait()
+
+
+def test_a_node_whose_start_gives_up_later_is_started_again_with_its_command(tmp_path: Path) -> None:
+    """A node started without waiting (one coming back while a run goes on) whose `ray start` then exits is started
+    again by ``restart_if_exited`` with the command made afresh, its leftovers killed and its log kept; a node that
+    runs is left alone."""
+    local = LocalCluster({}, root=tmp_path)
+    made = iter(range(3))
+
+    def command() -> list[str]:
+        n = next(made)  # the first try leaves a child behind and gives up; the second runs
+        if n == 0:
+            return ["sh", "-c", f'sleep 300 & echo $! > {tmp_path}/left; echo "try 0"; exit 1']
+        return ["sh", "-c", f'echo "try {n}"; echo "Ray runtime started."; exec sleep 300']
+
+    try:
+        local.start("worker", command, env=dict(os.environ), wait=False)
+        local.nodes["worker"].wait(timeout=30)
+        assert local.restart_if_exited("worker")
+        left = int((tmp_path / "left").read_text())
+        assert not psutil.pid_exists(left) or psutil.Process(left).status() == psutil.STATUS_ZOMBIE
+        assert "try 0" in local.log("worker-exited-1")
+        deadline = time.monotonic() + 10
+        while "Ray runtime started" not in local.log("worker"):
+            assert time.monotonic() < deadline and local.nodes["worker"].poll() is None, local.log("worker")
+            time.sleep(0.1)
+        assert "try 1" in local.log("worker") and not local.restart_if_exited("worker")
+        assert not local.restart_if_exited("never-started")
+    finally:
+        for proc in local.nodes.values():
+            proc.kill()
+            proc.wait()
