@@ -36,7 +36,6 @@ from dppo.bench.chaos_cluster import (
     probe,
     run_processes_left,
     saved_token,
-    start_worker,
 )
 from dppo.bench.chaos_curves import plot_long_run
 from dppo.bench.chaos_growth import MIN_FIT_SAMPLES, readings, tables_text
@@ -180,16 +179,9 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         if local is not None:
             say.say(f"starting a local cluster: a head and {args.workers} worker node{'s' * (args.workers > 1)} of "
                     f"{cpus} CPUs (out: {out})")
-            for attempt in range(3):  # a port chosen free can be taken by another process before Ray binds it
-                try:
-                    local.start_head(0, dashboard=True)
-                    break
-                except RuntimeError:
-                    local.kill("head")
-                    if attempt == 2:
-                        raise
-            for i in range(1, args.workers + 1):
-                start_worker(local, f"worker-{i}", cpus)  # each alone holds the run: one may be down
+            local.start_head(0, dashboard=True)  # a `ray start` that exits (a port taken first) is tried again
+            for i in range(1, args.workers + 1):  # each alone holds the run: one may be down
+                local.start_worker(f"worker-{i}", cpus, timeout=600)  # a shared 2-core machine took over 120 s
             dashboard = local.dashboard
         cluster = Cluster(dashboard, env, local, str(out))
         chaos = Chaos(cluster, out, entrypoint, list(plan), args.seed, args.node_down_s, cpus, say, args.every_kind)

@@ -202,23 +202,6 @@ def probe(address: str, token: str) -> str:
     return url.rstrip("/")
 
 
-def start_worker(local: LocalCluster, name: str, cpus: int, tries: int = 3, timeout_s: float = 600.0) -> None:
-    """A worker node, tried again when it exits before it started (a loaded machine times its raylet's
-    registration out); each try waits up to ``timeout_s`` for it (a shared 2-core machine took over 120 s)."""
-    for attempt in range(tries):
-        local.start_worker(name, cpus, wait=False)
-        deadline = time.monotonic() + timeout_s
-        while "Ray runtime started" not in local.log(name) and local.nodes[name].poll() is None \
-                and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if "Ray runtime started" in local.log(name):
-            return
-        local.kill(name)
-        if attempt == tries - 1:
-            raise RuntimeError(f"Ray node {name} did not start in {tries} tries of {timeout_s:g} s:\n"
-                               f"{local.log(name)[-3000:]}")
-
-
 def run_processes_left(cluster: Cluster, marker: str, wait_s: float = 60.0) -> list[str]:
     """The run's processes still alive a while after its last job ended: on the local cluster, actors of its kinds
     and its driver; on a given one, the actors of its own jobs (Ray's table), never another run's."""

@@ -240,16 +240,14 @@ class Chaos:
             self.shm.discard(path)
 
     def bring_back(self, now: float) -> None:
-        """Start a killed node again when its time is up (a rescheduled pod), and again if its start failed (a
-        loaded machine can time a raylet's registration out)."""
+        """Start a killed node again when its time is up (a rescheduled pod), and a node whose start gave up again at
+        once (a loaded machine can time a raylet's registration out): `LocalCluster.restart_if_exited`."""
         local = self.cluster.local
         if local is None:
             return
-        for name, node in list(local.nodes.items()):
-            if node.poll() is not None and name not in self.down:
-                self.say.say(f"node {name} exited ({node.returncode}); starting it again")
-                local.nodes.pop(name)
-                self.down[name] = now
+        for name in list(local.nodes):
+            if local.restart_if_exited(name):
+                self.say.say(f"node {name} exited; starting it again")
         for name, at in list(self.down.items()):
             if now >= at:
                 local.start_worker(name, self.cpus_per_worker, wait=False)

@@ -120,10 +120,10 @@ class LocalCluster:
         self.start("head", command)
         return self.address
 
-    def start_worker(self, name: str, cpus: int, *extra: str, wait: bool = True) -> None:
+    def start_worker(self, name: str, cpus: int, *extra: str, wait: bool = True, timeout: float = 120.0) -> None:
         """A worker node joining the head (one at a time: two raylets registering at once can time out)."""
         self.start(name, lambda: [RAY, "start", f"--address={self.address}", "--block", f"--num-cpus={cpus}",
-                                  *node_port_flags(), *self._common(), *extra], wait=wait)
+                                  *node_port_flags(), *self._common(), *extra], wait=wait, timeout=timeout)
 
     def restart_if_exited(self, name: str) -> bool:
         """A node whose `ray start` exited (it gave up on Ray's 30 s for its raylet to register, which a loaded
