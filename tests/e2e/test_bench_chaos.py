@@ -31,7 +31,7 @@ def test_half_a_minute_of_chaos_loses_no_step_and_leaves_nothing(tmp_path: Path)
     out, docs, rows = tmp_path / "chaos", tmp_path / "benchmarks.md", tmp_path / "rows.json"
     done = subprocess.run([sys.executable, "-m", "dppo", "bench", "chaos", "--config", "configs/cartpole.yaml",
                            "--set", "run.learners=2", "--set", "run.inference=server",
-                           "--set", "run.total_steps=40000", "--set", "run.checkpoint_every=5",
+                           "--set", "run.total_steps=24576", "--set", "run.checkpoint_every=5",
                            "--minutes", "0.5", "--seed", str(SEED), "--kinds", ",".join(KINDS),
                            *[arg for kind in KINDS for arg in ("--rate", f"{kind}={RATES.get(kind, 6.0)}")],
                            "--node-down-s", "10", "--every-kind", "--no-baseline", "--out", str(out),
