@@ -179,9 +179,12 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         if local is not None:
             say.say(f"starting a local cluster: a head and {args.workers} worker node{'s' * (args.workers > 1)} of "
                     f"{cpus} CPUs (out: {out})")
-            local.start_head(0, dashboard=True)  # a `ray start` that exits (a port taken first) is tried again
+            # A `ray start` that exits (a port taken before Ray bound it, a raylet's registration timed out) is
+            # started again with ports of its own; each node gets 600 s for its first line (a shared 2-core machine
+            # took over 120 s).
+            local.start_head(0, dashboard=True, timeout=600)
             for i in range(1, args.workers + 1):  # each alone holds the run: one may be down
-                local.start_worker(f"worker-{i}", cpus, timeout=600)  # a shared 2-core machine took over 120 s
+                local.start_worker(f"worker-{i}", cpus, timeout=600)
             dashboard = local.dashboard
         cluster = Cluster(dashboard, env, local, str(out))
         chaos = Chaos(cluster, out, entrypoint, list(plan), args.seed, args.node_down_s, cpus, say, args.every_kind)

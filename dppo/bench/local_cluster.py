@@ -105,7 +105,7 @@ class LocalCluster:
         raise RuntimeError(f"Ray node {name} did not start in {tries} tries; the first try's log ends:\n{first}\n"
                            f"the last try's:\n{self.log(log_name)[-1500:]}")
 
-    def start_head(self, cpus: int, *extra: str, dashboard: bool = False) -> str:
+    def start_head(self, cpus: int, *extra: str, dashboard: bool = False, timeout: float = 120.0) -> str:
         """A head with ``cpus`` CPUs, without a dashboard unless ``dashboard`` (then ``self.dashboard`` is its job
         API, as a RayJob's submitter reaches it); returns its GCS address."""
         def command() -> list[str]:
@@ -117,7 +117,7 @@ class LocalCluster:
             return [RAY, "start", "--head", "--block", f"--port={gcs}", f"--num-cpus={cpus}",
                     f"--ray-client-server-port={client}", *board, *node_port_flags(node), *self._common(), *extra]
 
-        self.start("head", command)
+        self.start("head", command, timeout=timeout)
         return self.address
 
     def start_worker(self, name: str, cpus: int, *extra: str, wait: bool = True, timeout: float = 120.0) -> None:
