@@ -45,8 +45,11 @@ def plot_long_run(samples: list[dict[str, Any]], warmup_s: float, title: str, ou
     run.set(xlabel="minutes of training", ylabel="RSS (MiB)", title="RSS of the run's processes")
     ray_own.set(xlabel="minutes of training", ylabel="RSS (MiB, log)", yscale="log",
                 title="RSS of Ray's processes (summed by role and node)")
-    run.legend(fontsize="x-small", loc="lower right")
-    ray_own.legend(fontsize="xx-small", ncol=3, loc="lower right")
+    for panel, size, columns in ((run, "x-small", 1), (ray_own, "xx-small", 3)):
+        if panel.lines:  # a short run's processes may all have fewer than 3 readings: a note, not an empty legend
+            panel.legend(fontsize=size, ncol=columns, loc="lower right")
+        else:
+            panel.text(0.5, 0.5, "no process read 3 times", transform=panel.transAxes, ha="center", color="gray")
     at = [minutes_of(samples, s["t_s"]) for s in samples]
     store.plot(at, [(s.get("object_store") or {}).get("used_mib") for s in samples], label="Ray object store (MiB)")
     store.plot(at, [s["shm"]["mib"] for s in samples], label="the run's /dev/shm (MiB)")

@@ -204,3 +204,18 @@ def test_no_faults_refuses_kinds_in_one_line() -> None:
     assert done.returncode == 2, done.stderr
     assert "--no-faults kills nothing: leave out --kinds, --rate and --every-kind" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_curves_of_a_short_run_name_their_empty_panels_instead_of_an_empty_legend(tmp_path: Path) -> None:
+    """Half a minute of readings every 2 s leaves few processes with the 3 readings a curve needs (the chaos half
+    minute's report): matplotlib's "No artists with labels" warning twice, before."""
+    import warnings
+
+    from dppo.bench.chaos_curves import plot_long_run
+
+    short = [reading(t, 0.0, [("actor", "worker-1", 12 + int(t), 200.0, 40)]) for t in (0.0, 2.0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        png = plot_long_run(short, 0.0, "short", tmp_path / "short.png")
+        assert png.read_bytes().startswith(b"\x89PNG")
+        plot_long_run(hour_of_readings(2.0), 300.0, "hour", tmp_path / "hour.png")  # curves and legends, as before
