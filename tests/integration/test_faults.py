@@ -98,7 +98,8 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
 def test_resume_after_learner_sigkills_loses_only_uncheckpointed_work(
         dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
     """SIGKILL the learner at random points (checkpoints every other iteration), resume each time, then resume to the
-    budget (48 iterations: the three kills come after 2 iterations and up to 2 s more each)."""
+    budget (48 iterations: each of the three kills comes 2 iterations after its start and up to 2 iterations' time more,
+    timed by the run's own iterations: seconds would be 40 iterations on a fast machine and the budget spent)."""
     run_dir = tmp_path / "run"
     args = ["--seed", "2", "--total-steps", str(48 * 2 * 8 * 64), "--set", "run.checkpoint_every=2",
             "--set", "run.target_return=null"]
@@ -108,7 +109,8 @@ def test_resume_after_learner_sigkills_loses_only_uncheckpointed_work(
         resume = ["--resume"] if attempt else []
         proc = start_train(dppo_cmd, ray_address, run_dir, *args, *resume)
         wait_for_iterations(run_dir, len(progress(run_dir)) + 2, proc)
-        time.sleep(rng.uniform(0.0, 2.0))
+        newest = progress(run_dir)[-2:]
+        time.sleep(rng.uniform(0.0, 2.0) * (newest[1]["wall_s"] - newest[0]["wall_s"]))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         steps_done = progress(run_dir)[-1]["env_steps"]
