@@ -1,8 +1,8 @@
 """Fault injection with real processes and real signals: actors, learner, checkpoints, envs, NaNs.
 
 The figures of the learner-kill drill (steps of work lost per kill) are printed; run with -s to see them. The kill
-drills run to a budget, not to a solved env: whether a run still learns as well under kills is a learning question,
-answered by `dppo bench chaos` (its final return against a run of the same config without chaos,
+drills run to a budget or a signal, not to a solved env: whether a run still learns as well under kills is a
+learning question, answered by `dppo bench chaos` (its final return against a run of the same config without chaos,
 docs/benchmarks.md).
 """
 
@@ -52,15 +52,15 @@ def wait_for_iterations(run_dir: Path, count: int, proc: subprocess.Popen, timeo
         time.sleep(0.1)
 
 
-BUDGET = 64 * 2 * 8 * 64  # env steps: 64 iterations of 2 actors x 8 envs x 64 steps (rounds of one actor count half)
-
-
 @pytest.mark.slow
 def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
     """SIGKILL a random actor process every few iterations, each once both actors are back in a round (three kills);
-    the run trains to its budget of 64 iterations' steps, every kill counted and its actor back before the end."""
+    once the last one is back too, SIGTERM ends the run: every kill counted, every actor back before the end.
+
+    The run has no budget it could reach first: a fast machine spends one of 64 iterations while a replacement
+    starts (rounds of one actor go on meanwhile), so the kills and the run's end are the test's events."""
     run_dir = tmp_path / "run"
-    proc = start_train(dppo_cmd, ray_address, run_dir, "--seed", "3", "--total-steps", str(BUDGET),
+    proc = start_train(dppo_cmd, ray_address, run_dir, "--seed", "3", "--total-steps", str(10**9),
                        "--set", "run.target_return=null")
     rng = random.Random(0)
     kills = 0
@@ -74,13 +74,15 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
             victim = rng.choice(workers)
             victim.send_signal(signal.SIGKILL)
             kills += 1
-        _out, err = proc.communicate(timeout=400)
+        wait_for_iterations(run_dir, len(progress(run_dir)) + 1, proc, segments=2)  # the last one back
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 143, err
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["reason"] == "total_steps" and summary["env_steps"] >= BUDGET, summary  # rounds of 1 or 2
+    assert summary["reason"] == "signal", summary
     # each kill is a crash on a live node: it spends the crash-loop budget, and its replacement comes back
     assert summary["actor_restarts"] == summary["actor_crashes"] == kills and summary["node_losses"] == 0
     assert err.count(" crashed (") == kills and err.count(" back after ") == kills

@@ -135,7 +135,8 @@ def segments_of(service_pid: int) -> set[str]:
 FLAKY_PAIR = "from dppo.envs.flaky import FlakyPair\n\n\ndef parallel_env(**kwargs):\n    return FlakyPair(every=60)\n"
 KINDS = {  # issue 54: every env kind through the service's faults, with env faults of its own besides
     "gymnasium": ["--envs-per-actor", "4", "--total-steps", "12000"],
-    "ale-py": ["--env", "ALE/Breakout-v5", "--envs-per-actor", "2", "--total-steps", "2048"],  # a CNN: 8 rounds
+    "ale-py": ["--env", "ALE/Breakout-v5", "--envs-per-actor", "2", "--total-steps", "3072"],  # a CNN: 12 rounds,
+    # 6 or more left at the 6th record to find the service's replacement in (with 8, a fast machine could end first)
     "pettingzoo-flaky": ["--env", "pairmod", "--envs-per-actor", "4", "--total-steps", "12000"],
     "self-play-flaky": ["--set", "env.entry_point=dppo.envs.flaky:flaky_tictactoe", "--set", "env.multiagent=true",
                         "--set", "env.kwargs.every=60", "--envs-per-actor", "4", "--total-steps", "12000"],

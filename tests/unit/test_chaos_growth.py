@@ -159,9 +159,13 @@ def test_a_reading_of_real_processes(tmp_path: Path) -> None:
     from multiprocessing import shared_memory
 
     segment = shared_memory.SharedMemory(create=True, size=1 << 20)
-    holder = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; from multiprocessing import "
-                               f"shared_memory as s; m = s.SharedMemory({segment.name!r}); "
-                               "c = subprocess.Popen(['sleep', '60']); print('ready', flush=True); time.sleep(60)"],
+    # Popen returns once the child's exec has closed its pipe, which the kernel does before it writes the new
+    # command line (until then /proc reads it empty): "ready" once it reads (5 s at most)
+    script = ("import subprocess, time\nfrom multiprocessing import shared_memory as s\n"
+              f"m = s.SharedMemory({segment.name!r})\nc = subprocess.Popen(['sleep', '60'])\n"
+              "for _ in range(500):\n    if open(f'/proc/{c.pid}/cmdline').read():\n        break\n"
+              "    time.sleep(0.01)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", script],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
