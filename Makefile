@@ -14,7 +14,7 @@ TOOLS := .tools/bin
 TORCH_VERSION := 2.13.0
 # `make test` runs the suite on one pytest-xdist worker more than the cores (TEST_WORKERS=0: one process): a test
 # waiting on Ray's start, a deadline or a container leaves its core to another: on a quiet 2-core machine, 3 workers
-# ran 1,148 s of pytest (19 min); the code before them took 1,307 s with 2, 1,165 s with 3 (docs/install.md). The
+# ran 861-923 s of pytest (15 min); an older suite took 1,307 s with 2, 1,165 s with 3 (docs/install.md). The
 # tests that join a Ray cluster share one for the whole session (tests/session_ray.py); the suite prints its time
 # against its budget of 900 s and, under CI=true, fails past 3,000 s naming its ten slowest tests (tests/conftest.py).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))

@@ -107,6 +107,8 @@ def progress_records(run: Path) -> list[dict]:
 def without_timings(records: list[dict]) -> list[dict]:
     """The records less their wall-clock keys (``*_s``): what a seeded run must reproduce exactly."""
     return [{k: v for k, v in r.items() if not k.endswith("_s")} for r in records]
+
+
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
@@ -257,33 +259,6 @@ def dppo_cmd() -> list[str]:
     return [sys.executable, "-m", "dppo"]
 
 
-def peer_venv() -> Path:
-    """The RLlib peer's venv under the clone's .cache/ (git-ignored; `make clean` removes it), kept while it works. Its
-    python. It is layered on the project's venv (a .pth file adds that venv's site-packages after its own), so pip
-    installs only what RLlib adds: the peer's torch and Ray are the project's, the versions PEER_PACKAGES pins, and
-    what RLlib pins differently (its gymnasium) is installed in the peer's own site-packages, which come first. A
-    user's separate venv (VENV_HINT) installs a second torch and Ray: two minutes of CPU here, for the same code."""
-    import sysconfig
-
-    from benchmarks.peer import PEER_PACKAGES, PEER_SCRIPT, PEER_VENV
-
-    venv = REPO / PEER_VENV
-    python = venv / "bin" / "python"
-    if python.exists() and subprocess.run([str(python), str(PEER_SCRIPT), "--check"], capture_output=True,
-                                          timeout=300).returncode == 0:
-        return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
-    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-    project = sysconfig.get_paths()["purelib"]  # addsitedir, not a bare path: its own .pth files count too
-    (Path(own) / "dppo-project-venv.pth").write_text(f"import site; site.addsitedir({project!r})\n")
-    for group in PEER_PACKAGES:
-        done = subprocess.run([str(python), "-m", "pip", "install", "-q", *group], capture_output=True, text=True,
-                              timeout=900)
-        assert done.returncode == 0, f"pip install {' '.join(group)}: {done.stderr[-2000:]}"
-    return python
-
-
 # Modules whose tests share processes of the module's own (an emulated cluster, the image) or a module fixture that
 # takes seconds (the solved tic-tac-toe tree): `pytest -n` runs each on one worker, every other test wherever a worker
 # is free. (xdist's `--dist loadgroup` would do it from marks, but does not group with pytest 9.2:
@@ -291,7 +266,8 @@ def peer_venv() -> Path:
 ONE_WORKER_MODULES = {"tests/deploy/test_chart_emulation.py", "tests/deploy/test_image.py",
                       "tests/integration/test_node_loss.py", "tests/integration/test_cluster.py",
                       "tests/unit/test_minimax.py"}
-SLOW_RESOURCES = ("docker_image", "peer_python")  # session fixtures that take minutes to make
+# fixtures that take minutes to make (docker_image below, peer_python in tests/integration/test_bench_peer_runs.py)
+SLOW_RESOURCES = ("docker_image", "peer_python")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -335,12 +311,6 @@ def docker_image() -> Iterator[Any]:
         yield image
 
 
-@pytest.fixture(scope="session")
-def peer_python() -> Path:
-    """The RLlib peer's venv (see peer_venv): one test uses it."""
-    return peer_venv()
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[SUITE_START] = time.monotonic()
 
@@ -378,9 +348,9 @@ SUITE_START = pytest.StashKey[float]()
 DURATIONS: dict[str, float] = {}
 BUDGET_S = 900  # `make test` on a 2-core machine (README, docs/install.md say what it took)
 # Past it a CI run fails: the suite creeps no closer to CI's own limit (90 minutes, set-up included) than 40 minutes
-# of it. It is not the budget, because machine speed varies: the same suite took 1,139-1,156 s of pytest on one 2-core
-# machine of this project and 1,470-2,415 s on another (docs/install.md): a limit of 1,800 s failed that machine's
-# clean clones with every test passed, and 2,700 s left its slowest quiet run 12 % of room.
+# of it. It is not the budget, because machine speed varies: the suite took 861-1,496 s of pytest on one 2-core
+# machine of this project (a quiet host, a busy one) and 1,470-2,415 s on another (docs/install.md): a limit of 1,800 s
+# failed that machine's clean clones with every test passed, and 2,700 s left its slowest quiet run 12 % of room.
 CI_LIMIT_S = 3000
 
 

@@ -327,7 +327,11 @@ def test_rendered_chart_trains_and_its_retry_resumes_from_the_checkpoint(helm_bi
                      "--set", "segmentLength=64", "--set", "config.ppo.minibatch_size=256",
                      "--set", "persistence.enabled=true",
                      "--set", f"persistence.mountPath={pvc}", "--set", "job.backoffLimit=1",
-                     "--set", "config.run.checkpoint_every=1")
+                     "--set", "config.run.checkpoint_every=1",
+                     # a round of at least 256 ms on any machine: the 15 after the first checkpoint outlast the test's
+                     # reading of it (0.5 s apart) and its kill, where a fast machine would do them in about a second
+                     # (in e-notation: `--set` passes 0.5 as a string, which the schema refuses)
+                     "--set", "config.env.latency_ms=5e-1")
     rayjob = next(o for o in objects if o["kind"] == "RayJob")
     config_text = next(o for o in objects if o["kind"] == "ConfigMap")["data"]["config.yaml"]
     spec = rayjob["spec"]
@@ -678,7 +682,8 @@ def test_a_lost_head_fails_the_run_at_once_and_the_retry_resumes(helm_bin: str, 
                      "--set", "metrics.lingerSeconds=5", "--set", "totalSteps=12288", "--set", "actors=1",
                      "--set", "envsPerActor=8", "--set", "segmentLength=64", "--set", "config.ppo.minibatch_size=256",
                      "--set", "config.run.checkpoint_every=1", "--set", "persistence.enabled=true",
-                     "--set", f"persistence.mountPath={pvc}", "--set", "job.backoffLimit=1")
+                     "--set", f"persistence.mountPath={pvc}", "--set", "job.backoffLimit=1",
+                     "--set", "config.env.latency_ms=5e-1")  # 256 ms a round at least: the run outlasts the head's kill
     spec, _config, run_dir, entrypoint = local_job(objects, cluster_root)
     rayjob = next(o for o in objects if o["kind"] == "RayJob")
     head_pod = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]

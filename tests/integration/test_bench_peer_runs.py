@@ -1,13 +1,15 @@
-"""`python -m benchmarks peer` end to end: dppo and the real RLlib peer script, in a venv of its own with the
-packages the command's hint tells a user to install (conftest's peer_venv: layered on the project's venv, whose
-torch and Ray are the pinned ones, so pip adds only RLlib's own; under the clone's .cache/, reused when it works,
-built in the background while other tests run), both trained to the same tiny budget; the section, its two rows and
-its figure written. The pipeline, not learning. Then bad input: one line."""
+"""`python -m benchmarks peer` end to end: dppo and the real RLlib peer script, in a venv of its own with the packages
+the command's hint tells a user to install (peer_python: layered on the project's venv, whose torch and Ray are the
+pinned ones, so pip adds only RLlib's own; under the clone's .cache/, reused when it works, made before the suite's
+other tests on its worker: tests/conftest.py SLOW_RESOURCES), both trained to the same tiny budget; the section, its
+two rows and its figure written. The pipeline, not learning. Then bad input: one line."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,34 @@ from conftest import REPO, run_benchmark
 from benchmarks.peer import VENV_COMMANDS
 
 BUDGET = 4800  # agent steps: two iterations of examples/simple-spread.yaml on each side
+
+
+@pytest.fixture(scope="session")
+def peer_python() -> Path:
+    """The RLlib peer's venv under the clone's .cache/ (git-ignored; `make clean` removes it), kept while it works. Its
+    python. It is layered on the project's venv (a .pth file adds that venv's site-packages after its own), so pip
+    installs only what RLlib adds: the peer's torch and Ray are the project's, the versions PEER_PACKAGES pins, and
+    what RLlib pins differently (its gymnasium) is installed in the peer's own site-packages, which come first. A
+    user's separate venv (VENV_HINT) installs a second torch and Ray: two minutes of CPU here, for the same code."""
+    import sysconfig
+
+    from benchmarks.peer import PEER_PACKAGES, PEER_SCRIPT, PEER_VENV
+
+    venv = REPO / PEER_VENV
+    python = venv / "bin" / "python"
+    if python.exists() and subprocess.run([str(python), str(PEER_SCRIPT), "--check"], capture_output=True,
+                                          timeout=300).returncode == 0:
+        return python
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
+    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    project = sysconfig.get_paths()["purelib"]  # addsitedir, not a bare path: its own .pth files count too
+    (Path(own) / "dppo-project-venv.pth").write_text(f"import site; site.addsitedir({project!r})\n")
+    for group in PEER_PACKAGES:
+        done = subprocess.run([str(python), "-m", "pip", "install", "-q", *group], capture_output=True, text=True,
+                              timeout=900)
+        assert done.returncode == 0, f"pip install {' '.join(group)}: {done.stderr[-2000:]}"
+    return python
 
 
 @pytest.mark.slow
