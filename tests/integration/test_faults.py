@@ -57,8 +57,9 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
     """SIGKILL a random actor process every few iterations, each once both actors are back in a round (three kills);
     once the last one is back too, SIGTERM ends the run: every kill counted, every actor back before the end.
 
-    The run has no budget it could reach first: a fast machine spends one of 64 iterations while a replacement
-    starts (rounds of one actor go on meanwhile), so the kills and the run's end are the test's events."""
+    The run has no budget it could reach first: the rounds of one actor that go on while a replacement starts could
+    spend a budget of 64 iterations before the third kill on a fast machine, so the kills and the run's end are the
+    test's events."""
     run_dir = tmp_path / "run"
     proc = start_train(dppo_cmd, ray_address, run_dir, "--seed", "3", "--total-steps", str(10**9),
                        "--set", "run.target_return=null")
