@@ -52,6 +52,12 @@ def wait_for_iterations(run_dir: Path, count: int, proc: subprocess.Popen, timeo
         time.sleep(0.1)
 
 
+def back_in_a_round(records: list[dict]) -> bool:
+    """A round without one of the 2 actors, then a round with both."""
+    short = next((i for i, r in enumerate(records) if r["segments"] < 2), None)
+    return short is not None and any(r["segments"] == 2 for r in records[short + 1:])
+
+
 @pytest.mark.slow
 def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
     """SIGKILL a random actor process every few iterations, each once both actors are back in a round (three kills);
@@ -75,7 +81,13 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
             victim = rng.choice(workers)
             victim.send_signal(signal.SIGKILL)
             kills += 1
-        wait_for_iterations(run_dir, len(progress(run_dir)) + 1, proc, segments=2)  # the last one back
+        # the last one back: a round without its actor (the round the kill landed in may have had its segment
+        # already), then a round of both
+        killed_at, deadline = len(progress(run_dir)), time.monotonic() + 120
+        while not back_in_a_round(progress(run_dir)[killed_at:]):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the last killed actor never came back"
+            time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=120)
     finally:
