@@ -14,6 +14,7 @@ import random
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,14 +43,21 @@ def progress(run_dir: Path) -> list[dict]:
     return records
 
 
-def wait_for_iterations(run_dir: Path, count: int, proc: subprocess.Popen, timeout: float = 120,
-                        segments: int = 0) -> None:
-    """Until ``count`` iterations are done and the newest had at least ``segments`` segments (every actor alive)."""
+def wait_for_records(run_dir: Path, proc: subprocess.Popen, done: Callable[[list[dict]], bool],
+                     timeout: float = 120) -> None:
+    """Until the run's progress records are ``done``, the run alive meanwhile."""
     deadline = time.monotonic() + timeout
-    while len(records := progress(run_dir)) < count or records[-1]["segments"] < segments:
+    while not done(progress(run_dir)):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.1)
+
+
+def wait_for_iterations(run_dir: Path, count: int, proc: subprocess.Popen, timeout: float = 120,
+                        segments: int = 0) -> None:
+    """Until ``count`` iterations are done and the newest had at least ``segments`` segments (every actor alive)."""
+    wait_for_records(run_dir, proc, lambda records: len(records) >= count and records[-1]["segments"] >= segments,
+                     timeout)
 
 
 def back_in_a_round(records: list[dict]) -> bool:
@@ -83,11 +91,8 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
             kills += 1
         # the last one back: a round without its actor (the round the kill landed in may have had its segment
         # already), then a round of both
-        killed_at, deadline = len(progress(run_dir)), time.monotonic() + 120
-        while not back_in_a_round(progress(run_dir)[killed_at:]):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the last killed actor never came back"
-            time.sleep(0.1)
+        killed_at = len(progress(run_dir))
+        wait_for_records(run_dir, proc, lambda records: back_in_a_round(records[killed_at:]))
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=120)
     finally:
