@@ -11,15 +11,16 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from session_ray import shared_head, stop_head
 
 REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 # `run.inference: auto` follows a `dppo tune` result saved for this machine (dppo/config/tuned.py): the tests see none
 # but those they save themselves (each in its own directory), whatever this machine's user has tuned.
 os.environ["DPPO_TUNE_DIR"] = str(REPO / ".cache" / "tune-results-of-no-one")
@@ -100,8 +101,42 @@ def train_small(ray_address: str, run_dir: Path, *args: str, total_steps: int = 
 
 
 def progress_records(run: Path) -> list[dict]:
-    """A run directory's progress.jsonl, one dict per iteration."""
-    return [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
+    """A run directory's progress.jsonl, one dict per iteration; readable while the run goes on: none before its first
+    line, and a last line not yet ended (being written now) left out."""
+    path = run / "progress.jsonl"
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
+def wait_until(found: Callable[[], T | None], proc: subprocess.Popen, what: str, timeout: float = 120) -> T:
+    """Poll ``found()`` until it returns something other than None or False, the process ``proc`` alive meanwhile;
+    what it returned. A failure names what was awaited, with the process's output when it exited first."""
+    deadline = time.monotonic() + timeout
+    while (result := found()) is None or result is False:
+        if proc.poll() is not None:
+            out, err = (text.decode(errors="replace") if isinstance(text, bytes) else text or ""
+                        for text in proc.communicate())
+            raise AssertionError(f"the process exited ({proc.returncode}) before {what}:\n{out[-2000:]}\n{err[-3000:]}")
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
+        time.sleep(0.05)
+    return result
+
+
+def wait_for_records(run: Path, proc: subprocess.Popen, done: Callable[[list[dict]], bool], what: str,
+                     timeout: float = 120) -> list[dict]:
+    """The run's progress records once they are ``done`` (see :func:`wait_until`); a failure adds the last record."""
+    try:
+        return wait_until(lambda: records if done(records := progress_records(run)) else None, proc, what, timeout)
+    except AssertionError as failure:
+        raise AssertionError(f"{failure}\nthe last record: {progress_records(run)[-1:]}") from None
+
+
+def wait_for_iterations(run: Path, count: int, proc: subprocess.Popen, timeout: float = 120,
+                        segments: int = 0) -> list[dict]:
+    """Until ``count`` iterations are done and the newest had at least ``segments`` segments (e.g. every actor's)."""
+    what = f"{count} iterations" + (f" with the last of {segments} segments" if segments else "")
+    return wait_for_records(run, proc, lambda records: len(records) >= count and records[-1]["segments"] >= segments,
+                            what, timeout)
 
 
 def without_timings(records: list[dict]) -> list[dict]:

@@ -52,6 +52,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import progress_records
 from prometheus_client.parser import text_string_to_metric_families
 
 from dppo.distributed.cluster import RAY_PROCESS_ENV
@@ -531,7 +532,7 @@ def test_chart_trains_a_policy_map(helm_bin: str, cluster_root: Path, emulated: 
     assert "| adversary return=" in done.stdout and "| agent return=" in done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] == 4800 and summary["env"] == "mpe2.simple_adversary_v3"
-    last = json.loads((run_dir / "progress.jsonl").read_text().splitlines()[-1])
+    last = progress_records(run_dir)[-1]
     assert {"adversary/episode_return_mean", "agent/episode_return_mean"} <= set(last)
     assert_actors_on_workers_only(emulated, "policies", 2)
 

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import processes_with, run_benchmark
+from conftest import processes_with, run_benchmark, wait_until
 
 from dppo.bench.runs import stop_process_tree
 
@@ -55,10 +55,7 @@ def test_a_run_past_its_timeout_is_stopped_with_its_whole_process_tree(tmp_path:
                              "10000000", "--set", "run.target_return=null"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 180
-        while not (run_dir / "progress.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert proc.poll() is None and (run_dir / "progress.jsonl").exists(), "the run did not reach training"
+        wait_until(lambda: (run_dir / "progress.jsonl").exists(), proc, "the run's first iteration", timeout=180)
         assert len(processes_with(marker)) > 3  # the learner, its local Ray (GCS, raylet, agents) and the actors
     finally:
         stop_process_tree(proc)

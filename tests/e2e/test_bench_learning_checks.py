@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_benchmark
+from conftest import progress_records, run_benchmark
 
 
 @pytest.mark.slow  # two short runs: 29 s on 2 shared cores
@@ -29,7 +29,7 @@ def test_learning_checks_run_each_check_and_exit_1_naming_the_one_that_fails(tmp
     for row in (lstm, feed_forward):
         run = Path(row["run_dir"])
         assert run.parent == out_dir and row["env_steps"] == 1024 and row["wall_s"] > 0
-        last = json.loads((run / "progress.jsonl").read_text().splitlines()[-1])
+        last = progress_records(run)[-1]
         assert row["measure"] == "last_return" and row["value"] == pytest.approx(last["episode_return_mean"],
                                                                                   abs=1e-4)
         assert f"{row['check']}: last_return " in done.stdout

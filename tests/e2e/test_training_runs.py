@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
+from conftest import progress_records, without_timings
 
 PROGRESS_KEYS = {"iteration", "env_steps", "wall_s", "episodes", "episode_return_mean", "episode_length_mean",
                  "steps_per_s", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",
@@ -15,21 +16,11 @@ PROGRESS_KEYS = {"iteration", "env_steps", "wall_s", "episodes", "episode_return
 SUMMARY_KEYS = {"solved", "reason", "wall_s", "env_steps", "iterations", "episode_return_mean", "target_return"}
 
 
-def without_timings(record: dict) -> dict:
-    """A progress record less its timings (every ``*_s`` key: seconds, and steps_per_s), which a seeded rerun
-    does not reproduce."""
-    return {k: v for k, v in record.items() if not k.endswith("_s")}
-
-
 def train(
     dppo_cmd: list[str], address: str, run_dir: Path, *args: str, timeout: float = 300
 ) -> subprocess.CompletedProcess:
     cmd = [*dppo_cmd, "train", "--address", address, "--run-dir", str(run_dir), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-
-
-def progress(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
 
 
 def test_cartpole_two_actors_runs_to_its_budget_records_and_evaluates(
@@ -44,7 +35,7 @@ def test_cartpole_two_actors_runs_to_its_budget_records_and_evaluates(
     assert summary["solved"] is False and summary["reason"] == "total_steps" and summary["target_return"] == 475
     assert summary["env_steps"] == 4096
     assert "stopped (total_steps)" in done.stdout
-    records = progress(run_dir)
+    records = progress_records(run_dir)
     assert all(r.keys() >= PROGRESS_KEYS for r in records)
     assert [r["iteration"] for r in records] == list(range(1, len(records) + 1))
     assert records[-1]["env_steps"] == summary["env_steps"]
@@ -64,11 +55,11 @@ def test_resume_continues_counters(dppo_cmd: list[str], ray_address: str, tmp_pa
     first = train(dppo_cmd, ray_address, run_dir, "--total-steps", "3000", "--set", "run.checkpoint_every=1",
                   "--actors", "1", "--envs-per-actor", "16")  # the preset's 1024-step rounds, one actor to start
     assert first.returncode == 0, first.stderr
-    before = progress(run_dir)
+    before = progress_records(run_dir)
     second = train(dppo_cmd, ray_address, run_dir, "--resume", "--total-steps", "6000")
     assert second.returncode == 0, second.stderr
     assert "resuming" in second.stderr
-    after = progress(run_dir)
+    after = progress_records(run_dir)
     assert after[: len(before)] == before
     iterations = [r["iteration"] for r in after]
     steps = [r["env_steps"] for r in after]
@@ -83,7 +74,7 @@ def test_seeded_runs_are_reproducible(dppo_cmd: list[str], ray_address: str, tmp
     for name in ("a", "b"):
         done = train(dppo_cmd, ray_address, tmp_path / name, "--total-steps", "4000", "--seed", "7")
         assert done.returncode == 0, done.stderr
-        runs.append([without_timings(r) for r in progress(tmp_path / name)])
+        runs.append(without_timings(progress_records(tmp_path / name)))
     assert runs[0] == runs[1]
     assert len(runs[0]) >= 3
 
@@ -92,7 +83,7 @@ def test_overlap_sampling_runs_one_version_behind(dppo_cmd: list[str], ray_addre
     run_dir = tmp_path / "run"
     done = train(dppo_cmd, ray_address, run_dir, "--total-steps", "6000", "--set", "run.overlap_sampling=true")
     assert done.returncode == 0, done.stderr
-    records = progress(run_dir)
+    records = progress_records(run_dir)
     assert records[0]["policy_lag"] == 0  # the first round samples with the initial weights
     assert all(r["policy_lag"] == 1 for r in records[1:])
     assert records[-1]["env_steps"] >= 6000
@@ -105,5 +96,4 @@ def test_overlap_sampling_runs_one_version_behind(dppo_cmd: list[str], ray_addre
     again = train(dppo_cmd, ray_address, tmp_path / "again", "--total-steps", "6000", "--set",
                   "run.overlap_sampling=true")
     assert again.returncode == 0, again.stderr
-    assert [without_timings(r) for r in progress(tmp_path / "again")] == [
-        without_timings(r) for r in records]  # seeded: the same run twice
+    assert without_timings(progress_records(tmp_path / "again")) == without_timings(records)  # seeded: the same run

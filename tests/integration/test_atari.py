@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import progress_records
 
 from dppo.config import load_config
 from dppo.distributed.learner_group import resolve_device
@@ -104,7 +105,7 @@ def test_breakout_preset_trains_with_two_actors_through_the_cli(tmp_path: Path, 
                            "--total-steps", "768", "--set", "ppo.minibatch_size=128"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    records = progress_records(run_dir)
     assert len(records) == 3 and records[-1]["env_steps"] == 768
     assert all(np.isfinite(r["policy_loss"]) for r in records)
     assert json.loads((run_dir / "summary.json").read_text())["env"] == "ALE/Breakout-v5"

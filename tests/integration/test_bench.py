@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from conftest import progress_records
 
 from benchmarks.__main__ import parse as benchmarks_args
 from dppo.bench.docs import section_markers
@@ -204,7 +205,7 @@ def test_score_command_times_each_threshold_and_breaks_iterations_down(ray_addre
     rows = json.loads(out.read_text())
     assert [r["actors"] for r in rows] == [1, 2]
     for row in rows:
-        records = [json.loads(line) for line in (Path(row["run_dir"]) / "progress.jsonl").read_text().splitlines()]
+        records = progress_records(Path(row["run_dir"]))
         first_20 = next(r for r in records if (r["episode_return_mean"] or 0) >= 20)
         assert row["to_20_s"] == first_20["wall_s"] and row["to_20_steps"] == first_20["env_steps"]
         assert row["to_1000_s"] is None  # CartPole cannot reach 1000

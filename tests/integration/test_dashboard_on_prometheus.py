@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, progress_records
 
 from dppo.bench.prometheus import RATE_INTERVAL, SCRAPE_INTERVAL_S
 from dppo.bench.prometheus import Prometheus as BenchPrometheus
@@ -269,7 +269,7 @@ def test_the_selfplay_row_has_data_for_a_real_two_player_game(scraping: tuple[Pr
                                "--actors", "1", "--total-steps", "4096", "--envs-per-actor", "16", "--segment-length",
                                "32", "--seed", "1", "--set", "selfplay.snapshot_every=2")
     assert_every_panel_has_data(prom, run_dir.name, start, end, rows=("selfplay",))
-    last = json.loads((run_dir / "progress.jsonl").read_text().splitlines()[-1])
+    last = progress_records(run_dir)[-1]
     assert prom.last("dppo_selfplay_elo") == pytest.approx(last["selfplay_elo"])
     assert prom.last("dppo_selfplay_pool_size") == last["selfplay_pool_size"] == 4
 
@@ -292,7 +292,7 @@ def test_the_policies_row_has_data_for_a_real_run_of_two_policies(scraping: tupl
     assert_every_panel_has_data(prom, run_dir.name, start, end, rows=("policies",))
     returns = prom.query_range(panel_queries(run_dir.name, rows=("policies",))[0][1], start, end)
     assert {s["metric"]["policy"] for s in returns} == {"adversary", "agent"}
-    last = json.loads((run_dir / "progress.jsonl").read_text().splitlines()[-1])
+    last = progress_records(run_dir)[-1]
     assert prom.last('dppo_per_policy_episode_return_mean{policy="agent"}') == pytest.approx(
         last["agent/episode_return_mean"])
     assert prom.last("dppo_actor_segments_total") == last["iteration"]  # one actor: one delivery of both a round

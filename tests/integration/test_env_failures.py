@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import progress_records
 
 from dppo.config import load_config
 from dppo.envs.failures import EnvFailure
@@ -178,7 +179,7 @@ def test_a_run_with_an_env_that_raises_now_and_then_trains_and_says_so(mysim: Pa
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_failures"] > 0 and summary["reason"] == "total_steps"
     assert sum(summary["env_failures_by_actor"].values()) == summary["env_failures"]
-    records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    records = progress_records(run_dir)
     assert records[-1]["env_failures"] == summary["env_failures"] and all(r["segments"] == 2 for r in records)
     warned = [line for line in done.stderr.splitlines() if "raised in actor" in line]
     assert len(warned) == 1 and f"mysim.py:{RAISE_LINE})" in warned[0], done.stderr

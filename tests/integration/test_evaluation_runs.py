@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import progress_records
 
 from dppo.distributed.evaluation import EVAL_SEED_OFFSET
 
@@ -23,10 +24,6 @@ CARTPOLE = ["--env", "CartPole-v1", "--seed", "3", "--no-tensorboard", "--actors
 
 def dppo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dppo", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def progress(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
 
 
 def evaluated_at_end(stderr: str) -> dict[int, str]:
@@ -41,7 +38,7 @@ def test_evaluations_are_recorded_and_the_best_is_kept(ray_address: str, tmp_pat
                 "run.eval_episodes=3", "--set", "run.learners=2", "--address", ray_address, "--run-dir", str(run),
                 "--set", "run.tensorboard=true")
     assert done.returncode == 0, done.stderr
-    records = progress(run)
+    records = progress_records(run)
     evaluated = [r for r in records if "eval_return_mean" in r]
     assert evaluated and all(set(r) >= {"eval_return_std", "eval_episodes", "eval_env_steps"} for r in evaluated)
     for r in evaluated:  # the weights after an even iteration, evaluated while later ones trained
@@ -71,7 +68,7 @@ def test_the_run_s_end_evaluates_what_it_saved(ray_address: str, tmp_path: Path)
     assert done.returncode == 0, done.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["iterations"] == 2 and summary["eval_env_steps"] == summary["env_steps"] == 2048, summary
-    in_loop = [r["eval_env_steps"] for r in progress(run) if "eval_return_mean" in r]
+    in_loop = [r["eval_env_steps"] for r in progress_records(run) if "eval_return_mean" in r]
     at_end = evaluated_at_end(done.stderr)
     assert sorted([*in_loop, *at_end]) == [1024, 2048], done.stderr  # none abandoned, none twice
     played = dppo("eval", "--checkpoint", str(run), "--episodes", "3", "--seed", str(3 + EVAL_SEED_OFFSET))
@@ -87,7 +84,7 @@ def test_the_target_can_be_judged_on_evaluations(ray_address: str, tmp_path: Pat
     assert done.returncode == 0, done.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["solved"] and summary["reason"] == "target_return" and summary["eval_return_best"] >= 60
-    assert progress(run)[-1]["eval_return_mean"] >= 60 and summary["env_steps"] < 300000
+    assert progress_records(run)[-1]["eval_return_mean"] >= 60 and summary["env_steps"] < 300000
     assert summary["eval_env_steps"] == summary["env_steps"]  # eval_return_mean: the final weights', kept or not
 
 

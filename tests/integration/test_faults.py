@@ -14,11 +14,10 @@ import random
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import run_workers
+from conftest import progress_records, run_workers, wait_for_iterations, wait_for_records
 
 from dppo.config import load_config
 from dppo.run.checkpoint import CheckpointStore, load, newest_intact
@@ -28,36 +27,6 @@ def start_train(dppo_cmd: list[str], address: str, run_dir: Path, *args: str) ->
     cmd = [*dppo_cmd, "train", "--address", address, "--run-dir", str(run_dir), *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-
-
-def progress(run_dir: Path) -> list[dict]:
-    path = run_dir / "progress.jsonl"
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line being written right now
-    return records
-
-
-def wait_for_records(run_dir: Path, proc: subprocess.Popen, done: Callable[[list[dict]], bool],
-                     timeout: float = 120) -> None:
-    """Until the run's progress records are ``done``, the run alive meanwhile."""
-    deadline = time.monotonic() + timeout
-    while not done(progress(run_dir)):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "no progress"
-        time.sleep(0.1)
-
-
-def wait_for_iterations(run_dir: Path, count: int, proc: subprocess.Popen, timeout: float = 120,
-                        segments: int = 0) -> None:
-    """Until ``count`` iterations are done and the newest had at least ``segments`` segments (every actor alive)."""
-    wait_for_records(run_dir, proc, lambda records: len(records) >= count and records[-1]["segments"] >= segments,
-                     timeout)
 
 
 def back_in_a_round(records: list[dict]) -> bool:
@@ -83,7 +52,7 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
         for _ in range(3):
             # and both actors in the newest round: a kill lands on a live actor, never on a replacement still
             # starting (rounds of one actor can outpace a replacement's start on a busy machine)
-            wait_for_iterations(run_dir, len(progress(run_dir)) + rng.randint(3, 8), proc, segments=2)
+            wait_for_iterations(run_dir, len(progress_records(run_dir)) + rng.randint(3, 8), proc, segments=2)
             workers = run_workers(proc.pid, "ray::Actor")
             assert workers, "no actor process found"
             victim = rng.choice(workers)
@@ -91,8 +60,9 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
             kills += 1
         # the last one back: a round without its actor (the round the kill landed in may have had its segment
         # already), then a round of both
-        killed_at = len(progress(run_dir))
-        wait_for_records(run_dir, proc, lambda records: back_in_a_round(records[killed_at:]))
+        killed_at = len(progress_records(run_dir))
+        wait_for_records(run_dir, proc, lambda records: back_in_a_round(records[killed_at:]),
+                         "a round without the killed actor, then one with both")
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=120)
     finally:
@@ -105,7 +75,7 @@ def test_run_survives_actor_kills(dppo_cmd: list[str], ray_address: str, tmp_pat
     assert summary["actor_restarts"] == summary["actor_crashes"] == kills and summary["node_losses"] == 0
     assert err.count(" crashed (") == kills and err.count(" back after ") == kills
     # a killed actor's round goes on with the other actor's segment; every counted step was trained on
-    records = progress(run_dir)
+    records = progress_records(run_dir)
     assert summary["segments_dropped"] == 0
     assert sum(r["segments"] < 2 for r in records) >= kills
     assert all(r["env_steps_delta"] == r["segments"] * 8 * 64 for r in records)  # CartPole preset: E = 8, T = 64
@@ -128,12 +98,12 @@ def test_resume_after_learner_sigkills_loses_only_uncheckpointed_work(
     for attempt in range(3):
         resume = ["--resume"] if attempt else []
         proc = start_train(dppo_cmd, ray_address, run_dir, *args, *resume)
-        wait_for_iterations(run_dir, len(progress(run_dir)) + 2, proc)
-        newest = progress(run_dir)[-2:]
+        wait_for_iterations(run_dir, len(progress_records(run_dir)) + 2, proc)
+        newest = progress_records(run_dir)[-2:]
         time.sleep(rng.uniform(0.0, 2.0) * (newest[1]["wall_s"] - newest[0]["wall_s"]))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        steps_done = progress(run_dir)[-1]["env_steps"]
+        steps_done = progress_records(run_dir)[-1]["env_steps"]
         for path in CheckpointStore(run_dir / "checkpoints", 3).list():
             load(path)  # every named checkpoint on disk is whole
         _path, state = newest_intact(run_dir / "checkpoints")
@@ -143,7 +113,7 @@ def test_resume_after_learner_sigkills_loses_only_uncheckpointed_work(
     assert proc.returncode == 0, err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reason"] == "total_steps" and summary["env_steps"] >= 48 * 2 * 8 * 64, summary
-    records = progress(run_dir)
+    records = progress_records(run_dir)
     assert [r["iteration"] for r in records] == list(range(1, len(records) + 1))
     steps = [r["env_steps"] for r in records]
     assert steps == sorted(steps)
@@ -163,7 +133,7 @@ def test_sigterm_writes_final_checkpoint(dppo_cmd: list[str], ray_address: str, 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reason"] == "signal"
     _path, state = newest_intact(run_dir / "checkpoints")
-    assert state["counters"]["iteration"] == summary["iterations"] == progress(run_dir)[-1]["iteration"]
+    assert state["counters"]["iteration"] == summary["iterations"] == progress_records(run_dir)[-1]["iteration"]
 
 
 def faulty(tmp_path: Path, **kwargs: object) -> list[str]:
@@ -176,7 +146,7 @@ def test_transient_env_failure_is_recreated(dppo_cmd: list[str], ray_address: st
                        "--total-steps", "6000")
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    records = progress(tmp_path / "run")
+    records = progress_records(tmp_path / "run")
     assert all(r["segments"] == 2 for r in records)  # the env copy that raised was recreated: no segment dropped
     assert records[-1]["env_steps"] >= 6000
     assert records[-1]["env_failures"] == 2 and err.count(" raised in actor ") == 1  # once per actor process; warned
@@ -218,7 +188,7 @@ def test_nan_observations_dropped_and_counted(dppo_cmd: list[str], ray_address: 
     assert proc.returncode == 0, err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["segments_dropped"] > 0
-    assert any(r["segments"] == 1 for r in progress(tmp_path / "run"))
+    assert any(r["segments"] == 1 for r in progress_records(tmp_path / "run"))
 
 
 def test_straggler_dropped_after_deadline(dppo_cmd: list[str], ray_address: str, tmp_path: Path) -> None:
@@ -232,7 +202,7 @@ def test_straggler_dropped_after_deadline(dppo_cmd: list[str], ray_address: str,
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["segments_dropped"] >= 1
     assert "missed the 2s deadline" in err
-    records = progress(tmp_path / "run")
+    records = progress_records(tmp_path / "run")
     assert any(r["segments"] == 1 for r in records)
 
 
@@ -260,17 +230,17 @@ def test_metrics_endpoint_answers_every_scrape_at_50_per_second_while_training(
                        "metrics.host=127.0.0.1", "--set", "run.target_return=null", "--total-steps", "10000000")
     try:
         wait_for_iterations(run_dir, 3, proc)
-        before = len(progress(run_dir))
+        before = len(progress_records(run_dir))
         ok, served, start = 0, [], time.monotonic()
         for i in range(5000):
-            if i >= 500 and len(progress(run_dir)) - before >= 3:
+            if i >= 500 and len(progress_records(run_dir)) - before >= 3:
                 break
             time.sleep(max(0.0, start + i / 50 - time.monotonic()))
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
                 body = resp.read().decode()
             ok += resp.status == 200
             served.append(env_steps_served(body))
-        during = progress(run_dir)[before:]
+        during = progress_records(run_dir)[before:]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
@@ -278,6 +248,6 @@ def test_metrics_endpoint_answers_every_scrape_at_50_per_second_while_training(
     assert len(during) >= 3, "training kept iterating under the scrape load"
     # live values: the counter only grows, takes only env-step totals of progress records (it is updated with each
     # record), and showed every record written under the load (the last may have come after the last scrape)
-    reached = {0} | {r["env_steps"] for r in progress(run_dir)}
+    reached = {0} | {r["env_steps"] for r in progress_records(run_dir)}
     assert served == sorted(served) and set(served) <= reached, sorted(set(served) - reached)
     assert len(set(served)) >= len(during) - 1, (sorted(set(served)), [r["env_steps"] for r in during])

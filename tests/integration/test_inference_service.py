@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import ray
 import torch
-from conftest import progress_records, run_workers, without_timings
+from conftest import progress_records, run_workers, wait_for_iterations, without_timings
 from conftest import train_small as train
 
 import dppo.envs  # noqa: F401 - registers the toy envs
@@ -103,11 +103,6 @@ def test_replies_carry_the_version_asked_for_with_two_live(ray_address: str) -> 
         ray.kill(service)
 
 
-def progress(run_dir: Path) -> list[dict]:
-    """Each iteration's record without its timings."""
-    return without_timings(progress_records(run_dir))
-
-
 @pytest.mark.slow
 def test_a_seeded_served_run_reproduces_itself_and_the_in_actor_run(ray_address: str, tmp_path: Path) -> None:
     runs = {}
@@ -115,16 +110,9 @@ def test_a_seeded_served_run_reproduces_itself_and_the_in_actor_run(ray_address:
         done = train(ray_address, tmp_path / name, "--set", f"run.inference={inference}",
                      "--set", "run.overlap_sampling=true")  # two versions live in the service
         assert done.returncode == 0, done.stderr
-        runs[name] = progress(tmp_path / name)
+        runs[name] = without_timings(progress_records(tmp_path / name))
     assert len(runs["served"]) == 4 and runs["served"][-1]["policy_lag"] == 1
     assert runs["served"] == runs["again"] == runs["actor"]
-
-
-def wait_for_iterations(run_dir: Path, count: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 120
-    while not (run_dir / "progress.jsonl").exists() or len(progress(run_dir)) < count:
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.1)
 
 
 def segments_of(service_pid: int) -> set[str]:
@@ -183,8 +171,8 @@ def test_an_actor_and_the_service_killed_mid_run_are_replaced_and_no_shared_memo
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err
     assert "the inference service was lost" in out + err and "loss 1" in out + err
-    assert progress(run_dir)[-1]["env_steps"] >= int(KINDS[kind][KINDS[kind].index("--total-steps") + 1])
+    assert progress_records(run_dir)[-1]["env_steps"] >= int(KINDS[kind][KINDS[kind].index("--total-steps") + 1])
     assert json.loads((run_dir / "summary.json").read_text())["reason"] == "total_steps"
-    assert (progress(run_dir)[-1]["env_failures"] > 0) == kind.endswith("flaky")
+    assert (progress_records(run_dir)[-1]["env_failures"] > 0) == kind.endswith("flaky")
     left = segments_of(services[0]) | segments_of(replacements[0])
     assert not left, left

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from conftest import CROWD
+from conftest import CROWD, progress_records
 
 from dppo.config import load_config
 from dppo.distributed.learner_group import LearnerGroup
@@ -73,7 +72,7 @@ def test_train_with_two_learners_then_resume_with_one(tmp_path: Path, ray_addres
     assert first.returncode == 0, first.stderr
     second = subprocess.run([*base, "--resume", "--total-steps", "2048"], capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
-    records = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    records = progress_records(run_dir)
     assert [r["env_steps"] for r in records] == [512, 1024, 1536, 2048]
 
 

@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import run_workers
+from conftest import progress_records, run_workers, wait_for_iterations
 
 from dppo.run.checkpoint import newest_intact
 
@@ -26,27 +25,14 @@ def start_train(address: str, run_dir: Path, total_steps: int, *sets: str) -> su
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def progress(run_dir: Path) -> list[dict]:
-    path = run_dir / "progress.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def wait_for_iterations(run_dir: Path, proc: subprocess.Popen, iterations: int) -> None:
-    deadline = time.monotonic() + 180
-    while len(progress(run_dir)) < iterations:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "no progress"
-        time.sleep(0.05)
-
-
 def kill_a_learner_after(run_dir: Path, proc: subprocess.Popen, iterations: int) -> int:
     """SIGKILL learner 1's process (a `ray::Learner` started by this run) once ``iterations`` are done; the
     iterations done when it was killed."""
-    wait_for_iterations(run_dir, proc, iterations)
+    wait_for_iterations(run_dir, iterations, proc, timeout=180)
     learners = run_workers(proc.pid, "ray::Learner")  # this run's, not another test's beside it
     assert len(learners) == 2, learners
     learners[-1].send_signal(signal.SIGKILL)
-    return len(progress(run_dir))
+    return len(progress_records(run_dir))
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -64,7 +50,7 @@ def test_killed_learner_is_replaced_and_no_iteration_is_lost(ray_address: str, t
     run_dir = tmp_path / "run"
     proc = start_train(ray_address, run_dir, 200 * BATCH)
     killed_at = kill_a_learner_after(run_dir, proc, 2)
-    wait_for_iterations(run_dir, proc, killed_at + 2)
+    wait_for_iterations(run_dir, killed_at + 2, proc, timeout=180)
     proc.send_signal(signal.SIGTERM)
     err = finish(proc)
     assert proc.returncode == 143, err
@@ -72,7 +58,7 @@ def test_killed_learner_is_replaced_and_no_iteration_is_lost(ray_address: str, t
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reason"] == "signal" and summary["learner_restarts"] == 1, summary
     # no iteration lost or repeated: the interrupted one is retried on the same segments
-    records = progress(run_dir)
+    records = progress_records(run_dir)
     assert len(records) >= killed_at + 2
     assert [r["env_steps"] for r in records] == [BATCH * i for i in range(1, len(records) + 1)]
 

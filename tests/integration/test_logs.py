@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import progress_records
 
 # The progress-record contract (docs/metrics.md, "Logs"); checkpoint_s is checked against the checkpoints written.
 RECORD_KEYS = {
@@ -49,7 +50,7 @@ def test_json_log_lines_equal_the_progress_records(tmp_path: Path, dppo_cmd: lis
             pytest.fail(f"a stdout line is not JSON: {line[:300]!r}")
         assert isinstance(obj, dict), line
         logged.append(obj)
-    progress = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    progress = progress_records(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
 
     assert len(logged) == len(progress) == summary["iterations"] == 4

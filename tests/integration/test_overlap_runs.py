@@ -12,20 +12,16 @@ from conftest import progress_records, train_small, without_timings
 train = partial(train_small, total_steps=1536)
 
 
-def progress(run_dir: Path) -> list[dict]:
-    """Each iteration's record without its timings."""
-    return without_timings(progress_records(run_dir))
-
-
 @pytest.mark.slow
 def test_actors_stepping_two_halves_train_as_the_in_actor_run(ray_address: str, tmp_path: Path) -> None:
     halved = train(ray_address, tmp_path / "halves", "--set", "run.actor_halves=2", "--set", "run.actor_gpus=0")
     assert halved.returncode == 0, halved.stderr
     plain = train(ray_address, tmp_path / "plain")
     assert plain.returncode == 0, plain.stderr
-    runs = progress(tmp_path / "halves")
+    runs = without_timings(progress_records(tmp_path / "halves"))
     assert len(runs) == 3 and runs[-1]["env_steps"] == 1536
-    assert runs == progress(tmp_path / "plain")  # an MLP draws from the actor's stream either way: the same run
+    # an MLP draws from the actor's stream either way: the same run
+    assert runs == without_timings(progress_records(tmp_path / "plain"))
 
 
 def test_a_gpu_share_no_node_has_is_one_line_and_nothing_written(ray_address: str, tmp_path: Path) -> None:

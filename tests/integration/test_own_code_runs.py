@@ -9,13 +9,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import progress_records
+from conftest import progress_records, wait_until
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dppo.distributed.ports import free_ports
@@ -77,11 +76,8 @@ def test_the_env_info_success_reaches_progress_tensorboard_and_metrics(tmp_path:
          "--set", f"model.entry_point={EXAMPLE}", "--set", "ppo.minibatch_size=64"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 200
-        while not (run_dir / "summary.json").exists():  # the run is over; its metrics linger to be scraped
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the run did not finish"
-            time.sleep(0.2)
+        # the run is over; its metrics linger to be scraped
+        wait_until(lambda: (run_dir / "summary.json").exists(), proc, "the run's end (summary.json)", timeout=200)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
             body = resp.read().decode()
     finally:

@@ -5,7 +5,6 @@ too; configs it cannot run are one line, exit 2."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from conftest import progress_records
 
 CUE = ["--env", "dppo/CueCorridor-v0", "--segment-length", "32", "--seed", "1", "--no-tensorboard", "--set",
        "ppo.minibatch_size=128", "--set", "ppo.learning_rate=0.001"]
@@ -28,7 +28,7 @@ def dppo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def last_return(run: Path) -> float:
-    return json.loads((run / "progress.jsonl").read_text().splitlines()[-1])["episode_return_mean"]
+    return progress_records(run)[-1]["episode_return_mean"]
 
 
 def test_the_cue_corridor_trains_with_an_lstm_and_with_a_feed_forward_policy(ray_address: str, tmp_path: Path) -> None:
@@ -49,7 +49,7 @@ def test_an_lstm_trains_with_two_learners_resumes_evaluates_and_exports(ray_addr
     assert (done := dppo("train", *common, "--total-steps", "2048")).returncode == 0, done.stderr
     resumed = dppo("train", *common, "--total-steps", "4096", "--resume")
     assert resumed.returncode == 0, resumed.stderr
-    steps = [json.loads(line)["env_steps"] for line in (run / "progress.jsonl").read_text().splitlines()]
+    steps = [r["env_steps"] for r in progress_records(run)]
     assert steps == list(range(512, 4097, 512))  # resumed where it stopped, nothing counted twice
     evaluated = dppo("eval", "--checkpoint", str(run), "--episodes", "4")
     assert evaluated.returncode == 0 and "mean return" in evaluated.stdout, evaluated.stderr

@@ -9,10 +9,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from conftest import progress_records, run_dppo
+from conftest import progress_records, run_dppo, wait_until
 
 from dppo.run.lock import LOCK_NAME, holder
 
@@ -56,11 +55,7 @@ def test_a_killed_run_holds_nothing_and_resumes(tmp_path: Path, ray_address: str
     proc = subprocess.Popen([sys.executable, "-m", "dppo", "train", *flags, "--total-steps", "1e7"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        deadline = time.monotonic() + 180
-        while not list((run_dir / "checkpoints").glob("ckpt-*.pt")):
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "no checkpoint"
-            time.sleep(0.1)
+        wait_until(lambda: list((run_dir / "checkpoints").glob("ckpt-*.pt")) or None, proc, "a checkpoint", timeout=180)
         assert holder(run_dir)["pid"] == proc.pid  # the live run holds its directory
     finally:
         if proc.poll() is None:
@@ -99,11 +94,7 @@ def test_a_retried_job_waits_for_the_attempt_before_it(tmp_path: Path, ray_addre
                               str(run_dir), "--auto-resume", "--actors", "1", "--total-steps", "512", "--set",
                               "run.tensorboard=false"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not opened(retry.pid, run_dir / LOCK_NAME):  # waiting on the lock
-            assert retry.poll() is None, retry.communicate()
-            assert time.monotonic() < deadline, "the retry never reached the lock"
-            time.sleep(0.05)
+        wait_until(lambda: opened(retry.pid, run_dir / LOCK_NAME), retry, "the retry waiting on the lock")
         assert not (run_dir / "config.yaml").exists()  # nothing written while it waits
         holding.kill()
         holding.wait()

@@ -8,10 +8,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from conftest import progress_records, run_dppo, train_small
+from conftest import progress_records, run_dppo, train_small, wait_until
 
 
 def status(*args: str, cwd: Path | None = None) -> list[dict]:
@@ -28,11 +27,8 @@ def test_a_running_run_then_killed(tmp_path: Path, ray_address: str) -> None:
                              "run.tensorboard=false"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 180
-        while not (run_dir / "progress.jsonl").exists() or not list((run_dir / "checkpoints").glob("ckpt-*.pt")):
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "no iteration"
-            time.sleep(0.1)
+        wait_until(lambda: (progress_records(run_dir) and list((run_dir / "checkpoints").glob("ckpt-*.pt"))) or None,
+                   proc, "an iteration and its checkpoint", timeout=180)
         (live,) = status(str(run_dir))
         assert live["state"] == "running" and f"pid {proc.pid} on " in live["why"], live
         assert live["env"] == "CartPole-v1" and live["iteration"] >= 1 and live["env_steps"] >= 512

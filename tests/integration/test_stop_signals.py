@@ -12,34 +12,21 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import psutil
 import pytest
+from conftest import progress_records, wait_for_iterations, wait_until
 
 from dppo.config import load_config
 from dppo.run.checkpoint import newest_intact
 
-T = TypeVar("T")
 TRAIN = [sys.executable, "-m", "dppo", "train", "--no-tensorboard"]
 
 
 def launch(*args: str) -> subprocess.Popen:
     return subprocess.Popen([*TRAIN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-
-
-def wait_until(found: Callable[[], T | None], proc: subprocess.Popen, what: str, timeout: float = 180.0) -> T:
-    """Poll ``found()`` until it returns something true (the run must still be going)."""
-    deadline = time.monotonic() + timeout
-    while not (result := found()):
-        assert proc.poll() is None, (what, proc.communicate())
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return result
 
 
 def gcs_server(proc: subprocess.Popen) -> psutil.Process | None:
@@ -75,7 +62,7 @@ def test_a_stop_while_ray_starts_ends_the_run_at_once_with_nothing_written(tmp_p
     handlers (sys.exit(15), the C++ crash dump) must not answer it, and Ray's processes go with the run."""
     run_dir = tmp_path / "run"
     proc = launch("--run-dir", str(run_dir), "--actors", "1")
-    gcs = wait_until(lambda: gcs_server(proc), proc, "ray.init to start the GCS")
+    gcs = wait_until(lambda: gcs_server(proc), proc, "ray.init to start the GCS", timeout=180)
     send(proc, sig)
     out, err = finish(proc)
     assert proc.returncode == 128 + sig, err
@@ -93,7 +80,7 @@ def test_a_stop_in_the_first_round_writes_complete_files_and_no_checkpoint(tmp_p
     run_dir = tmp_path / "run"
     proc = launch("--address", ray_address, "--run-dir", str(run_dir), "--actors", "1", "--set",
                   "env.latency_ms=20")  # the first round takes 64 steps x 8 envs x 20 ms, about 10 s
-    wait_until(lambda: (run_dir / "config.yaml").exists(), proc, "the run's files")
+    wait_until(lambda: (run_dir / "config.yaml").exists(), proc, "the run's files", timeout=180)
     proc.send_signal(signal.SIGTERM)
     out, err = finish(proc)
     assert proc.returncode == 143, err
@@ -111,14 +98,13 @@ def test_sigint_during_training_ends_with_a_checkpoint_and_exit_130(tmp_path: Pa
     run_dir = tmp_path / "run"
     proc = launch("--address", ray_address, "--run-dir", str(run_dir), "--actors", "1", "--total-steps", "10000000",
                   "--set", "run.checkpoint_every=1000")
-    progress = run_dir / "progress.jsonl"
-    wait_until(lambda: progress.exists() and len(progress.read_text().splitlines()) >= 2, proc, "two iterations")
+    wait_for_iterations(run_dir, 2, proc, timeout=180)
     send(proc, signal.SIGINT)
     out, err = finish(proc)
     assert proc.returncode == 130, err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reason"] == "signal"
     _path, state = newest_intact(run_dir / "checkpoints")
-    last = json.loads(progress.read_text().splitlines()[-1])
+    last = progress_records(run_dir)[-1]
     assert state["counters"]["iteration"] == summary["iterations"] == last["iteration"] >= 2
     assert "stopped (SIGINT)" in out and "Traceback" not in err

@@ -5,7 +5,6 @@ written."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import progress_records
 from prometheus_client.parser import text_string_to_metric_families
 from session_ray import CPU_TOKENS
 
@@ -35,10 +35,6 @@ def dppo_sweep(path: Path, out: Path, *extra: str, address: str | None = None) -
     argv = [sys.executable, "-m", "dppo", "sweep", "--config", str(path), "--out-dir", str(out), *extra]
     return subprocess.run(argv + (["--address", address] if address else []), capture_output=True, text=True,
                           timeout=600)
-
-
-def progress(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
 
 
 def scrape_until_exit(proc: subprocess.Popen, port: int, timeout: float = 600) -> list[dict[tuple, float]]:
@@ -109,7 +105,7 @@ def test_pbt_continues_exploited_trials_with_the_perturbed_hyperparameters(ray_a
     iterations = PBT_ITERATIONS
     changed = False
     for run_dir in (tmp_path / "out" / "trials").iterdir():
-        own = [r for r in progress(run_dir) if r["trial"] == run_dir.name]  # (a restored line is its source's)
+        own = [r for r in progress_records(run_dir) if r["trial"] == run_dir.name]  # (a restored line is its source's)
         assert own and own[-1]["env_steps"] == PBT_ITERATIONS * 512
         for r in own:  # the rate in effect is the trial's current value, annealed: never the source's
             expected = r["hp/ppo.learning_rate"] * (1 - (r["iteration"] - 1) / iterations)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import progress_records
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dppo.run.tensorboard import tag
@@ -28,10 +28,6 @@ def events(run_dir: Path) -> EventAccumulator:
     return acc
 
 
-def progress(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
-
-
 def test_tags_are_grouped_like_cleanrl() -> None:
     assert tag("episode_return_mean") == "charts/episode_return_mean"
     assert tag("policy_loss") == "losses/policy_loss" and tag("approx_kl") == "losses/approx_kl"
@@ -47,7 +43,7 @@ def test_every_progress_scalar_is_logged_at_its_env_steps_across_a_resume(tmp_pa
     checkpoints[-1].unlink()
     (run_dir / "checkpoints" / "latest").write_text(checkpoints[-2].name + "\n")
     train(ray_address, run_dir, "--resume", "--total-steps", "1280")
-    records = progress(run_dir)
+    records = progress_records(run_dir)
     assert [r["env_steps"] for r in records] == [256, 512, 768, 1024, 1280]
     acc = events(run_dir)
     scalars = acc.Tags()["scalars"]

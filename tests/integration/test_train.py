@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from conftest import progress_records
+
 
 def test_auto_resume_without_checkpoint_starts_fresh(tmp_path: Path) -> None:
     """A retried job that died before its first checkpoint must start over, not refuse."""
@@ -35,7 +37,7 @@ def test_time_limit_stops_the_run_with_a_checkpoint(tmp_path: Path, ray_address:
     assert done.returncode == 0, done.stderr
     summary = json.loads((run / "summary.json").read_text())
     # It stops at the end of the first iteration that reaches the limit, not later (the clock of progress.jsonl).
-    clock = [json.loads(line)["wall_s"] for line in (run / "progress.jsonl").read_text().splitlines()]
+    clock = [r["wall_s"] for r in progress_records(run)]
     assert summary["reason"] == "time_limit" and all(s < 3 for s in clock[:-1]) and 3 <= clock[-1] <= summary["wall_s"]
     assert 0 < summary["env_steps"] < 100_000_000
     checkpoints = sorted((run / "checkpoints").glob("ckpt-*.pt"))
@@ -73,7 +75,7 @@ def test_a_progress_line_lost_after_its_checkpoint_comes_back_on_resume(tmp_path
     resumed = subprocess.run([*base, "--resume", "--total-steps", "3072"], capture_output=True, text=True,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    records = [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
+    records = progress_records(run)
     assert [r["iteration"] for r in records] == [1, 2, 3]
     assert records[1]["env_steps"] == json.loads(lines[1])["env_steps"]
     assert records[1]["checkpoint_s"] is None  # the one value the checkpoint cannot know
