@@ -113,9 +113,12 @@ class EvalResult:
 class Evaluation:
     """The driver's side: submit when due, collect when done, never block a training round."""
 
-    def __init__(self, config: Config, calls: RayCalls | None = None, hangs: Hangs | None = None) -> None:
-        """``hangs``: the run's (default: printed, with a budget of their own)."""
+    def __init__(self, config: Config, calls: RayCalls | None = None, hangs: Hangs | None = None,
+                 say: Callable[[str], None] = print) -> None:
+        """``hangs``: the run's (default: printed, with a budget of their own); ``say``: the run's one-line messages
+        (a lost evaluation actor)."""
         self.config = config
+        self.say = say
         self.every = config.run.eval_every
         self.calls = calls or RayCalls(lambda index, seed: start_evaluator(config))
         self.group = ActorGroup(self.calls, lambda index, spawn: self.seed, ready_call=False)
@@ -177,8 +180,11 @@ class Evaluation:
                 return EvalResult(iteration, env_steps, returns[0], broadcast, returns[1])
             return EvalResult(iteration, env_steps, returns, broadcast)
         except ray.exceptions.RayActorError as err:  # the actor's process or node went away: a new one next time
-            self.group.lose(0, err)
+            loss = self.group.lose(0, err)
             self.group.slots = []
+            what = "lost with its node or unreachable" if loss.cause == "node" else "crashed"
+            self.say(f"the evaluation actor {what} while evaluating the weights at {env_steps:,} env steps "
+                     f"({type(err).__name__}: {first_line(err)}); a new one when the next evaluation is due")
             return None
         except ray.exceptions.RayError as err:
             cause = getattr(err, "cause", None) or err

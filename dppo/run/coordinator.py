@@ -89,7 +89,7 @@ class Coordinator:
         self.learners: dict[str, LearnerGroup] = {}  # each policy's
         self.inference: ServiceSupervisor | None = None  # the policy-inference service (run.inference=server)
         self.snapshot_refs = SnapshotRefs()  # self-play: each snapshot in the object store once
-        self.evaluation = Evaluation(config, hangs=self.hangs)
+        self.evaluation = Evaluation(config, hangs=self.hangs, say=self.reporter.message)
         faults = config.faults
         self.learner_restarts = RestartBudget("learner", faults.max_learner_restarts, faults.restart_window_s)
         self.startup_s: dict[str, float] = {}  # start-up phases (set by `dppo train`), into summary.json

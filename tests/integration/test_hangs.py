@@ -17,17 +17,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import run_workers
+from conftest import progress_records, run_workers
 
 # faults.hang_timeout_s: well above a segment of these small runs on a loaded machine, well under a test's patience.
 # 6 s was not: a clean-clone CI at high load had every served actor's 64-step segment take longer, 11 times over.
 TIMEOUT_S = 15
-
-
-def records(run_dir: Path) -> list[dict]:
-    path = run_dir / "progress.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line) for line in lines if line.endswith("}")]
 
 
 def gone(proc: psutil.Process, within_s: float = 30.0) -> bool:
@@ -62,10 +56,16 @@ def test_a_stopped_process_is_said_hung_replaced_and_the_run_finishes(ray_addres
     stopped: list[psutil.Process] = []
     try:
         end, waiting = time.monotonic() + 180, list(titles)
-        while waiting:  # each victim stopped once the run is two iterations in and its process is up
+        # each victim stopped once the run is two iterations in and its process is up; the evaluation actor once an
+        # evaluation came back (stopped while it starts, it is given up by Ray's connection timeout, 20 s, before its
+        # deadline and start time: a loss, said as one in tests/unit/test_evaluation_end.py, not a hang)
+        while waiting:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < end, "the run made no progress"
-            for title in list(waiting) if len(records(run_dir)) >= 2 else []:
+            records = progress_records(run_dir)
+            for title in [t for t in waiting if len(records) >= 2]:
+                if title == "Evaluator" and not any("eval_return_mean" in r for r in records):
+                    continue
                 for victim in run_workers(proc.pid, f"ray::{title}")[:1]:
                     victim.send_signal(signal.SIGSTOP)
                     stopped.append(victim)
@@ -83,7 +83,8 @@ def test_a_stopped_process_is_said_hung_replaced_and_the_run_finishes(ray_addres
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reason"] == "total_steps" and summary["hangs"] >= len(titles), said
     assert said.count(" hung: ") >= len(titles) and "faults.hang_timeout_s" in said, said
-    assert records(run_dir)[-1]["hangs"] == summary["hangs"] or "eval" in said  # an evaluation's at the end: after
+    # an evaluation's hang can come at the end, after the last record
+    assert progress_records(run_dir)[-1]["hangs"] == summary["hangs"] or "eval" in said
     (outcome,) = [line for line in said.splitlines() if line.startswith("stopped (total_steps)")]
     assert f"{summary['hangs']} hang" in outcome  # the outcome line names them
     assert all(gone(victim) for victim in stopped), "a stopped process was left behind"

@@ -4,6 +4,7 @@ waiting, never a result."""
 
 from __future__ import annotations
 
+import ray
 from fake_ray import Call, FakeRayCalls, Script
 
 from dppo.config import load_config
@@ -48,3 +49,21 @@ def test_a_run_without_evaluation_or_without_training_evaluates_nothing() -> Non
     assert off.finish(3, iteration=3, env_steps=300, stopped=lambda: False) == []
     untrained, _ = evaluation(1.0)
     assert untrained.finish(0, iteration=0, env_steps=0, stopped=lambda: False) == []
+
+
+def test_a_lost_evaluation_actor_is_said_in_one_line_counted_and_a_new_one_evaluates_the_final_weights() -> None:
+    """An actor stopped while it starts is given up by Ray (ActorUnavailableError once gRPC cannot connect), before
+    the evaluation's own deadline: the run says so, counts it and goes on with a new actor, never silently."""
+    unreachable = ray.exceptions.ActorUnavailableError("The actor is temporarily unavailable: timed out", None)
+    calls = FakeRayCalls(lambda index, spawn: Script(calls=lambda n: Call(20.0, unreachable) if spawn == 0 else Call()),
+                         sample=lambda index, seed, broadcast: [float(broadcast)])
+    said: list[str] = []
+    ended = Evaluation(load_config(overrides={"run.eval_every": 2}), calls, say=said.append)
+    ended.submit(2, iteration=2, env_steps=200)
+    assert ended.collect(timeout_s=30.0) is None and ended.in_flight is None
+    (line,) = said
+    assert line.startswith("the evaluation actor lost with its node or unreachable while evaluating the weights at "
+                           "200 env steps (ActorUnavailableError: ") and "a new one when the next" in line, line
+    assert ended.group.losses == {"node": 1}
+    (result,) = ended.finish(3, iteration=3, env_steps=300, stopped=lambda: False)
+    assert (result.iteration, result.returns) == (3, [3.0])  # by the new actor
