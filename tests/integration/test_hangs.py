@@ -57,8 +57,9 @@ def test_a_stopped_process_is_said_hung_replaced_and_the_run_finishes(ray_addres
     try:
         end, waiting = time.monotonic() + 180, list(titles)
         # each victim stopped once the run is two iterations in and its process is up; the evaluation actor once an
-        # evaluation came back (stopped while it starts, it is given up by Ray's connection timeout, 20 s, before its
-        # deadline and start time: a loss, said as one in tests/unit/test_evaluation_end.py, not a hang)
+        # evaluation came back: stopped while it starts, Ray gave it up (ActorUnavailableError, 20 s after the stop in
+        # the run that showed it) before its deadline and start time ran out, a loss (said as one: tests/unit/
+        # test_evaluation_end.py), not a hang
         while waiting:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < end, "the run made no progress"
