@@ -1,26 +1,22 @@
 """Shared fixtures: one Ray cluster for the whole session (tests/session_ray.py), the external tools (`make tools`
-installs them), the image; the suite's time against its budget."""
+installs them), the image; the suite's time against its budget. Starting and reading runs: tests/runs.py."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import json
 import os
 import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from runs import REPO
 from session_ray import shared_head, stop_head
 
-REPO = Path(__file__).resolve().parents[1]
-T = TypeVar("T")
 # `run.inference: auto` follows a `dppo tune` result saved for this machine (dppo/config/tuned.py): the tests see none
 # but those they save themselves (each in its own directory), whatever this machine's user has tuned.
 os.environ["DPPO_TUNE_DIR"] = str(REPO / ".cache" / "tune-results-of-no-one")
@@ -76,74 +72,6 @@ def parallel_env(render_mode=None):
 '''
 
 
-def run_dppo(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m dppo ARGS` as a user runs it, output captured."""
-    return subprocess.run([sys.executable, "-m", "dppo", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd)
-
-
-def run_benchmark(*args: str, cwd: Path | None = None, timeout: float = 300,
-                  ray_address: str | None = None) -> subprocess.CompletedProcess:
-    """`python -m benchmarks ARGS` as from a clone (the clone's root on the path, whatever ``cwd``), output captured;
-    its runs join ``ray_address`` (RAY_ADDRESS) when given."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    if ray_address:
-        env["RAY_ADDRESS"] = ray_address
-    return subprocess.run([sys.executable, "-m", "benchmarks", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=env)
-
-
-def train_small(ray_address: str, run_dir: Path, *args: str, total_steps: int = 2048) -> subprocess.CompletedProcess:
-    """A short seeded CartPole `dppo train` on the session's cluster (2 actors x 4 envs x 64 steps), output captured."""
-    return run_dppo("train", "--address", ray_address, "--run-dir", str(run_dir), "--actors", "2", "--envs-per-actor",
-                    "4", "--segment-length", "64", "--total-steps", str(total_steps), "--seed", "3", "--set",
-                    "run.tensorboard=false", *args, timeout=240)
-
-
-def progress_records(run: Path) -> list[dict]:
-    """A run directory's progress.jsonl, one dict per iteration; readable while the run goes on: none before its first
-    line, and a last line not yet ended (being written now) left out."""
-    path = run / "progress.jsonl"
-    text = path.read_text() if path.exists() else ""
-    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
-
-
-def wait_until(found: Callable[[], T | None], proc: subprocess.Popen, what: str, timeout: float = 120) -> T:
-    """Poll ``found()`` until it returns something other than None or False, the process ``proc`` alive meanwhile;
-    what it returned. A failure names what was awaited, with the process's output when it exited first."""
-    deadline = time.monotonic() + timeout
-    while (result := found()) is None or result is False:
-        if proc.poll() is not None:
-            out, err = (text.decode(errors="replace") if isinstance(text, bytes) else text or ""
-                        for text in proc.communicate())
-            raise AssertionError(f"the process exited ({proc.returncode}) before {what}:\n{out[-2000:]}\n{err[-3000:]}")
-        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
-        time.sleep(0.05)
-    return result
-
-
-def wait_for_records(run: Path, proc: subprocess.Popen, done: Callable[[list[dict]], bool], what: str,
-                     timeout: float = 120) -> list[dict]:
-    """The run's progress records once they are ``done`` (see :func:`wait_until`); a failure adds the last record."""
-    try:
-        return wait_until(lambda: records if done(records := progress_records(run)) else None, proc, what, timeout)
-    except AssertionError as failure:
-        raise AssertionError(f"{failure}\nthe last record: {progress_records(run)[-1:]}") from None
-
-
-def wait_for_iterations(run: Path, count: int, proc: subprocess.Popen, timeout: float = 120,
-                        segments: int = 0) -> list[dict]:
-    """Until ``count`` iterations are done and the newest had at least ``segments`` segments (e.g. every actor's)."""
-    what = f"{count} iterations" + (f" with the last of {segments} segments" if segments else "")
-    return wait_for_records(run, proc, lambda records: len(records) >= count and records[-1]["segments"] >= segments,
-                            what, timeout)
-
-
-def without_timings(records: list[dict]) -> list[dict]:
-    """The records less their wall-clock keys (``*_s``): what a seeded run must reproduce exactly."""
-    return [{k: v for k, v in r.items() if not k.endswith("_s")} for r in records]
-
-
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
@@ -186,45 +114,6 @@ def run_curves(figure) -> list[dict[str, list]]:
     with '_')."""
     return [{line.get_label(): list(line.get_xdata()) for line in ax.get_lines()
              if not line.get_label().startswith("_")} for ax in figure.axes]
-
-
-def error_line(stderr: str) -> str:
-    """The one line a failed run ends with. Only the progress lines of a slow actor start (one every 10 s while
-    actors make their envs, more likely on a busy machine) may come before it."""
-    *progress, line = stderr.strip().splitlines()
-    assert all(p.startswith("waiting for actors to be placed and start") for p in progress), stderr
-    assert "Traceback" not in stderr, stderr
-    return line
-
-
-def processes_with(marker: str) -> list[int]:
-    """Pids whose environment holds ``marker`` (a run's processes and every Ray process it started inherit it)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
-def run_workers(driver: int, title: str) -> list[Any]:
-    """The live Ray worker processes titled ``title`` (``ray::Actor``, ``ray::Learner``...) of the run whose driver
-    is process ``driver``, on the session's cluster: found by their job (each worker's RAY_JOB_ID, the job's driver
-    pid in the GCS), never another test's run beside it. The test's process must have joined the cluster
-    (ray_address)."""
-    import psutil
-    import ray._private.state
-
-    jobs = {job["JobID"] for job in ray._private.state.state.job_table() if job["DriverPid"] == driver}
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        with contextlib.suppress(psutil.Error):
-            if " ".join(proc.info["cmdline"] or []).startswith(title) and proc.environ().get("RAY_JOB_ID") in jobs:
-                found.append(proc)
-    return found
 
 
 def require(condition: bool, reason: str) -> None:

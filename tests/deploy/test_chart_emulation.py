@@ -52,8 +52,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import progress_records
 from prometheus_client.parser import text_string_to_metric_families
+from runs import progress_records
 
 from dppo.distributed.cluster import RAY_PROCESS_ENV
 from dppo.distributed.ports import free_ports

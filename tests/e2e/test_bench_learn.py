@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import processes_with, run_benchmark, wait_until
+from runs import processes_with, run_benchmark, wait_until
 
 from dppo.bench.runs import stop_process_tree
 

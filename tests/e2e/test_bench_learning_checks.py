@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import progress_records, run_benchmark
+from runs import progress_records, run_benchmark
 
 
 @pytest.mark.slow  # two short runs: 29 s on 2 shared cores

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from conftest import progress_records, without_timings
+from runs import progress_records, without_timings
 
 PROGRESS_KEYS = {"iteration", "env_steps", "wall_s", "episodes", "episode_return_mean", "episode_length_mean",
                  "steps_per_s", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import progress_records
+from runs import progress_records
 
 from dppo.config import load_config
 from dppo.distributed.learner_group import resolve_device

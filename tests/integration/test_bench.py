@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import progress_records
+from runs import progress_records
 
 from benchmarks.__main__ import parse as benchmarks_args
 from dppo.bench.docs import section_markers

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_benchmark
+from conftest import REPO
+from runs import run_benchmark
 
 from benchmarks.peer import VENV_COMMANDS
 

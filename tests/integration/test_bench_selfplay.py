@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_benchmark
+from runs import run_benchmark
 
 CONFIG = {"env": {"id": "pettingzoo.classic.tictactoe_v3", "num_envs": 8},
           "ppo": {"segment_length": 16, "num_minibatches": 2}, "selfplay": {"snapshot_every": 2},

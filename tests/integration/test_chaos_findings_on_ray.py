@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_workers
+from runs import run_workers
 from test_learners_faults import finish, start_train
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import processes_with
+from runs import processes_with
 
 from dppo.bench.local_cluster import LocalCluster
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import error_line
+from runs import error_line
 
 from dppo.commands.parser import main
 from dppo.config import load_config

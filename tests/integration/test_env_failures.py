@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import progress_records
+from runs import progress_records
 
 from dppo.config import load_config
 from dppo.envs.failures import EnvFailure

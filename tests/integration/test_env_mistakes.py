@@ -12,7 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import error_line, new_checkpoint
+from conftest import new_checkpoint
+from runs import error_line
 
 from dppo.commands.parser import main
 from dppo.config import Config, load_config

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import progress_records
+from runs import progress_records
 
 from dppo.distributed.evaluation import EVAL_SEED_OFFSET
 

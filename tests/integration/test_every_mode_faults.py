@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import error_line
-from conftest import progress_records as progress
-from conftest import run_dppo as dppo
+from runs import error_line
+from runs import progress_records as progress
+from runs import run_dppo as dppo
 
 from dppo.distributed.actor_pool import describe_task_error
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import progress_records, run_workers, wait_for_iterations, wait_for_records
+from runs import progress_records, run_workers, wait_for_iterations, wait_for_records
 
 from dppo.config import load_config
 from dppo.run.checkpoint import CheckpointStore, load, newest_intact

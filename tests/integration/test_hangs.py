@@ -2,7 +2,7 @@
 service, or one learner of two stopped with SIGSTOP and never resumed; the run says so within its deadline
 (faults.hang_timeout_s, set low here), kills and replaces the process, finishes with exit 0 and counts the hang in
 progress.jsonl and summary.json; nothing stopped is left behind. Real processes, real signals, the session's
-cluster (the victims found by the run's job: conftest.run_workers, never another test's)."""
+cluster (the victims found by the run's job: runs.run_workers, never another test's)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import progress_records, run_workers
+from runs import progress_records, run_workers
 
 # faults.hang_timeout_s: well above a segment of these small runs on a loaded machine, well under a test's patience.
 # 6 s was not: a clean-clone CI at high load had every served actor's 64-step segment take longer, 11 times over.

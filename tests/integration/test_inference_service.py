@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import ray
 import torch
-from conftest import progress_records, run_workers, wait_for_iterations, without_timings
-from conftest import train_small as train
+from runs import progress_records, run_workers, wait_for_iterations, without_timings
+from runs import train_small as train
 
 import dppo.envs  # noqa: F401 - registers the toy envs
 from dppo.config import load_config

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from conftest import CROWD, progress_records
+from conftest import CROWD
+from runs import progress_records
 
 from dppo.config import load_config
 from dppo.distributed.learner_group import LearnerGroup

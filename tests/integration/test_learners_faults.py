@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import progress_records, run_workers, wait_for_iterations
+from runs import progress_records, run_workers, wait_for_iterations
 
 from dppo.run.checkpoint import newest_intact
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import progress_records
+from runs import progress_records
 
 # The progress-record contract (docs/metrics.md, "Logs"); checkpoint_s is checked against the checkpoints written.
 RECORD_KEYS = {

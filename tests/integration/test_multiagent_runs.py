@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CROWD, without_timings
-from conftest import progress_records as progress
-from conftest import run_dppo as dppo
+from conftest import CROWD
+from runs import progress_records as progress
+from runs import run_dppo as dppo
+from runs import without_timings
 
 SPREAD = ["--env", "mpe2.simple_spread_v3", "--envs-per-actor", "2", "--segment-length", "25", "--no-tensorboard",
           "--set", "env.kwargs.max_cycles=25", "--set", "ppo.minibatch_size=150"]  # 2 copies x 3 agents

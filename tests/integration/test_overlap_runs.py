@@ -7,7 +7,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import progress_records, train_small, without_timings
+from runs import progress_records, train_small, without_timings
 
 train = partial(train_small, total_steps=1536)
 

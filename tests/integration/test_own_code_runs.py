@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import progress_records, wait_until
+from runs import progress_records, wait_until
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dppo.distributed.ports import free_ports

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import progress_records as progress
-from conftest import run_dppo as dppo
-from conftest import without_timings
+from runs import progress_records as progress
+from runs import run_dppo as dppo
+from runs import without_timings
 
 MAP = "policies={adversary: ['adversary_*'], agent: ['agent_*']}"
 ADVERSARY = ["--env", "mpe2.simple_adversary_v3", "--envs-per-actor", "2", "--segment-length", "25",

@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import progress_records
+from runs import progress_records
 
 CUE = ["--env", "dppo/CueCorridor-v0", "--segment-length", "32", "--seed", "1", "--no-tensorboard", "--set",
        "ppo.minibatch_size=128", "--set", "ppo.learning_rate=0.001"]

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import progress_records, run_dppo, wait_until
+from runs import progress_records, run_dppo, wait_until
 
 from dppo.run.lock import LOCK_NAME, holder
 

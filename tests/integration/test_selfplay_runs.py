@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import progress_records as progress
-from conftest import run_dppo as dppo
-from conftest import without_timings
+from runs import progress_records as progress
+from runs import run_dppo as dppo
+from runs import without_timings
 
 GAME = ["--env", "pettingzoo.classic.tictactoe_v3", "--envs-per-actor", "8", "--segment-length", "16",
         "--no-tensorboard", "--set", "selfplay.snapshot_every=2", "--set", "selfplay.pool_size=2"]

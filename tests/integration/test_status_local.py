@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import progress_records, run_dppo, train_small, wait_until
+from runs import progress_records, run_dppo, train_small, wait_until
 
 
 def status(*args: str, cwd: Path | None = None) -> list[dict]:

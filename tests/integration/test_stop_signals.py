@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import progress_records, wait_for_iterations, wait_until
+from runs import progress_records, wait_for_iterations, wait_until
 
 from dppo.config import load_config
 from dppo.run.checkpoint import newest_intact

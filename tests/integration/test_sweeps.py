@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import progress_records
 from prometheus_client.parser import text_string_to_metric_families
+from runs import progress_records
 from session_ray import CPU_TOKENS
 
 from dppo.distributed.ports import free_ports

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import train_small
+from runs import train_small
 
 PER_ROUND = {"Actor.sample", "InferenceService.load", "InferenceService.stats", "InferenceService.act",
              "Evaluator.evaluate", "Learner.update", "Learner.weights"}

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import progress_records
+from runs import progress_records
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dppo.run.tensorboard import tag

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from conftest import progress_records
+from runs import progress_records
 
 
 def test_auto_resume_without_checkpoint_starts_fresh(tmp_path: Path) -> None:

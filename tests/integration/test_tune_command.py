@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import error_line, run_dppo
+from runs import error_line, run_dppo
 
 from dppo.config import load_config
 from dppo.tune.grid import placement_of
