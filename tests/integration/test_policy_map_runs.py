@@ -95,8 +95,8 @@ def test_each_policy_trains_with_two_learners(ray_address: str, tmp_path: Path) 
 def test_a_run_of_two_policies_survives_a_lost_actor(ray_address: str, tmp_path: Path) -> None:
     """SIGKILL one of two actors mid-run: its replacement joins with every policy's weights; the rounds without it
     train each policy on the other actor's segments, and every counted step was trained on."""
-    from conftest import run_workers
-    from test_faults import start_train, wait_for_iterations
+    from runs import run_workers, wait_for_iterations
+    from test_faults import start_train
 
     run = tmp_path / "run"
     proc = start_train([sys.executable, "-m", "dppo"], ray_address, run, *ADVERSARY, "--actors", "2",
