@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from dppo.run.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -42,11 +43,10 @@ def train_small(ray_address: str, run_dir: Path, *args: str, total_steps: int = 
 
 
 def progress_records(run: Path) -> list[dict]:
-    """A run directory's progress.jsonl, one dict per iteration; readable while the run goes on: none before its first
-    line, and a last line not yet ended (being written now) left out."""
-    path = run / "progress.jsonl"
-    text = path.read_text() if path.exists() else ""
-    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+    """A run directory's progress.jsonl, one dict per iteration, read as dppo reads it (:meth:`RunDir.read_progress`:
+    a torn last line, being written now, left out); readable while the run goes on: none before its first line."""
+    run_dir = RunDir(run)
+    return run_dir.read_progress() if run_dir.progress.exists() else []
 
 
 def without_timings(records: list[dict]) -> list[dict]:

@@ -29,7 +29,7 @@ import ray
 from dppo.config import Config
 from dppo.distributed.broadcast import Broadcast, PolicyBroadcasts
 from dppo.distributed.deadlines import Hangs, Hung, SayHangs
-from dppo.distributed.lifecycle import ActorGroup
+from dppo.distributed.lifecycle import LOSS_WORDS, ActorGroup
 from dppo.distributed.ray_calls import RayCalls, per_round
 from dppo.envs.user_code import add_import_paths, driver_import_paths
 from dppo.errors import first_line
@@ -182,9 +182,8 @@ class Evaluation:
         except ray.exceptions.RayActorError as err:  # the actor's process or node went away: a new one next time
             loss = self.group.lose(0, err)
             self.group.slots = []
-            what = "lost with its node or unreachable" if loss.cause == "node" else "crashed"
-            self.say(f"the evaluation actor {what} while evaluating the weights at {env_steps:,} env steps "
-                     f"({type(err).__name__}: {first_line(err)}); a new one when the next evaluation is due")
+            self.say(f"the evaluation actor {LOSS_WORDS[loss.cause]} while evaluating the weights at {env_steps:,} "
+                     f"env steps ({type(err).__name__}: {first_line(err)}); a new one when the next evaluation is due")
             return None
         except ray.exceptions.RayError as err:
             cause = getattr(err, "cause", None) or err

@@ -22,6 +22,8 @@ from dppo.distributed.ray_calls import RayCalls
 from dppo.distributed.restarts import RestartBudget
 
 LOSS_CAUSES = ("node", "crash", "hang")  # hang: past its deadline (dppo.distributed.deadlines), killed
+# How a loss is said in the run's one-line messages (an actor's, the evaluation actor's), by cause.
+LOSS_WORDS = {"node": "lost with its node", "crash": "crashed", "hang": "killed (hung)"}
 
 
 @dataclass

@@ -21,7 +21,7 @@ import ray
 
 from dppo.config import Config
 from dppo.distributed.actor import start_actor
-from dppo.distributed.lifecycle import ActorGroup, Slot
+from dppo.distributed.lifecycle import LOSS_WORDS, ActorGroup, Slot
 from dppo.distributed.ray_calls import RayCalls
 from dppo.distributed.restarts import RestartBudget
 from dppo.envs.make import EnvSpec, env_spec
@@ -177,9 +177,8 @@ class Membership:
         said already), then a replacement in its slot."""
         loss = self.group.replace(index, err, hung)
         self.events.actor_lost(index, loss.cause, loss.node)
-        what = {"node": "lost with its node", "crash": "crashed", "hang": "killed (hung)"}[loss.cause]
         cause = "" if hung else f" ({type(err).__name__}: {first_line(err)})"
-        self.events.message(f"actor {index} {what}{cause}; replacement pending: "
+        self.events.message(f"actor {index} {LOSS_WORDS[loss.cause]}{cause}; replacement pending: "
                             f"{len(self.alive)} of {len(self.slots)} actors alive")
         self.events.actors_changed(len(self.alive), len(self.pending))
 

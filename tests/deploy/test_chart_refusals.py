@@ -14,7 +14,8 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from conftest import REPO, load_module
+from conftest import load_module
+from runs import REPO
 
 CHART = REPO / "helm" / "dppo"
 

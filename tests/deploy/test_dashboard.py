@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, load_module, require
+from conftest import load_module, require
+from runs import REPO
 
 from dppo.run.metrics import Metrics
 from dppo.sweep.metrics import TrialMetrics

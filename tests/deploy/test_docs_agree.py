@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import REPO
+from runs import REPO
 
 from dppo.run.logs import run_line
 

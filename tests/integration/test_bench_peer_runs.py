@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from runs import run_benchmark
+from runs import REPO, run_benchmark
 
 from benchmarks.peer import VENV_COMMANDS
 

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
-from runs import progress_records
+from runs import REPO, progress_records
 
 from dppo.bench.prometheus import RATE_INTERVAL, SCRAPE_INTERVAL_S
 from dppo.bench.prometheus import Prometheus as BenchPrometheus

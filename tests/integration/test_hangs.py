@@ -64,7 +64,7 @@ def test_a_stopped_process_is_said_hung_replaced_and_the_run_finishes(ray_addres
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < end, "the run made no progress"
             records = progress_records(run_dir)
-            for title in [t for t in waiting if len(records) >= 2]:
+            for title in list(waiting) if len(records) >= 2 else []:
                 if title == "Evaluator" and not any("eval_return_mean" in r for r in records):
                     continue
                 for victim in run_workers(proc.pid, f"ray::{title}")[:1]:

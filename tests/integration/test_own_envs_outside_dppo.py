@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO
+from runs import REPO
 
 README = (REPO / "docs" / "training.md").read_text()  # its Export section (moved there from the README)
 

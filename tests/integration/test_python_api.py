@@ -16,8 +16,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-from conftest import REPO
-from runs import error_line, progress_records, run_workers
+from runs import REPO, error_line, progress_records, run_workers
 
 import dppo
 

@@ -9,7 +9,7 @@ import shlex
 import subprocess
 import sys
 
-from conftest import REPO
+from runs import REPO
 
 README = "\n".join((REPO / path).read_text() for path in ("README.md", "docs/environments.md", "docs/sweeps.md"))
 

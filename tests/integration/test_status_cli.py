@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load_module, require
+from conftest import load_module, require
+from runs import REPO
 
 standin = load_module(REPO / "tests" / "unit" / "kube_api_standin.py")
 

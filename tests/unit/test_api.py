@@ -229,7 +229,7 @@ def test_the_docs_python_blocks_compile_and_the_callback_example_stops_where_it_
     import re
 
     import yaml
-    from conftest import REPO
+    from runs import REPO
 
     pages = {name: (REPO / name).read_text() for name in ("README.md", "docs/python-api.md")}
     blocks = {name: re.findall(r"```python\n(.*?)```", text, re.S) for name, text in pages.items()}

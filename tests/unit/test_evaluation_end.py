@@ -62,7 +62,7 @@ def test_a_lost_evaluation_actor_is_said_in_one_line_counted_and_a_new_one_evalu
     ended.submit(2, iteration=2, env_steps=200)
     assert ended.collect(timeout_s=30.0) is None and ended.in_flight is None
     (line,) = said
-    assert line.startswith("the evaluation actor lost with its node or unreachable while evaluating the weights at "
+    assert line.startswith("the evaluation actor lost with its node while evaluating the weights at "
                            "200 env steps (ActorUnavailableError: ") and "a new one when the next" in line, line
     assert ended.group.losses == {"node": 1}
     (result,) = ended.finish(3, iteration=3, env_steps=300, stopped=lambda: False)
