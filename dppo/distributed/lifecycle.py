@@ -21,9 +21,10 @@ import ray
 from dppo.distributed.ray_calls import RayCalls
 from dppo.distributed.restarts import RestartBudget
 
-LOSS_CAUSES = ("node", "crash", "hang")  # hang: past its deadline (dppo.distributed.deadlines), killed
-# How a loss is said in the run's one-line messages (an actor's, the evaluation actor's), by cause.
+# Why an actor is lost, and how the run's one-line messages (an actor's, the evaluation actor's) say it. hang: past
+# its deadline (dppo.distributed.deadlines), killed.
 LOSS_WORDS = {"node": "lost with its node", "crash": "crashed", "hang": "killed (hung)"}
+LOSS_CAUSES = tuple(LOSS_WORDS)
 
 
 @dataclass
